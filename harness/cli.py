@@ -1,0 +1,133 @@
+"""Command line: `harness validate`, `harness run`, `harness roles`.
+
+Exit codes: 0 every claim passed (or every file valid), 1 a claim failed or
+was inconclusive, 2 bad input (the message says file:line, field, what is
+allowed; no traceback).  Heavy imports (torch, TransformerLens) happen only
+inside the commands that need a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .errors import HarnessError, UserError
+
+EXIT_OK, EXIT_CLAIMS, EXIT_INPUT, EXIT_SANITY = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="harness",
+        description="Causal intervention testing harness for transformer mechanisms.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    v = sub.add_parser("validate", help="check hypothesis files against the schema (fast, no model)")
+    v.add_argument("files", nargs="+", type=Path, metavar="FILE")
+
+    r = sub.add_parser("run", help="run hypothesis files and write evidence reports")
+    r.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    r.add_argument("--out", type=Path, help="report folder (one file only; must not exist)")
+    r.add_argument("--reports", type=Path, default=Path("reports"),
+                   help="parent folder of new report folders (default: reports/)")
+    r.add_argument("--seed", type=int, help="override the files' seed")
+
+    ro = sub.add_parser("roles", help="attention-role scores of every head of a model")
+    ro.add_argument("model", help="model directory, or hf:NAME")
+    ro.add_argument("--n-prompts", type=int, default=200)
+    ro.add_argument("--segment-length", type=int, default=20)
+    ro.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"validate": cmd_validate, "run": cmd_run, "roles": cmd_roles}[args.command](args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except HarnessError as exc:
+        print(f"harness: sanity check failed: {exc}", file=sys.stderr)
+        return EXIT_SANITY
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from . import spec
+    from .errors import SpecError
+
+    bad = 0
+    for f in args.files:
+        try:
+            h = spec.load(f)
+            print(f"{f}: ok ({len(h.spec.claims)} claims)")
+        except SpecError as exc:
+            bad += 1
+            print(str(exc), file=sys.stderr)
+    return EXIT_INPUT if bad else EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import spec
+    from .errors import SpecError
+
+    if args.out is not None and len(args.files) != 1:
+        raise UserError("--out takes one hypothesis file; use --reports for several")
+    if args.out is not None and args.out.exists():
+        raise UserError(f"{args.out} already exists; runs never overwrite a report")
+    problems = []
+    for f in args.files:  # validate everything before loading any model
+        try:
+            spec.load(f)
+        except SpecError as exc:
+            problems += exc.problems
+    if problems:
+        raise SpecError(problems)
+
+    from .runner import run
+
+    code = EXIT_OK
+    command = "harness " + " ".join(sys.argv[1:]) if argv_is_cli() else None
+    for f in args.files:
+        ev = run(f, seed=args.seed, command=command)
+        folder = ev.write(out_dir=args.out, reports_root=args.reports)
+        c = ev.counts()
+        print(f"\n{ev.hypothesis['name']} ({f})\n")
+        print(ev.table())
+        print(f"\n{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive")
+        print(f"report: {folder / 'report.md'}")
+        code = max(code, ev.exit_code)
+    return code
+
+
+def argv_is_cli() -> bool:
+    return Path(sys.argv[0]).name in ("harness", "__main__.py")
+
+
+def cmd_roles(args: argparse.Namespace) -> int:
+    import torch
+    from tabulate import tabulate
+
+    from . import data, roles
+    from .interventions import pattern_hook
+    from .models import load_model
+
+    m = load_model(args.model)
+    ds = data.repeated_tokens(args.n_prompts, args.segment_length, m.d_vocab, args.seed)
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))
+    rows = []
+    for layer in range(m.n_layers):
+        pat = cache[pattern_hook(layer)]
+        for head in range(m.n_heads):
+            rows.append([f"L{layer}H{head}"] + [
+                float(torch.nanmean(roles.role_scores(pat[:, head], ds.clean, r))) for r in roles.ROLES])
+    print(f"{ds.description}\n")
+    print(tabulate(rows, headers=["head", *roles.ROLES], floatfmt=".3f"))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

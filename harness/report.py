@@ -1,0 +1,133 @@
+"""Writing a run's report folder: `report.md` and `evidence.json`.
+
+A run never overwrites: the folder is new (`reports/<name>-<UTC time>` or the
+`--out` path, which must not exist).  Files are written into a temporary
+sibling folder that is renamed into place at the end, so an interrupted run
+leaves no half report.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import OutputExistsError
+from .evidence import Evidence
+
+
+def default_folder(ev: Evidence, reports_root: Path) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base = reports_root / f"{ev.hypothesis['name']}-{stamp}"
+    path, i = base, 1
+    while path.exists():
+        i += 1
+        path = base.with_name(f"{base.name}-{i}")
+    return path
+
+
+def write_report(ev: Evidence, out_dir: Optional[Any] = None, reports_root: Optional[Any] = None) -> Path:
+    """Write report.md + evidence.json into a new folder; return the folder."""
+    if out_dir is not None:
+        target = Path(out_dir)
+        if target.exists():
+            raise OutputExistsError(f"{target} already exists; runs never overwrite a report "
+                                    "(choose another --out)")
+    else:
+        target = default_folder(ev, Path(reports_root or "reports"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        (tmp / "evidence.json").write_text(json.dumps(_finite(ev.to_dict()), indent=2) + "\n")
+        (tmp / "report.md").write_text(render_markdown(ev))
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "undefined"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def render_markdown(ev: Evidence) -> str:
+    h, m, d, s, b = ev.hypothesis, ev.model, ev.data, ev.settings, ev.baseline
+    c = ev.counts()
+    out = [f"# Evidence report: {h['name']}", ""]
+    if h.get("description"):
+        out += [h["description"].strip(), ""]
+    out += [f"**{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive** "
+            f"of {len(ev.claims)} claims.", "", "## Verdicts", "", ev.table("github"), ""]
+    out += ["## Evidence per claim", ""]
+    for r in ev.claims:
+        out += [f"### {r.id} — {r.verdict}", ""]
+        if r.description:
+            out += [r.description.strip(), ""]
+        out += [f"- expectation: {r.expectation}",
+                f"- value: {_fmt(r.value)} ({r.unit})" + (f", {int(100 * r.details.get('confidence', 0.95))}% CI "
+                                                           f"[{_fmt(r.ci[0])}, {_fmt(r.ci[1])}]" if r.ci else ""),
+                f"- rule: {r.rule}"]
+        det = r.details
+        if r.kind == "role":
+            out.append(f"- per-prompt median {_fmt(det.get('median'))}, IQR {_fmt(det.get('iqr'))}; "
+                       f"{det['n_prompts']} prompts, {det['n_undefined']} undefined")
+        elif r.kind == "ablation":
+            unit = b["unit"]
+            out.append(f"- metric: clean {_fmt(det['clean_metric_mean'])}, ablated "
+                       f"{_fmt(det['ablated_metric_mean'])}, corrupted {_fmt(det['corrupted_metric_mean'])} {unit}")
+            out.append(f"- raw drop {_fmt(det['drop_mean'])} {unit} [{_fmt(det['drop_ci'][0])}, "
+                       f"{_fmt(det['drop_ci'][1])}], sign-flip p = {det['drop_p_value']:.4g}; per-prompt "
+                       f"median {_fmt(det['drop_summary']['median'])}, IQR {_fmt(det['drop_summary']['iqr'])}")
+            if "normalized" in det:
+                ns = det["normalized_summary"]
+                out.append(f"- normalized effect {_fmt(det['normalized'])} [{_fmt(det['normalized_ci'][0])}, "
+                           f"{_fmt(det['normalized_ci'][1])}]; per-prompt median {_fmt(ns['median'])}, "
+                           f"IQR {_fmt(ns['iqr'])}; {det['n_excluded_small_gap']} prompt(s) excluded "
+                           "for a small clean-corrupted gap")
+        out.append("")
+    out += ["## Settings", "",
+            f"- data: {d['description']} ({d['n_prompts']} prompts of length {d['seq_len']}, "
+            f"{d['scored_positions_per_prompt']} scored positions each; BOS at position 0: "
+            f"{d['bos_at_position_0']})",
+            f"- metric: {s['metric']} ({b['unit']}); clean {_fmt(b['clean']['mean'])}, corrupted "
+            f"{_fmt(b['corrupted']['mean'])}, gap {_fmt(b['gap']['mean'])} "
+            f"[{_fmt(b['gap']['ci'][0])}, {_fmt(b['gap']['ci'][1])}]",
+            f"- ablations: mean over {s['mean_ablation_reference']}; resample from "
+            f"{s['resample_ablation_source']}",
+            f"- weight processing: {s['weight_processing']}",
+            f"- statistics: {s['stats']['bootstrap']} BCa bootstrap resamples, "
+            f"{s['stats']['confidence']:.0%} intervals, {s['stats']['permutations']} sign-flip "
+            f"permutations, min_gap {s['stats']['min_gap']}, min_prompt_gap {s['stats']['min_prompt_gap']}; "
+            f"seed {s['seed']}", ""]
+    out += ["## Sanity checks", ""]
+    out += [f"- {'ok' if ch['passed'] else 'FAILED'}: {ch['name']} — {ch['detail']}" for ch in ev.sanity_checks]
+    p = ev.provenance
+    out += ["", "## Provenance", "",
+            f"- model: `{m['source']}` ({m['kind']}, {m['n_layers']} layers x {m['n_heads']} heads, "
+            f"d_model {m['d_model']}, d_head {m['d_head']}), sha256 `{m['sha256'][:16]}…`",
+            f"- hypothesis: `{h['file'] or '<dict>'}`, sha256 `{h['sha256'][:16]}…`",
+            f"- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()),
+            f"- command: `{p['command']}`",
+            f"- run: {p['started']} to {p['finished']} on {p['host']['platform']}", ""]
+    return "\n".join(out)

@@ -1,0 +1,119 @@
+"""Orchestration: hypothesis -> model -> data -> measurements -> Evidence.
+
+Data flows one way: the spec is validated, names are checked against the
+loaded model, the clean and corrupted prompts are run once each (caching only
+the hooks the claims need), each ablation is one more forward, and the
+evaluators in `claims` turn the numbers into verdicts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from . import names, spec as spec_mod
+from .errors import ComponentNameError, SanityCheckError, SpecError
+from .evidence import Evidence
+
+_MODEL_CACHE: dict[tuple, Any] = {}
+
+
+def load_model_cached(source: str) -> Any:
+    """One model load per source per process (the pytest plugin and sweeps reuse it)."""
+    from .models import load_model
+
+    key = (source,)
+    if key not in _MODEL_CACHE:
+        _MODEL_CACHE[key] = load_model(source)
+    return _MODEL_CACHE[key]
+
+
+def build_dataset(h: spec_mod.LoadedHypothesis, model: Any) -> Any:
+    from . import data
+
+    d = h.spec.data
+    if isinstance(d, spec_mod.GeneratorData):
+        if d.segment_length * 2 + int(d.bos) > model.n_ctx:
+            raise SpecError([f"{h.path or '<dict>'}: data.segment_length: prompts of length "
+                             f"{d.segment_length * 2 + int(d.bos)} exceed the model's context "
+                             f"{model.n_ctx}"])
+        return data.repeated_tokens(d.n_prompts, d.segment_length, model.d_vocab, d.seed, d.split,
+                                    d.bos, d.vocab_min, d.vocab_max)
+    return data.load_jsonl(h.resolve(d.file), model.d_vocab, d.limit)
+
+
+def check_names(h: spec_mod.LoadedHypothesis, model: Any) -> None:
+    """Every head named by a claim must exist in the loaded model."""
+    problems = []
+    for i, c in enumerate(h.spec.claims):
+        heads = [c.head] if hasattr(c, "head") else list(getattr(c, "heads", []))
+        for text in heads:
+            try:
+                names.check_in_model(names.parse_head(text), model.n_layers, model.n_heads)
+            except ComponentNameError as exc:
+                problems.append(f"{h.path or '<dict>'}: claims[{i}] ({c.id}): {exc}")
+    if problems:
+        raise SpecError(problems)
+
+
+def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
+        base_dir: Union[str, Path, None] = None, command: Optional[str] = None) -> Evidence:
+    """Run every claim of a hypothesis (file path or dict) and return the Evidence.
+
+    `seed` overrides the file's `seed` (bootstrap and permutation streams).
+    """
+    from .measure import measure_all
+
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    h = spec_mod.load(hypothesis, base_dir=base_dir)
+    s = h.spec
+    seed = s.seed if seed is None else seed
+    source = s.model if s.model.startswith("hf:") else str(h.resolve(s.model))
+    model = load_model_cached(source)
+    check_names(h, model)
+    ds = build_dataset(h, model)
+    if s.metric == "logit_diff" and ds.wrong is None:
+        raise SpecError([f"{h.path or '<dict>'}: metric: logit_diff needs 'wrong' tokens in the data"])
+    m = measure_all(model, ds, s, seed)
+    cfg = model.bridge.cfg
+    return Evidence(
+        hypothesis={"name": s.name, "description": s.description, "file": h.path,
+                    "sha256": h.sha256},
+        model={"source": model.source, "kind": model.kind, "sha256": model.sha256,
+               "n_layers": model.n_layers, "n_heads": model.n_heads, "d_model": int(cfg.d_model),
+               "d_head": int(cfg.d_head), "d_vocab": model.d_vocab, "n_ctx": model.n_ctx,
+               "attn_only": not model.has_mlp,
+               "normalization": str(getattr(cfg, "normalization_type", None))},
+        data={"description": ds.description, "n_prompts": ds.n, "seq_len": ds.seq_len,
+              "bos_at_position_0": ds.has_bos, "scored_positions_per_prompt": int(ds.positions.shape[1])},
+        settings={"metric": s.metric, "seed": seed, "stats": s.stats.model_dump(),
+                  "weight_processing": "none (raw weights)",
+                  "mean_ablation_reference": "clean prompts of the dataset, per position",
+                  "resample_ablation_source": "the paired corrupted prompt"},
+        baseline=m.baseline,
+        sanity_checks=m.sanity_checks,
+        claims=m.claims,
+        provenance={"versions": versions(), "command": command or " ".join(sys.argv),
+                    "started": started,
+                    "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    "host": {"python": platform.python_version(), "platform": platform.platform(),
+                             "machine": platform.machine()}},
+    )
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("harness", "torch", "transformer-lens", "numpy", "scipy", "pydantic", "pyyaml"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+__all__ = ["run", "SanityCheckError"]

@@ -1,0 +1,55 @@
+"""Shared fixtures: one fixture-model load per session; tiny hand-set models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "fixtures" / "induction-2l"
+HYPOTHESES = ROOT / "hypotheses"
+
+
+@pytest.fixture(scope="session")
+def fixture_model():
+    from harness.runner import load_model_cached
+
+    return load_model_cached(str(FIXTURE))
+
+
+def save_native(bridge, cfg: dict, out: Path) -> Path:
+    """Write a bridge in the model directory format (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().clone() for k, v in bridge.state_dict().items()},
+              str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def tiny_config(**over) -> dict:
+    cfg = dict(d_model=8, d_head=3, n_heads=2, n_layers=2, n_ctx=12, d_vocab=7,
+               attn_only=True, normalization_type="LN", seed=0)
+    cfg.update(over)
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def tiny_native(tmp_path_factory):
+    """A random tiny native model (float64) and its directory.  n_heads*d_head != d_model."""
+    import torch
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    cfg = tiny_config()
+    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**cfg), dtype=torch.float64)
+    with torch.no_grad():  # non-trivial LN parameters and biases
+        g = torch.Generator().manual_seed(1)
+        for name, p in bridge.original_model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + ("weight" in name))
+    path = save_native(bridge, cfg, tmp_path_factory.mktemp("tiny") / "model")
+    return bridge, path

@@ -1,0 +1,138 @@
+"""Schema validation: good files load; each malformed file gives file:line: field: message."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness import spec
+from harness.errors import SpecError
+
+from .conftest import HYPOTHESES
+
+GOOD = """\
+harness: 1
+name: t
+model: ../fixtures/induction-2l
+data:
+  generator: repeated_tokens
+  n_prompts: 20
+claims:
+  - id: a
+    kind: role
+    head: L0H7
+    role: previous_token
+    at_least: 0.5
+  - id: b
+    kind: ablation
+    heads: [L0H7]
+    at_least: 0.5
+"""
+
+
+def load_text(tmp_path, text):
+    f = tmp_path / "h.yaml"
+    f.write_text(textwrap.dedent(text))
+    return spec.load(f)
+
+
+def problems(tmp_path, text):
+    with pytest.raises(SpecError) as exc:
+        load_text(tmp_path, text)
+    return exc.value.problems
+
+
+def test_good_file_and_defaults(tmp_path):
+    h = load_text(tmp_path, GOOD)
+    assert h.spec.metric == "logprob"
+    assert h.spec.stats.bootstrap == 2000
+    assert h.spec.claims[1].ablation == "mean"
+    assert h.resolve(h.spec.model) == tmp_path / "../fixtures/induction-2l"
+    assert len(h.sha256) == 64
+
+
+@pytest.mark.parametrize("path", sorted(HYPOTHESES.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_hypotheses_validate(path):
+    assert spec.load(path).spec.claims
+
+
+CASES = [
+    # (description, replace old -> new, expected line, expected fragment)
+    ("unknown top-level key", ("name: t\n", "name: t\nnmae: x\n"), 3, "nmae: unknown key; allowed keys: harness, name"),
+    ("wrong version", ("harness: 1", "harness: 2"), 1, "harness: Input should be 1"),
+    ("missing model", ("model: ../fixtures/induction-2l\n", ""), 1, "model: required field is missing"),
+    ("bad name characters", ("name: t", "name: has space"), 2, "name: String should match pattern"),
+    ("n_prompts wrong type", ("n_prompts: 20", "n_prompts: many"), 6, "data.n_prompts: Input should be a valid integer"),
+    ("n_prompts too small", ("n_prompts: 20", "n_prompts: 1"), 6, "data.n_prompts: Input should be greater than or equal to 2"),
+    ("unknown generator", ("generator: repeated_tokens", "generator: ioi"), 5, "data.generator: Input should be 'repeated_tokens' (got 'ioi')"),
+    ("generator and file", ("  n_prompts: 20", "  n_prompts: 20\n  file: x.jsonl"), 4, "data: give exactly one of 'generator'"),
+    ("unknown data key", ("  n_prompts: 20", "  n_prompts: 20\n  promtps: 3"), 7, "data.promtps: unknown key; allowed keys: generator, n_prompts"),
+    ("bad head name", ("head: L0H7", "head: L0H7.k"), 10, "claims[0].head: 'L0H7.k' is not a head"),
+    ("bad head in list", ("heads: [L0H7]", "heads: [L0H7, X1]"), 15, "claims[1].heads: 'X1' is not a component name"),
+    ("duplicate head", ("heads: [L0H7]", "heads: [L0H7, L0H7]"), 15, "claims[1].heads: a head is listed twice"),
+    ("unknown role", ("role: previous_token", "role: copying_head"), 11, "claims[0].role: Input should be"),
+    ("impossible role threshold", ("at_least: 0.5\n  - id: b", "at_least: 1.5\n  - id: b"), 8, "an attention score lies in [0, 1]; threshold 1.5 is impossible"),
+    ("two bounds", ("    at_least: 0.5\n  - id: b", "    at_least: 0.5\n    at_most: 0.9\n  - id: b"), 8, "give exactly one of at_least / at_most"),
+    ("no bound", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n"), 13, "claims[1]: give exactly one of at_least / at_most"),
+    ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, ablation"),
+    ("unknown claim key", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    effect: 0.5\n"), 16, "claims[1].effect: unknown key; allowed keys: at_least, at_most, id, kind, heads"),
+    ("unknown ablation type", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    ablation: knockout\n"), 16, "claims[1].ablation: Input should be 'zero', 'mean' or 'resample'"),
+    ("duplicate claim id", ("- id: b", "- id: a"), 1, "claim id 'a' is used twice"),
+    ("missing claim field", ("    role: previous_token\n", ""), 8, "claims[0].role: required field is missing"),
+    ("threshold wrong type", ("at_least: 0.5\n  - id: b", "at_least: high\n  - id: b"), 12, "claims[0].at_least: Input should be a valid number"),
+    ("duplicate key", ("name: t\n", "name: t\nname: u\n"), 3, "name: duplicate key"),
+    ("bad stats", ("claims:", "stats:\n  confidence: 1.5\nclaims:"), 8, "stats.confidence: Input should be less than 1"),
+    ("unknown metric", ("claims:", "metric: accuracy\nclaims:"), 7, "metric: Input should be 'logprob' or 'logit_diff'"),
+    ("empty claims", (GOOD[GOOD.index("claims:"):], "claims: []\n"), 7, "claims: List should have at least 1 item"),
+]
+
+
+@pytest.mark.parametrize("desc,change,line,fragment", CASES, ids=[c[0] for c in CASES])
+def test_malformed_file(tmp_path, desc, change, line, fragment):
+    old, new = change
+    assert old in GOOD, desc
+    found = problems(tmp_path, GOOD.replace(old, new, 1))
+    expected_prefix = f"{tmp_path / 'h.yaml'}:{line}: "
+    assert any(p.startswith(expected_prefix) and fragment in p for p in found), found
+
+
+def test_all_problems_reported_at_once(tmp_path):
+    text = GOOD.replace("n_prompts: 20", "n_prompts: 0").replace("head: L0H7", "head: Q")
+    found = problems(tmp_path, text)
+    assert len(found) == 2
+    assert [p.split(":")[1] for p in found] == ["6", "10"]
+
+
+def test_yaml_syntax_error_has_line(tmp_path):
+    found = problems(tmp_path, GOOD.replace("  - id: b", "  - id: [b"))
+    assert found == [f"{tmp_path / 'h.yaml'}:14: (yaml): expected ',' or ']', but got ':'"]
+
+
+def test_not_a_mapping(tmp_path):
+    assert "YAML mapping" in problems(tmp_path, "- a\n- b\n")[0]
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SpecError, match="no such hypothesis file"):
+        spec.load(tmp_path / "nope.yaml")
+
+
+def test_dict_input_resolves_against_base_dir(tmp_path):
+    import yaml
+
+    h = spec.load(yaml.safe_load(GOOD), base_dir=tmp_path)
+    assert h.path is None
+    assert h.resolve("m") == tmp_path.resolve() / "m"
+    with pytest.raises(SpecError, match=r"<dict>:\d+: claims\[0\].head"):
+        d = yaml.safe_load(GOOD)
+        d["claims"][0]["head"] = "nope"
+        spec.load(d)
+
+
+def test_validation_does_not_import_torch():
+    code = ("import sys; from harness import spec; spec.load(sys.argv[1]); "
+            "bad = [m for m in ('torch', 'transformer_lens') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code, str(HYPOTHESES / "induction.yaml")],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -47,6 +47,9 @@ def run_plan(bridge: Any, tokens: Any, plan: Plan) -> Any:
     """Forward `tokens` with the plan's hooks; raise if any hook never fired."""
     import torch
 
+    unknown = [name for name, _ in plan.hooks if name not in bridge.hook_dict]
+    if unknown:
+        raise SanityCheckError(f"the model has no hook named {', '.join(unknown)}")
     fired = [0] * len(plan.hooks)
 
     def counting(i: int, fn: Callable) -> Callable:
@@ -56,8 +59,13 @@ def run_plan(bridge: Any, tokens: Any, plan: Plan) -> Any:
         return wrapped
 
     hooks = [(name, counting(i, fn)) for i, (name, fn) in enumerate(plan.hooks)]
-    with torch.no_grad():
-        logits = bridge.run_with_hooks(tokens, fwd_hooks=hooks)
+    try:
+        with torch.no_grad():
+            logits = bridge.run_with_hooks(tokens, fwd_hooks=hooks)
+    except ValueError as exc:
+        if "Cannot add hook" in str(exc):  # TransformerLens refuses gated hooks
+            raise SanityCheckError(str(exc)) from None
+        raise
     silent = [plan.hooks[i][0] for i, n in enumerate(fired) if n == 0]
     if silent:
         raise SanityCheckError(f"hook(s) never fired: {', '.join(silent)}; the intervention "

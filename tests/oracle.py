@@ -1,0 +1,36 @@
+"""A slow, plainly written forward pass of a native attention-only LN model,
+straight from the state dict in float64 — an oracle independent of the
+bridge's hooks.  `z_edit(layer, z)` may replace the heads' z [n, seq, H, d_head]."""
+
+import math
+
+import torch
+
+
+def layer_norm(x, w, b, eps):
+    x = x - x.mean(-1, keepdim=True)
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w + b
+
+
+def forward(sd, cfg, tokens, z_edit=None, want_z=False):
+    sd = {k: v.double() for k, v in sd.items()}
+    n, s = tokens.shape
+    H, dh, eps = cfg["n_heads"], cfg["d_head"], cfg.get("eps", 1e-5)
+    x = sd["embed.weight"][tokens] + sd["pos_embed.weight"][:s]
+    zs = {}
+    for layer in range(cfg["n_layers"]):
+        p = f"blocks.{layer}."
+        h = layer_norm(x, sd[p + "ln1.weight"], sd[p + "ln1.bias"], eps)
+        q, k, v = ((h @ sd[p + f"attn.{w}.weight"].T + sd[p + f"attn.{w}.bias"]).view(n, s, H, dh)
+                   for w in "qkv")
+        scores = torch.einsum("nqhd,nkhd->nhqk", q, k) / math.sqrt(dh)
+        mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
+        pattern = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        z = torch.einsum("nhqk,nkhd->nqhd", pattern, v)
+        zs[layer] = z
+        if z_edit is not None:
+            z = z_edit(layer, z)
+        x = x + z.reshape(n, s, H * dh) @ sd[p + "attn.o.weight"].T + sd[p + "attn.o.bias"]
+    x = layer_norm(x, sd["ln_final.weight"], sd["ln_final.bias"], eps)
+    logits = x @ sd["unembed.weight"].T + sd["unembed.bias"]
+    return (logits, zs) if want_z else logits

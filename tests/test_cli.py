@@ -1,0 +1,93 @@
+"""The command line: exit codes, messages, nothing half-written, fast paths."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+from .conftest import HYPOTHESES, ROOT
+
+
+def line_of(path, text):
+    """1-based line number of the first line containing `text`."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def harness_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def test_help_and_validate_do_not_import_torch():
+    code = ("import sys; from harness.cli import main; rc = main(['validate', sys.argv[1]]); "
+            "print(rc, [m for m in ('torch', 'transformer_lens') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code, str(HYPOTHESES / "induction.yaml")],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("0 []")
+    r = harness_cli("--help")
+    assert r.returncode == 0 and "validate" in r.stdout and "run" in r.stdout
+
+
+def test_validate_exit_codes(tmp_path, capsys):
+    assert main(["validate", str(HYPOTHESES / "induction.yaml")]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((HYPOTHESES / "induction.yaml").read_text().replace("head: L0H7", "head: L0H7.q"))
+    r = harness_cli("validate", bad)
+    assert r.returncode == 2
+    assert f"{bad}:{line_of(bad, 'head: L0H7.q')}: claims[0].head: 'L0H7.q' is not a head" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_run_passing_file_writes_report(tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(["run", str(HYPOTHESES / "induction.yaml"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "prev-token-L0H7" in printed and f"report: {out / 'report.md'}" in printed
+    ev = json.loads((out / "evidence.json").read_text())
+    assert [c["verdict"] for c in ev["claims"]] == ["PASS"] * 6
+    assert "# Evidence report: induction" in (out / "report.md").read_text()
+    # never overwrite
+    assert main(["run", str(HYPOTHESES / "induction.yaml"), "--out", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_run_false_claims_exit_1(tmp_path):
+    assert main(["run", str(HYPOTHESES / "induction-false-claims.yaml"), "--reports", str(tmp_path)]) == 1
+    (folder,) = tmp_path.iterdir()
+    verdicts = [c["verdict"] for c in json.loads((folder / "evidence.json").read_text())["claims"]]
+    assert verdicts == ["FAIL", "FAIL", "FAIL"]
+
+
+def test_bad_input_writes_nothing(tmp_path):
+    bad = tmp_path / "h.yaml"
+    bad.write_text((HYPOTHESES / "induction.yaml").read_text().replace("n_prompts: 200", "n_prompts: x"))
+    r = harness_cli("run", bad, HYPOTHESES / "induction.yaml", "--reports", tmp_path / "reports")
+    assert r.returncode == 2 and f":{line_of(bad, 'n_prompts: x')}: data.n_prompts:" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("change,needle", [
+    (("model: ../fixtures/induction-2l", "model: ./no-such-model"), "does not exist"),
+    (("head: L1H5", "head: L1H9"), "claims[1] (induction-L1H5): L1H9 is not in the model: the model has layers 0..1 and heads 0..7"),
+    (("segment_length: 20", "segment_length: 40"), "exceed the model's context 64"),
+])
+def test_model_dependent_errors_exit_2(tmp_path, change, needle):
+    text = (HYPOTHESES / "induction.yaml").read_text().replace(*change)
+    h = tmp_path / "h.yaml"
+    h.write_text(text.replace("../fixtures/induction-2l", str(ROOT / "fixtures" / "induction-2l")))
+    r = harness_cli("run", h, "--reports", tmp_path / "reports")
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "reports").exists()
+
+
+def test_relative_paths_resolve_against_the_file(tmp_path):
+    r = harness_cli("validate", Path("hypotheses") / "induction.yaml", cwd=ROOT)
+    assert r.returncode == 0
+    r = harness_cli("run", HYPOTHESES / "induction-false-claims.yaml", "--out", tmp_path / "o", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert (tmp_path / "o" / "evidence.json").is_file()

@@ -1,0 +1,99 @@
+"""The Python API end to end: determinism, dict input, evidence contents, undefined numbers."""
+
+import copy
+
+import pytest
+import yaml
+
+import harness
+
+from .conftest import HYPOTHESES, ROOT
+
+
+def numbers(ev):
+    return [(c.id, c.verdict, c.value, c.ci) for c in ev.claims]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return harness.run(HYPOTHESES / "induction.yaml")
+
+
+def test_same_seed_same_numbers(demo):
+    again = harness.run(HYPOTHESES / "induction.yaml")
+    assert numbers(again) == numbers(demo)
+    other = harness.run(HYPOTHESES / "induction.yaml", seed=7)
+    assert [c.value for c in other.claims] == [c.value for c in demo.claims]  # data fixed
+    assert [c.ci for c in other.claims] != [c.ci for c in demo.claims]  # bootstrap stream moved
+
+
+def test_evidence_document(demo):
+    d = demo.to_dict()
+    assert d["hypothesis"]["name"] == "induction" and len(d["hypothesis"]["sha256"]) == 64
+    assert d["model"]["kind"] == "native" and len(d["model"]["sha256"]) == 64
+    assert d["settings"]["seed"] == 0 and d["provenance"]["versions"]["torch"].startswith("2.")
+    for c in d["claims"]:
+        assert {"id", "kind", "verdict", "value", "ci", "rule", "details"} <= set(c)
+        assert c["ci"][0] <= c["value"] <= c["ci"][1]
+    assert all(ch["passed"] for ch in d["sanity_checks"])
+    assert d["baseline"]["gap"]["mean"] > 3  # nats: the fixture really does induction
+    assert demo.exit_code == 0 and "prev-token-L0H7" in demo.table()
+
+
+def test_dict_hypothesis_with_base_dir():
+    d = yaml.safe_load((HYPOTHESES / "induction.yaml").read_text())
+    d["claims"] = d["claims"][:1]
+    d["data"]["n_prompts"] = 20
+    ev = harness.run(d, base_dir=HYPOTHESES)
+    assert ev.hypothesis["file"] is None and ev.claims[0].verdict == "PASS"
+
+
+def test_undefined_normalised_effect_is_inconclusive():
+    """With the corruption equal to the clean prompt (no gap) a normalised effect
+    is 0/0: the verdict must be INCONCLUSIVE with the reason, never PASS."""
+    d = yaml.safe_load((HYPOTHESES / "induction.yaml").read_text())
+    d["claims"] = [c for c in d["claims"] if c["kind"] == "ablation"][:1]
+    d["stats"] = {"min_gap": 100.0}  # no model has a 100-nat gap
+    ev = harness.run(d, base_dir=HYPOTHESES)
+    (c,) = ev.claims
+    assert c.verdict == "INCONCLUSIVE" and c.value is None and "undefined" in c.rule
+    assert c.details["drop_mean"] > 1  # the raw change is still shown
+    assert not ev.sanity_checks[0]["passed"]
+
+
+def test_jsonl_data_and_logit_diff(tmp_path):
+    import json
+
+    from harness import data
+
+    ds = data.repeated_tokens(12, 10, 128, seed=9)
+    with open(tmp_path / "p.jsonl", "w") as f:
+        for i in range(ds.n):
+            f.write(json.dumps({"clean": ds.clean[i].tolist(), "corrupted": ds.corrupted[i].tolist(),
+                                "positions": ds.positions[i].tolist(),
+                                "wrong": ((ds.answers[i] % 127) + 1).tolist()}) + "\n")
+    d = {"harness": 1, "name": "jsonl", "model": str(ROOT / "fixtures" / "induction-2l"),
+         "data": {"file": "p.jsonl"}, "metric": "logit_diff",
+         "claims": [{"id": "a", "kind": "ablation", "heads": ["L0H7"], "ablation": "zero",
+                     "measure": "delta", "at_least": 1.0}]}
+    ev = harness.run(d, base_dir=tmp_path)
+    assert ev.claims[0].verdict == "PASS" and ev.claims[0].unit == "logits"
+    assert ev.data["n_prompts"] == 12
+
+
+def test_role_claim_on_hf_model(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=40, n_positions=32, n_embd=16, n_layer=2, n_head=4)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "m")
+    d = {"harness": 1, "name": "hf", "model": "m",
+         "data": {"generator": "repeated_tokens", "n_prompts": 10, "segment_length": 6},
+         "claims": [{"id": "r", "kind": "role", "head": "L1H2", "role": "induction", "at_least": 0.9},
+                    {"id": "a", "kind": "ablation", "heads": ["L0H1", "L1H3"], "ablation": "resample",
+                     "measure": "delta", "at_most": 5.0}]}
+    ev = harness.run(d, base_dir=tmp_path)
+    assert ev.claims[0].verdict == "FAIL"  # a random model has no induction head
+    assert ev.model["kind"] == "transformers"
+    assert ev.sanity_checks[1]["name"] == "identity intervention reproduces the clean run"

@@ -2,7 +2,7 @@
 
 Exit codes: 0 every claim passed (or every file valid), 1 a claim failed or
 was inconclusive, 2 bad input (the message says file:line, field, what is
-allowed; no traceback).  Heavy imports (torch, TransformerLens) happen only
+allowed; no traceback), 3 a sanity check failed (the run stops, no report).  Heavy imports (torch, TransformerLens) happen only
 inside the commands that need a model.
 """
 
@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     ro.add_argument("--n-prompts", type=int, default=200)
     ro.add_argument("--segment-length", type=int, default=20)
     ro.add_argument("--seed", type=int, default=0)
+    ro.add_argument("--split", choices=("explore", "test"), default="explore",
+                    help="prompt split (default explore: keep the test split for hypotheses)")
     return p
 
 
@@ -115,7 +117,7 @@ def cmd_roles(args: argparse.Namespace) -> int:
     from .models import load_model
 
     m = load_model(args.model)
-    ds = data.repeated_tokens(args.n_prompts, args.segment_length, m.d_vocab, args.seed)
+    ds = data.repeated_tokens(args.n_prompts, args.segment_length, m.d_vocab, args.seed, args.split)
     with torch.no_grad():
         _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))
     rows = []

@@ -6,7 +6,10 @@ Model directory formats (see docs/model-format.md):
   plus `model.safetensors` holding the bridge state dict (TL-format keys).
   Booted with `TransformerBridge.boot_native`, then the weights are loaded.
 * **Hugging Face**: a directory written by `save_pretrained` (its config.json
-  has `architectures`), booted with `TransformerBridge.boot_transformers`.
+  has `architectures` or `model_type`), booted with
+  `TransformerBridge.boot_transformers`.  Every parameter the architecture
+  needs must be in the safetensors file(s): transformers would otherwise fill
+  missing weights with random values, silently.
   A hub name is given as `hf:NAME` and needs the user's local cache.
 
 Only safe formats are read: safetensors, never pickles.
@@ -54,9 +57,11 @@ class LoadedModel:
 
 
 def directory_hash(path: Path) -> str:
-    """sha256 over (relative name, bytes) of every file in the directory, sorted."""
+    """sha256 over (name, bytes) of the files that define the model's function:
+    `config.json` and every top-level `*.safetensors`, in name order.  Other
+    files (model card, training logs) do not change the hash."""
     h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".json", ".safetensors")):
+    for f in sorted([path / "config.json", *path.glob("*.safetensors")]):
         h.update(str(f.relative_to(path)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()
@@ -127,6 +132,31 @@ def load_native(path: Path, dtype: Any = None, device: str | None = None) -> Any
     return bridge
 
 
+def check_hf_weights(path: Path) -> None:
+    """Raise ModelLoadError unless the safetensors files hold every parameter of
+    the architecture config.json names (tied weights count once)."""
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(path))
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(cfg)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{path / 'config.json'}: not a Hugging Face causal LM config: {exc}") from None
+    keys: set[str] = set()
+    for f in path.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            keys.update(st.keys())
+    prefix = getattr(skeleton, "base_model_prefix", "") + "."
+    missing = [n for n, _ in skeleton.named_parameters()
+               if n not in keys and not (n.startswith(prefix) and n[len(prefix):] in keys)]
+    if missing:
+        raise ModelLoadError(f"{path}: the weights do not match config.json ({cfg.model_type}): "
+                             f"{len(missing)} parameter(s) missing, e.g. {', '.join(missing[:3])}")
+
+
 def load_transformers(name_or_path: str, dtype: Any = None, device: str | None = None) -> Any:
     """Boot a bridge around a Hugging Face model (local directory or cached hub name)."""
     from transformer_lens.model_bridge import TransformerBridge
@@ -155,5 +185,6 @@ def load_model(source: str | Path, dtype: Any = None, device: str | None = None)
     if kind == "native":
         bridge = load_native(path, dtype, device)
     else:
+        check_hf_weights(path)
         bridge = load_transformers(str(path), dtype, device)
     return LoadedModel(bridge, str(path), kind, directory_hash(path))

@@ -21,9 +21,10 @@ from typing import Union
 
 from .errors import ComponentNameError
 
-_HEAD = re.compile(r"^L(\d+)H(\d+)$")
-_INPUT = re.compile(r"^L(\d+)H(\d+)\.([qkv])$")
-_MLP = re.compile(r"^L(\d+)\.mlp$")
+_N = r"(0|[1-9]\d*)"  # no leading zeros: one spelling per component
+_HEAD = re.compile(rf"^L{_N}H{_N}$")
+_INPUT = re.compile(rf"^L{_N}H{_N}\.([qkv])$")
+_MLP = re.compile(rf"^L{_N}\.mlp$")
 
 
 @dataclass(frozen=True, order=True)

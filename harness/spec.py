@@ -163,6 +163,13 @@ class Hypothesis(_Strict):
     stats: Stats = Stats()
     claims: list[Claim] = Field(min_length=1)
 
+    @field_validator("harness", mode="before")
+    @classmethod
+    def _version_is_int(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML `true` would otherwise pass as 1
+            raise ValueError(f"Input should be 1 (the format version), got {v!r}")
+        return v
+
     @field_validator("data", mode="before")
     @classmethod
     def _data_kind(cls, v: Any) -> Any:

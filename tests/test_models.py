@@ -42,6 +42,24 @@ def test_hf_gpt2_directory(tmp_path):
         assert torch.allclose(m.bridge(toks), hf(toks).logits, atol=1e-4)
 
 
+def test_hf_directory_with_wrong_weights_is_refused(tmp_path):
+    """transformers would fill missing weights randomly; the loader must refuse."""
+    p = shutil.copytree(FIXTURE, tmp_path / "m")
+    cfg = json.loads((p / "config.json").read_text())
+    (p / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2", "n_layer": 2}))
+    with pytest.raises(ModelLoadError, match=r"weights do not match config.json \(gpt2\)"):
+        load_model(p)
+
+
+def test_hash_ignores_model_card(tmp_path):
+    p = shutil.copytree(FIXTURE, tmp_path / "m")
+    (p / "README.md").write_text("changed")
+    (p / "training.json").write_text("{}")
+    assert directory_hash(p) == directory_hash(FIXTURE)
+    (p / "config.json").write_text((p / "config.json").read_text() + " ")
+    assert directory_hash(p) != directory_hash(FIXTURE)
+
+
 def copy_fixture(tmp_path):
     return shutil.copytree(FIXTURE, tmp_path / "m")
 

@@ -28,7 +28,7 @@ def test_parsed_values_are_frozen_and_structured():
 
 @pytest.mark.parametrize("text,needle", [
     ("L1H", "not a component name"), ("l1h6", "not a component name"), ("L1H6.z", "not a component"),
-    ("head", "allowed"), ("", "not a component"),
+    ("head", "allowed"), ("", "not a component"), ("L01H5", "not a component"), ("L1H05.k", "not a component"),
 ])
 def test_bad_component(text, needle):
     with pytest.raises(ComponentNameError, match=needle):

@@ -61,6 +61,7 @@ CASES = [
     # (description, replace old -> new, expected line, expected fragment)
     ("unknown top-level key", ("name: t\n", "name: t\nnmae: x\n"), 3, "nmae: unknown key; allowed keys: harness, name"),
     ("wrong version", ("harness: 1", "harness: 2"), 1, "harness: Input should be 1"),
+    ("boolean version", ("harness: 1", "harness: true"), 1, "harness: Input should be 1"),
     ("missing model", ("model: ../fixtures/induction-2l\n", ""), 1, "model: required field is missing"),
     ("bad name characters", ("name: t", "name: has space"), 2, "name: String should match pattern"),
     ("n_prompts wrong type", ("n_prompts: 20", "n_prompts: many"), 6, "data.n_prompts: Input should be a valid integer"),

@@ -71,6 +71,7 @@ def evaluate_ablation(claim: AblationClaim, m_clean: np.ndarray, m_corrupt: np.n
         details["normalized"] = norm.estimate
         details["normalized_ci"] = [norm.low, norm.high]
         details["normalized_summary"] = stats.summary(drop[keep] / gap[keep])
+        details["normalized_ci_method"] = norm.method
     details["gap_mean"] = float(gap[keep].mean()) if keep.any() else float(gap.mean())
 
     if claim.measure == "delta":
@@ -78,9 +79,13 @@ def evaluate_ablation(claim: AblationClaim, m_clean: np.ndarray, m_corrupt: np.n
         return ClaimResult(claim.id, "ablation", expectation, verdict, d_iv.estimate,
                            [d_iv.low, d_iv.high], unit, rule, claim.description, details)
     if norm is None:
-        rule = (f"normalized effect undefined: clean-corrupted gap {details['gap_mean']:.3f} {unit} "
-                f"on {int(keep.sum())} prompt(s) is below min_gap {st.min_gap:g} "
-                f"(raw drop {d_iv.estimate:.3f} {unit})")
+        if keep.sum() < 2:
+            why = (f"only {int(keep.sum())} prompt(s) have a clean-corrupted gap of at least "
+                   f"min_prompt_gap {st.min_prompt_gap:g} {unit}")
+        else:
+            why = (f"mean clean-corrupted gap {details['gap_mean']:.3f} {unit} is below min_gap "
+                   f"{st.min_gap:g}")
+        rule = f"normalized effect undefined: {why} (raw drop {d_iv.estimate:.3f} {unit})"
         return ClaimResult(claim.id, "ablation", expectation, INCONCLUSIVE, None, None,
                            "fraction of gap", rule, claim.description, details)
     verdict, rule = threshold_verdict(norm.low, norm.high, claim.at_least, claim.at_most)

@@ -53,7 +53,7 @@ def _split_seed(seed: int, split: str) -> int:
 
 def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int = 0,
                     split: str = "test", bos: bool = True, vocab_min: int = 1,
-                    vocab_max: Optional[int] = None) -> Dataset:
+                    vocab_max: Optional[int] = None, bos_token: int = BOS_TOKEN) -> Dataset:
     """Repeated random tokens: clean = [BOS] + S + S, S uniform on [vocab_min, vocab_max).
 
     The corrupted prompt replaces the first occurrence of S by fresh random
@@ -61,22 +61,30 @@ def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int
     positions are those of the second S except its last token, each predicting
     the next token of S (which an induction head can copy in the clean prompt
     only).  Note: the answer at the boundary (predicting S[0]) is not scored.
+    The start token `bos_token` never occurs inside S or R.
     """
     import torch
 
     hi = d_vocab if vocab_max is None else vocab_max
     if not 0 <= vocab_min < hi <= d_vocab:
         raise DataError(f"token range [{vocab_min}, {hi}) is not inside the vocabulary 0..{d_vocab - 1}")
+    skip = vocab_min <= bos_token < hi  # draw uniformly from the range without the start token
+    if hi - vocab_min - int(skip) < 2:
+        raise DataError(f"token range [{vocab_min}, {hi}) leaves fewer than 2 tokens to draw from")
     g = torch.Generator().manual_seed(_split_seed(seed, split))
-    seg = torch.randint(vocab_min, hi, (n_prompts, segment_length), generator=g)
-    fresh = torch.randint(vocab_min, hi, (n_prompts, segment_length), generator=g)
-    prefix = torch.full((n_prompts, 1), BOS_TOKEN, dtype=torch.long) if bos else seg[:, :0]
+
+    def draw() -> Any:
+        t = torch.randint(vocab_min, hi - int(skip), (n_prompts, segment_length), generator=g)
+        return t + (t >= bos_token).long() if skip else t
+
+    seg, fresh = draw(), draw()
+    prefix = torch.full((n_prompts, 1), bos_token, dtype=torch.long) if bos else seg[:, :0]
     clean = torch.cat([prefix, seg, seg], dim=1)
     corrupted = torch.cat([prefix, fresh, seg], dim=1)
     off = prefix.shape[1] + segment_length  # index of S[0] in the second copy
     positions = torch.arange(off, off + segment_length - 1).expand(n_prompts, -1).clone()
     answers = seg[:, 1:].clone()
-    desc = (f"repeated_tokens: {n_prompts} prompts, {'[BOS] + ' if bos else ''}S + S with "
+    desc = (f"repeated_tokens: {n_prompts} prompts, {f'[BOS={bos_token}] + ' if bos else ''}S + S with "
             f"|S| = {segment_length}, tokens in [{vocab_min}, {hi}), seed {seed}, split {split}; "
             f"corruption: first S replaced by fresh random tokens")
     return Dataset(clean, corrupted, positions, answers, None, desc, bos)

@@ -52,6 +52,13 @@ class LoadedModel:
         return int(self.bridge.cfg.n_ctx)
 
     @property
+    def bos_token(self) -> int:
+        """The tokenizer's start token id; 0 for models without a tokenizer (fixtures)."""
+        tok = getattr(self.bridge, "tokenizer", None)
+        bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+        return int(bos) if bos is not None else 0
+
+    @property
     def has_mlp(self) -> bool:
         return not bool(getattr(self.bridge.cfg, "attn_only", False))
 
@@ -83,12 +90,15 @@ def detect_kind(path: Path) -> str:
         raise ModelLoadError(f"{cfg_file}:{exc.lineno}: not valid JSON: {exc.msg}") from None
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{cfg_file}: expected a JSON object")
-    if not (path / "model.safetensors").is_file():
+    is_hf = "architectures" in cfg or "model_type" in cfg
+    # Hugging Face checkpoints may be sharded (model-00001-of-00002.safetensors, ...)
+    has_weights = (path / "model.safetensors").is_file() or (is_hf and any(path.glob("*.safetensors")))
+    if not has_weights:
         extra = ""
         if any(path.glob("*.bin")) or any(path.glob("*.pt")):
             extra = " (pickle weights such as .bin/.pt are not loaded: convert them to safetensors)"
         raise ModelLoadError(f"{path} has no model.safetensors{extra}")
-    return "transformers" if "architectures" in cfg or "model_type" in cfg else "native"
+    return "transformers" if is_hf else "native"
 
 
 def _native_config(path: Path) -> dict:

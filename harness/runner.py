@@ -37,11 +37,12 @@ def build_dataset(h: spec_mod.LoadedHypothesis, model: Any) -> Any:
     d = h.spec.data
     if isinstance(d, spec_mod.GeneratorData):
         if d.segment_length * 2 + int(d.bos) > model.n_ctx:
-            raise SpecError([f"{h.path or '<dict>'}: data.segment_length: prompts of length "
+            raise SpecError([f"{h.where('data.segment_length')}: prompts of length "
                              f"{d.segment_length * 2 + int(d.bos)} exceed the model's context "
                              f"{model.n_ctx}"])
         return data.repeated_tokens(d.n_prompts, d.segment_length, model.d_vocab, d.seed, d.split,
-                                    d.bos, d.vocab_min, d.vocab_max)
+                                    d.bos, d.vocab_min, d.vocab_max,
+                                    d.bos_token if d.bos_token is not None else model.bos_token)
     return data.load_jsonl(h.resolve(d.file), model.d_vocab, d.limit)
 
 
@@ -49,12 +50,13 @@ def check_names(h: spec_mod.LoadedHypothesis, model: Any) -> None:
     """Every head named by a claim must exist in the loaded model."""
     problems = []
     for i, c in enumerate(h.spec.claims):
+        field = f"claims[{i}].head" if hasattr(c, "head") else f"claims[{i}].heads"
         heads = [c.head] if hasattr(c, "head") else list(getattr(c, "heads", []))
         for text in heads:
             try:
                 names.check_in_model(names.parse_head(text), model.n_layers, model.n_heads)
             except ComponentNameError as exc:
-                problems.append(f"{h.path or '<dict>'}: claims[{i}] ({c.id}): {exc}")
+                problems.append(f"{h.where(field)}: ({c.id}) {exc}")
     if problems:
         raise SpecError(problems)
 
@@ -76,7 +78,7 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
     check_names(h, model)
     ds = build_dataset(h, model)
     if s.metric == "logit_diff" and ds.wrong is None:
-        raise SpecError([f"{h.path or '<dict>'}: metric: logit_diff needs 'wrong' tokens in the data"])
+        raise SpecError([f"{h.where('metric')}: logit_diff needs 'wrong' tokens in the data"])
     m = measure_all(model, ds, s, seed)
     cfg = model.bridge.cfg
     return Evidence(

@@ -46,6 +46,7 @@ class GeneratorData(_Strict):
     n_prompts: int = Field(200, ge=2, le=100_000)
     segment_length: int = Field(20, ge=2)
     bos: bool = True
+    bos_token: Optional[int] = Field(None, ge=0)
     seed: int = 0
     split: Literal["test", "explore"] = "test"
     vocab_min: int = Field(1, ge=0)
@@ -179,14 +180,6 @@ class Hypothesis(_Strict):
             raise ValueError("data is a mapping with 'generator: repeated_tokens' or 'file: PATH'")
         return v
 
-    @model_validator(mode="after")
-    def _unique_ids(self):
-        seen = set()
-        for c in self.claims:
-            if c.id in seen:
-                raise ValueError(f"claim id {c.id!r} is used twice")
-            seen.add(c.id)
-        return self
 
 
 class LoadedHypothesis(BaseModel):
@@ -197,6 +190,15 @@ class LoadedHypothesis(BaseModel):
     path: Optional[str]  # None when given as a dict
     base_dir: str  # relative paths in the file resolve against this
     sha256: str
+    lines: dict[str, int] = {}  # field path as printed in errors ("claims[0].head") -> line
+
+    def where(self, field: str) -> str:
+        """`file:line: field` for an error found after validation (e.g. against the model)."""
+        path = self.path or "<dict>"
+        probe = field
+        while probe and probe not in self.lines:
+            probe = probe.rsplit(".", 1)[0] if "." in probe else probe.rsplit("[", 1)[0] if "[" in probe else ""
+        return f"{path}:{self.lines.get(probe, 1)}: {field}"
 
     def resolve(self, rel: str) -> Path:
         p = Path(rel).expanduser()
@@ -277,8 +279,8 @@ def _model_at(loc: tuple) -> type[BaseModel]:
 
 
 # ---------------------------------------------------------------- entry points
-def parse_text(text: str, where: str) -> tuple[Hypothesis, str]:
-    """Validate YAML text; return (spec, sha256 of the text)."""
+def parse_text(text: str, where: str) -> tuple[Hypothesis, str, dict[str, int]]:
+    """Validate YAML text; return (spec, sha256 of the text, {field: line})."""
     digest = hashlib.sha256(text.encode()).hexdigest()
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -295,7 +297,14 @@ def parse_text(text: str, where: str) -> tuple[Hypothesis, str]:
     _lines(node, (), lines, dups)
     if dups:
         raise SpecError([f"{where}:{ln}: {_field(p)}: duplicate key" for ln, p in dups])
-    return _validate(raw, lines, where), digest
+    spec = _validate(raw, lines, where)
+    seen: set[str] = set()
+    for i, c in enumerate(spec.claims):
+        if c.id in seen:
+            line = lines.get(("claims", i, "id"), 1)
+            raise SpecError([f"{where}:{line}: claims[{i}].id: claim id {c.id!r} is used twice"])
+        seen.add(c.id)
+    return spec, digest, {_field(k): v for k, v in lines.items()}
 
 
 def _validate(raw: dict, lines: dict, where: str) -> Hypothesis:
@@ -312,12 +321,12 @@ def load(source: Union[str, Path, dict], base_dir: Union[str, Path, None] = None
     (for a dict: `base_dir`, default the current directory)."""
     if isinstance(source, dict):
         text = yaml.safe_dump(source, sort_keys=False)
-        spec, digest = parse_text(text, "<dict>")
+        spec, digest, lines = parse_text(text, "<dict>")
         return LoadedHypothesis(spec=spec, path=None, base_dir=str(Path(base_dir or ".").resolve()),
-                                sha256=digest)
+                                sha256=digest, lines=lines)
     path = Path(source)
     if not path.is_file():
-        raise SpecError([f"{path}:0: (file): no such hypothesis file"])
-    spec, digest = parse_text(path.read_text(), str(path))
+        raise SpecError([f"{path}: no such hypothesis file"])
+    spec, digest, lines = parse_text(path.read_text(), str(path))
     return LoadedHypothesis(spec=spec, path=str(path), base_dir=str(path.resolve().parent),
-                            sha256=digest)
+                            sha256=digest, lines=lines)

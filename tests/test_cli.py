@@ -72,8 +72,9 @@ def test_bad_input_writes_nothing(tmp_path):
 
 @pytest.mark.parametrize("change,needle", [
     (("model: ../fixtures/induction-2l", "model: ./no-such-model"), "does not exist"),
-    (("head: L1H5", "head: L1H9"), "claims[1] (induction-L1H5): L1H9 is not in the model: the model has layers 0..1 and heads 0..7"),
-    (("segment_length: 20", "segment_length: 40"), "exceed the model's context 64"),
+    (("head: L1H5", "head: L1H9"), "{h}:{line}: claims[1].head: (induction-L1H5) L1H9 is not in the model: the model has layers 0..1 and heads 0..7"),
+    (("heads: [L0H7]", "heads: [L0H7, L2H0]"), "{h}:{line}: claims[3].heads: (prev-token-head-needed) L2H0 is not in the model"),
+    (("segment_length: 20", "segment_length: 40"), "{h}:{line}: data.segment_length: prompts of length 81 exceed the model's context 64"),
 ])
 def test_model_dependent_errors_exit_2(tmp_path, change, needle):
     text = (HYPOTHESES / "induction.yaml").read_text().replace(*change)
@@ -81,7 +82,7 @@ def test_model_dependent_errors_exit_2(tmp_path, change, needle):
     h.write_text(text.replace("../fixtures/induction-2l", str(ROOT / "fixtures" / "induction-2l")))
     r = harness_cli("run", h, "--reports", tmp_path / "reports")
     assert r.returncode == 2, r.stderr
-    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert needle.format(h=h, line=line_of(h, change[1])) in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "reports").exists()
 
 

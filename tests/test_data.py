@@ -35,6 +35,14 @@ def test_repeated_tokens_without_bos():
     assert torch.equal(ds.positions[0], torch.arange(5, 9))
 
 
+def test_repeated_tokens_custom_bos_never_drawn():
+    ds = data.repeated_tokens(200, 10, d_vocab=6, bos_token=3, vocab_min=0)
+    assert (ds.clean[:, 0] == 3).all()
+    body = torch.cat([ds.clean[:, 1:], ds.corrupted[:, 1:]])
+    assert not (body == 3).any()
+    assert set(body.unique().tolist()) == {0, 1, 2, 4, 5}
+
+
 def test_repeated_tokens_bad_range():
     with pytest.raises(DataError, match="outside|not inside"):
         data.repeated_tokens(4, 5, 20, vocab_max=30)

@@ -79,7 +79,7 @@ CASES = [
     ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, ablation"),
     ("unknown claim key", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    effect: 0.5\n"), 16, "claims[1].effect: unknown key; allowed keys: at_least, at_most, id, kind, heads"),
     ("unknown ablation type", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    ablation: knockout\n"), 16, "claims[1].ablation: Input should be 'zero', 'mean' or 'resample'"),
-    ("duplicate claim id", ("- id: b", "- id: a"), 1, "claim id 'a' is used twice"),
+    ("duplicate claim id", ("- id: b", "- id: a"), 13, "claims[1].id: claim id 'a' is used twice"),
     ("missing claim field", ("    role: previous_token\n", ""), 8, "claims[0].role: required field is missing"),
     ("threshold wrong type", ("at_least: 0.5\n  - id: b", "at_least: high\n  - id: b"), 12, "claims[0].at_least: Input should be a valid number"),
     ("duplicate key", ("name: t\n", "name: t\nname: u\n"), 3, "name: duplicate key"),

@@ -10,6 +10,13 @@
             g_n >= min_prompt_gap (the ratio of means; 1 = the ablation removes
             the whole clean-corrupted gap), defined only when mean(g) over those
             prompts >= min_gap.  Median and IQR of d_n / g_n are reported too.
+* copying:  Re(sum lambda) / sum |lambda| of the head's W_E OV W_U (weights.py);
+            exact (no CI); undefined -> INCONCLUSIVE.
+* composition: score C against the rotation null (weights.py); the one-sided
+            p-values of a file's composition claims are Benjamini-Hochberg
+            adjusted together.  "composes" holds when p_adj < composition_alpha,
+            "does_not_compose" when p_adj >= composition_alpha.  Weight evidence
+            proposes a route; it never shows the route is used.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ import numpy as np
 
 from . import stats
 from .evidence import INCONCLUSIVE, ClaimResult, bound_text, threshold_verdict
-from .spec import AblationClaim, RoleClaim, Stats
+from .evidence import FAIL, PASS
+from .spec import AblationClaim, CompositionClaim, RoleClaim, Stats
 
 
 def evaluate_role(claim: RoleClaim, scores: np.ndarray, st: Stats, seed: int) -> ClaimResult:
@@ -30,12 +38,12 @@ def evaluate_role(claim: RoleClaim, scores: np.ndarray, st: Stats, seed: int) ->
         return ClaimResult(claim.id, "role", expectation, INCONCLUSIVE, None, None, "attention",
                            f"score undefined: only {len(ok)} prompt(s) have a query this role "
                            "can score (e.g. induction needs repeated tokens)",
-                           claim.description, details)
+                           claim.description, details, "observational")
     iv = stats.mean_ci(ok, st.bootstrap, st.confidence, seed)
     verdict, rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
     details |= stats.summary(ok) | {"ci_method": iv.method, "confidence": iv.confidence}
     return ClaimResult(claim.id, "role", expectation, verdict, iv.estimate, [iv.low, iv.high],
-                       "attention", rule, claim.description, details)
+                       "attention", rule, claim.description, details, "observational")
 
 
 def evaluate_ablation(claim: AblationClaim, m_clean: np.ndarray, m_corrupt: np.ndarray,
@@ -77,7 +85,7 @@ def evaluate_ablation(claim: AblationClaim, m_clean: np.ndarray, m_corrupt: np.n
     if claim.measure == "delta":
         verdict, rule = threshold_verdict(d_iv.low, d_iv.high, claim.at_least, claim.at_most)
         return ClaimResult(claim.id, "ablation", expectation, verdict, d_iv.estimate,
-                           [d_iv.low, d_iv.high], unit, rule, claim.description, details)
+                           [d_iv.low, d_iv.high], unit, rule, claim.description, details, "causal")
     if norm is None:
         if keep.sum() < 2:
             why = (f"only {int(keep.sum())} prompt(s) have a clean-corrupted gap of at least "
@@ -87,8 +95,39 @@ def evaluate_ablation(claim: AblationClaim, m_clean: np.ndarray, m_corrupt: np.n
                    f"{st.min_gap:g}")
         rule = f"normalized effect undefined: {why} (raw drop {d_iv.estimate:.3f} {unit})"
         return ClaimResult(claim.id, "ablation", expectation, INCONCLUSIVE, None, None,
-                           "fraction of gap", rule, claim.description, details)
+                           "fraction of gap", rule, claim.description, details, "causal")
     verdict, rule = threshold_verdict(norm.low, norm.high, claim.at_least, claim.at_most)
     rule += f" (raw drop {d_iv.estimate:.3f} {unit})"
     return ClaimResult(claim.id, "ablation", expectation, verdict, norm.estimate,
-                       [norm.low, norm.high], "fraction of gap", rule, claim.description, details)
+                       [norm.low, norm.high], "fraction of gap", rule, claim.description, details, "causal")
+
+
+def evaluate_copying(claim: RoleClaim, value: float | None, info: dict) -> ClaimResult:
+    expectation = f"copying score of {claim.head} {bound_text(claim.at_least, claim.at_most)}"
+    if value is None:
+        return ClaimResult(claim.id, "role", expectation, INCONCLUSIVE, None, None, "eigenvalue positivity",
+                           "copying score undefined: the head's OV circuit does not reach the "
+                           "unembedding (sum |lambda| ~ 0)", claim.description, info, "weights")
+    if claim.at_least is not None:
+        ok, rel = value >= claim.at_least, f">= {claim.at_least:g}"
+    else:
+        ok, rel = value <= claim.at_most, f"<= {claim.at_most:g}"
+    rule = f"exact value {value:.3f} {'is' if ok else 'is not'} {rel} (weights only, no sampling)"
+    return ClaimResult(claim.id, "role", expectation, PASS if ok else FAIL, value, None,
+                       "eigenvalue positivity", rule, claim.description, info, "weights")
+
+
+def evaluate_composition(claim: CompositionClaim, result: dict, p_adjusted: float, alpha: float,
+                         n_tested: int) -> ClaimResult:
+    """result: the weights.CompositionResult of the claimed pair, as a dict."""
+    composes = p_adjusted < alpha
+    want = claim.expect == "composes"
+    verdict = PASS if composes == want else FAIL
+    expectation = f"{claim.edge} {'composes' if want else 'does not compose'} ({result['mode'].upper()}-composition)"
+    rule = (f"C = {result['score']:.3f} vs null mean {result['null_mean']:.3f} (99th pct "
+            f"{result['null_q99']:.3f}); p = {result['p_value']:.4g}, BH-adjusted over {n_tested} "
+            f"composition claim(s) p = {p_adjusted:.4g} {'<' if composes else '>='} alpha {alpha:g}")
+    details = dict(result, p_adjusted=p_adjusted, alpha=alpha, correction="Benjamini-Hochberg",
+                   n_tested=n_tested)
+    return ClaimResult(claim.id, "composition", expectation, verdict, result["score"], None,
+                       "composition score", rule, claim.description, details, "weights")

@@ -1,4 +1,4 @@
-"""Command line: `harness validate`, `harness run`, `harness roles`.
+"""Command line: `harness validate`, `harness run`, `harness weights`, `harness roles`.
 
 Exit codes: 0 every claim passed (or every file valid), 1 a claim failed or
 was inconclusive, 2 bad input (the message says file:line, field, what is
@@ -34,6 +34,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="parent folder of new report folders (default: reports/)")
     r.add_argument("--seed", type=int, help="override the files' seed")
 
+    w = sub.add_parser("weights", help="composition-score matrices of a model, with the rotation null")
+    w.add_argument("model", help="model directory, or hf:NAME")
+    w.add_argument("--processing", choices=("folded", "raw"), default="folded",
+                   help="weight processing (default folded: LayerNorm folded, writers centred)")
+    w.add_argument("--draws", type=int, default=1000, help="null draws per pair (default 1000)")
+    w.add_argument("--alpha", type=float, default=0.01,
+                   help="BH-adjusted significance level over all pairs of a mode (default 0.01)")
+    w.add_argument("--seed", type=int, default=0)
+
     ro = sub.add_parser("roles", help="attention-role scores of every head of a model")
     ro.add_argument("model", help="model directory, or hf:NAME")
     ro.add_argument("--n-prompts", type=int, default=200)
@@ -47,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"validate": cmd_validate, "run": cmd_run, "roles": cmd_roles}[args.command](args)
+        commands = {"validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights}
+        return commands[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -106,6 +116,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def argv_is_cli() -> bool:
     return Path(sys.argv[0]).name in ("harness", "__main__.py")
+
+
+def cmd_weights(args: argparse.Namespace) -> int:
+    from .models import load_model
+    from .weights_table import composition_tables
+
+    if args.draws < 99:
+        raise UserError("--draws must be at least 99")
+    if not 0 < args.alpha < 1:
+        raise UserError("--alpha must lie in (0, 1)")
+    m = load_model(args.model)
+    print(composition_tables(m.bridge, args.processing, args.draws, args.alpha, args.seed))
+    return EXIT_OK
 
 
 def cmd_roles(args: argparse.Namespace) -> int:

@@ -18,6 +18,11 @@ from typing import Any, Optional
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 EVIDENCE_SCHEMA_VERSION = 1
+EVIDENCE_TYPES = {
+    "weights": "Weight evidence: what the parameters allow (proposes routes; not evidence of use)",
+    "observational": "Observational evidence: what the model does on the data (attention patterns)",
+    "causal": "Causal evidence: what changes when the model is intervened on",
+}
 
 
 @dataclass
@@ -32,11 +37,14 @@ class ClaimResult:
     rule: str  # how the verdict was reached, with the numbers
     description: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    evidence: str = ""  # "weights" | "observational" | "causal" (see EVIDENCE_TYPES)
 
     def key_number(self) -> str:
         if self.value is None:
             return "undefined"
-        ci = f" [{self.ci[0]:.3f}, {self.ci[1]:.3f}]" if self.ci else ""
+        if self.kind == "composition":
+            return f"{self.value:.3f} (p_adj {self.details['p_adjusted']:.2g})"
+        ci = f" [{self.ci[0]:.3f}, {self.ci[1]:.3f}]" if self.ci else " (exact)"
         return f"{self.value:.3f}{ci}"
 
 

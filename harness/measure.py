@@ -20,7 +20,7 @@ from . import interventions as iv
 from . import metrics, names, roles
 from .errors import SanityCheckError
 from .evidence import ClaimResult
-from .spec import AblationClaim, Hypothesis, RoleClaim
+from .spec import AblationClaim, CompositionClaim, Hypothesis, RoleClaim
 from .stats import mean_ci
 
 IDENTITY_TOL = 1e-5
@@ -36,7 +36,8 @@ class Measurements:
 
 def measure_all(model: Any, ds: Any, s: Hypothesis, seed: int) -> Measurements:
     bridge = model.bridge
-    role_layers = {names.parse_head(c.head).layer for c in s.claims if isinstance(c, RoleClaim)}
+    role_layers = {names.parse_head(c.head).layer for c in s.claims
+                   if isinstance(c, RoleClaim) and c.role != "copying"}
     ablation_heads = [[names.parse_head(h) for h in c.heads] for c in s.claims
                       if isinstance(c, AblationClaim)]
     z_layers = {h.layer for hs in ablation_heads for h in hs}
@@ -77,21 +78,61 @@ def measure_all(model: Any, ds: Any, s: Hypothesis, seed: int) -> Measurements:
         checks.append({"name": "every intervention hook fired", "passed": True,
                        "detail": "checked on every patched forward"})
 
-    results, patterns = [], {}
+    results: list = [None] * len(s.claims)
+    for i, r in weight_results(bridge, s, seed).items():
+        results[i] = r
+    patterns = {}
     for i, c in enumerate(s.claims):
         cseed = seed + 1000 * i  # independent, reproducible stream per claim
+        if results[i] is not None:
+            continue
         if isinstance(c, RoleClaim):
             h = names.parse_head(c.head)
             pat = clean[iv.pattern_hook(h.layer)][:, h.head]
             patterns[str(h)] = pat[0].double().cpu().numpy()
             sc = roles.role_scores(pat, ds.clean, c.role).cpu().numpy()
-            results.append(evaluators.evaluate_role(c, sc, st, cseed))
+            results[i] = evaluators.evaluate_role(c, sc, st, cseed)
         else:
             heads = [names.parse_head(x) for x in c.heads]
             plan = iv.ablation_plan(heads, c.ablation, clean_z, corrupt_z)
             m_abl = metric(iv.run_plan(bridge, ds.clean, plan))
-            results.append(evaluators.evaluate_ablation(c, m_clean, m_corrupt, m_abl, st, cseed, unit))
+            results[i] = evaluators.evaluate_ablation(c, m_clean, m_corrupt, m_abl, st, cseed, unit)
     return Measurements(baseline, checks, results, patterns)
+
+
+def weight_results(bridge: Any, s: Hypothesis, seed: int) -> dict[int, ClaimResult]:
+    """Weight-only claims (composition, copying), keyed by claim index.  Composition
+    p-values are Benjamini-Hochberg adjusted across the file's composition claims."""
+    from dataclasses import asdict
+
+    from . import weights
+
+    wanted = {i: c for i, c in enumerate(s.claims)
+              if isinstance(c, CompositionClaim) or (isinstance(c, RoleClaim) and c.role == "copying")}
+    if not wanted:
+        return {}
+    hw = weights.head_weights(bridge, s.weight_processing)
+    out: dict[int, ClaimResult] = {}
+    comp: dict[int, dict] = {}
+    mode_scores: dict[str, Any] = {}
+    for i, c in wanted.items():
+        if isinstance(c, RoleClaim):
+            h = names.parse_head(c.head)
+            value, info = weights.copying_score(hw, h.layer, h.head)
+            out[i] = evaluators.evaluate_copying(c, value, info)
+            continue
+        e = names.parse_edge(c.edge)
+        mode = e.receiver.which
+        if mode not in mode_scores:
+            mode_scores[mode] = weights.all_scores(hw, mode)
+        r = weights.composition(hw, (e.sender.layer, e.sender.head),
+                                (e.receiver.head.layer, e.receiver.head.head), mode,
+                                s.stats.null_draws, seed + 1000 * i, mode_scores[mode])
+        comp[i] = asdict(r)
+    adjusted = weights.benjamini_hochberg([r["p_value"] for r in comp.values()])
+    for (i, r), p_adj in zip(comp.items(), adjusted):
+        out[i] = evaluators.evaluate_composition(wanted[i], r, p_adj, s.stats.composition_alpha, len(comp))
+    return out
 
 
 def _ci_dict(x: np.ndarray, st: Any, seed: int) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .errors import OutputExistsError
-from .evidence import Evidence
+from .evidence import EVIDENCE_TYPES, ClaimResult, Evidence
 
 
 def default_folder(ev: Evidence, reports_root: Path) -> Path:
@@ -71,6 +71,44 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
+def _claim_section(r: ClaimResult, unit: str) -> list[str]:
+    out = [f"#### {r.id} — {r.verdict}", ""]
+    if r.description:
+        out += [r.description.strip(), ""]
+    ci = (f", {int(round(100 * r.details.get('confidence', 0.95)))}% CI [{_fmt(r.ci[0])}, {_fmt(r.ci[1])}]"
+          if r.ci else "")
+    out += [f"- expectation: {r.expectation}", f"- value: {_fmt(r.value)} ({r.unit}){ci}",
+            f"- rule: {r.rule}"]
+    det = r.details
+    if r.kind == "role" and "n_undefined" in det:
+        out.append(f"- per-prompt median {_fmt(det.get('median'))}, IQR {_fmt(det.get('iqr'))}; "
+                   f"{det['n_prompts']} prompts, {det['n_undefined']} undefined")
+    elif r.kind == "role":
+        out.append(f"- {det['n_eigenvalues']} eigenvalues of W_E OV W_U (d_head x d_head form), "
+                   f"sum |lambda| = {det['sum_abs_eigenvalues']:.4g}; weights {det['processing']}")
+    elif r.kind == "composition":
+        out.append(f"- null (random relative orientation, spectra kept, {det['n_draws']} draws): mean "
+                   f"{_fmt(det['null_mean'])}, sd {_fmt(det['null_std'])}, 95th pct {_fmt(det['null_q95'])}, "
+                   f"99th pct {_fmt(det['null_q99'])}")
+        out.append(f"- C·sqrt(d_model) = {_fmt(det['ratio_to_isotropic'], 2)} (1 = isotropic baseline); "
+                   f"C / C_max = {_fmt(det['fraction_of_max'])} (C_max = {_fmt(det['c_max'])}); "
+                   f"percentile among all cross-layer {det['mode'].upper()} pairs: {det['percentile']:.1f}; "
+                   f"ranks {det['rank_sender']} / {det['rank_receiver']}; weights {det['processing']}")
+    elif r.kind == "ablation":
+        out.append(f"- metric: clean {_fmt(det['clean_metric_mean'])}, ablated "
+                   f"{_fmt(det['ablated_metric_mean'])}, corrupted {_fmt(det['corrupted_metric_mean'])} {unit}")
+        out.append(f"- raw drop {_fmt(det['drop_mean'])} {unit} [{_fmt(det['drop_ci'][0])}, "
+                   f"{_fmt(det['drop_ci'][1])}], sign-flip p = {det['drop_p_value']:.4g}; per-prompt "
+                   f"median {_fmt(det['drop_summary']['median'])}, IQR {_fmt(det['drop_summary']['iqr'])}")
+        if "normalized" in det:
+            ns = det["normalized_summary"]
+            out.append(f"- normalized effect {_fmt(det['normalized'])} [{_fmt(det['normalized_ci'][0])}, "
+                       f"{_fmt(det['normalized_ci'][1])}]; per-prompt median {_fmt(ns['median'])}, "
+                       f"IQR {_fmt(ns['iqr'])}; {det['n_excluded_small_gap']} prompt(s) excluded "
+                       "for a small clean-corrupted gap")
+    return out + [""]
+
+
 def render_markdown(ev: Evidence) -> str:
     h, m, d, s, b = ev.hypothesis, ev.model, ev.data, ev.settings, ev.baseline
     c = ev.counts()
@@ -80,32 +118,13 @@ def render_markdown(ev: Evidence) -> str:
     out += [f"**{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive** "
             f"of {len(ev.claims)} claims.", "", "## Verdicts", "", ev.table("github"), ""]
     out += ["## Evidence per claim", ""]
-    for r in ev.claims:
-        out += [f"### {r.id} — {r.verdict}", ""]
-        if r.description:
-            out += [r.description.strip(), ""]
-        out += [f"- expectation: {r.expectation}",
-                f"- value: {_fmt(r.value)} ({r.unit})" + (f", {int(100 * r.details.get('confidence', 0.95))}% CI "
-                                                           f"[{_fmt(r.ci[0])}, {_fmt(r.ci[1])}]" if r.ci else ""),
-                f"- rule: {r.rule}"]
-        det = r.details
-        if r.kind == "role":
-            out.append(f"- per-prompt median {_fmt(det.get('median'))}, IQR {_fmt(det.get('iqr'))}; "
-                       f"{det['n_prompts']} prompts, {det['n_undefined']} undefined")
-        elif r.kind == "ablation":
-            unit = b["unit"]
-            out.append(f"- metric: clean {_fmt(det['clean_metric_mean'])}, ablated "
-                       f"{_fmt(det['ablated_metric_mean'])}, corrupted {_fmt(det['corrupted_metric_mean'])} {unit}")
-            out.append(f"- raw drop {_fmt(det['drop_mean'])} {unit} [{_fmt(det['drop_ci'][0])}, "
-                       f"{_fmt(det['drop_ci'][1])}], sign-flip p = {det['drop_p_value']:.4g}; per-prompt "
-                       f"median {_fmt(det['drop_summary']['median'])}, IQR {_fmt(det['drop_summary']['iqr'])}")
-            if "normalized" in det:
-                ns = det["normalized_summary"]
-                out.append(f"- normalized effect {_fmt(det['normalized'])} [{_fmt(det['normalized_ci'][0])}, "
-                           f"{_fmt(det['normalized_ci'][1])}]; per-prompt median {_fmt(ns['median'])}, "
-                           f"IQR {_fmt(ns['iqr'])}; {det['n_excluded_small_gap']} prompt(s) excluded "
-                           "for a small clean-corrupted gap")
-        out.append("")
+    for kind, title in EVIDENCE_TYPES.items():
+        group = [r for r in ev.claims if r.evidence == kind]
+        if not group:
+            continue
+        out += [f"### {title}", ""]
+        for r in group:
+            out += _claim_section(r, b["unit"])
     out += ["## Settings", "",
             f"- data: {d['description']} ({d['n_prompts']} prompts of length {d['seq_len']}, "
             f"{d['scored_positions_per_prompt']} scored positions each; BOS at position 0: "

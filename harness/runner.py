@@ -50,13 +50,16 @@ def check_names(h: spec_mod.LoadedHypothesis, model: Any) -> None:
     """Every head named by a claim must exist in the loaded model."""
     problems = []
     for i, c in enumerate(h.spec.claims):
-        field = f"claims[{i}].head" if hasattr(c, "head") else f"claims[{i}].heads"
-        heads = [c.head] if hasattr(c, "head") else list(getattr(c, "heads", []))
-        for text in heads:
-            try:
-                names.check_in_model(names.parse_head(text), model.n_layers, model.n_heads)
-            except ComponentNameError as exc:
-                problems.append(f"{h.where(field)}: ({c.id}) {exc}")
+        for key in ("head", "heads", "edge"):
+            value = getattr(c, key, None)
+            if value is None:
+                continue
+            parse = names.parse_edge if key == "edge" else names.parse_head
+            for text in value if isinstance(value, list) else [value]:
+                try:
+                    names.check_in_model(parse(text), model.n_layers, model.n_heads, model.has_mlp)
+                except ComponentNameError as exc:
+                    problems.append(f"{h.where(f'claims[{i}].{key}')}: ({c.id}) {exc}")
     if problems:
         raise SpecError(problems)
 
@@ -92,7 +95,7 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
         data={"description": ds.description, "n_prompts": ds.n, "seq_len": ds.seq_len,
               "bos_at_position_0": ds.has_bos, "scored_positions_per_prompt": int(ds.positions.shape[1])},
         settings={"metric": s.metric, "seed": seed, "stats": s.stats.model_dump(),
-                  "weight_processing": "none (raw weights)",
+                  "weight_processing": _processing_text(s.weight_processing),
                   "mean_ablation_reference": "clean prompts of the dataset, per position",
                   "resample_ablation_source": "the paired corrupted prompt"},
         baseline=m.baseline,
@@ -104,6 +107,15 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
                     "host": {"python": platform.python_version(), "platform": platform.platform(),
                              "machine": platform.machine()}},
     )
+
+
+def _processing_text(p: str) -> str:
+    if p == "raw":
+        return "raw: weights as stored (no LayerNorm folding, no centring)"
+    return ("folded: LayerNorm weights folded into W_Q/W_K/W_V and W_U, reading weights "
+            "centred (LN removes the mean), writing weights W_O and W_E centred, as "
+            "TransformerLens process_weights(fold_ln, center_writing_weights); used for "
+            "composition and copying scores only, runs use the model as loaded")
 
 
 def versions() -> dict:

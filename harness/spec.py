@@ -22,7 +22,8 @@ from . import names
 from .errors import ComponentNameError, SpecError
 
 FORMAT_VERSION = 1
-ROLES = ("previous_token", "induction", "duplicate_token", "first_token")
+ATTENTION_ROLES = ("previous_token", "induction", "duplicate_token", "first_token")
+ROLES = ATTENTION_ROLES + ("copying",)  # copying is read from the weights (OV circuit)
 ABLATIONS = ("zero", "mean", "resample")
 
 
@@ -72,6 +73,8 @@ class Stats(_Strict):
     permutations: int = Field(10_000, ge=100, le=1_000_000)
     min_gap: float = Field(0.5, ge=0.0)
     min_prompt_gap: float = Field(0.1, ge=0.0)
+    composition_alpha: float = Field(0.01, gt=0.0, lt=1.0)
+    null_draws: int = Field(1000, ge=99, le=1_000_000)
 
 
 class _Threshold(_Strict):
@@ -86,7 +89,8 @@ class _Threshold(_Strict):
 
 
 class RoleClaim(_Threshold):
-    """An attention-pattern role score of one head against a threshold."""
+    """A head's role score against a threshold: an attention-pattern score on
+    the data, or (role `copying`) the OV circuit's eigenvalue positivity."""
 
     id: str = Field(min_length=1)
     kind: Literal["role"]
@@ -97,11 +101,36 @@ class RoleClaim(_Threshold):
     _head = field_validator("head")(lambda cls, v: _name_check(names.parse_head, v))
 
     @model_validator(mode="after")
-    def _in_unit_interval(self):
+    def _in_range(self):
         bound = self.at_least if self.at_least is not None else self.at_most
-        if not 0.0 <= bound <= 1.0:
+        if self.role == "copying":
+            if not -1.0 <= bound <= 1.0:
+                raise ValueError(f"a copying score lies in [-1, 1]; threshold {bound} is impossible")
+        elif not 0.0 <= bound <= 1.0:
             raise ValueError(f"an attention score lies in [0, 1]; threshold {bound} is impossible")
         return self
+
+
+def _composition_edge(v: str) -> str:
+    edge = _name_check(names.parse_edge, v)
+    e = names.parse_edge(edge)
+    if not isinstance(e.sender, names.Head) or not isinstance(e.receiver, names.HeadInput):
+        raise ValueError(f"a composition edge goes from a head to a later head's .q, .k or .v input, "
+                         f"e.g. 'L0H3 -> L1H6.k'; got {v!r}")
+    return v
+
+
+class CompositionClaim(_Strict):
+    """Weight evidence: the sender's OV composes with the receiver's q/k/v input
+    beyond what a random relative orientation of the two heads gives."""
+
+    id: str = Field(min_length=1)
+    kind: Literal["composition"]
+    edge: str
+    expect: Literal["composes", "does_not_compose"] = "composes"
+    description: str = ""
+
+    _edge = field_validator("edge")(lambda cls, v: _composition_edge(v))
 
 
 class AblationClaim(_Threshold):
@@ -124,7 +153,7 @@ class AblationClaim(_Threshold):
         return v
 
 
-CLAIM_KINDS = {"role": RoleClaim, "ablation": AblationClaim}
+CLAIM_KINDS = {"role": RoleClaim, "ablation": AblationClaim, "composition": CompositionClaim}
 DATA_KINDS = {"generator": GeneratorData, "file": FileData}
 # Union tags appear in pydantic error locations; they are spelled so that they
 # never collide with a key of the file (see _problems).
@@ -160,6 +189,7 @@ class Hypothesis(_Strict):
     model: str = Field(min_length=1)
     data: Data
     metric: Literal["logprob", "logit_diff"] = "logprob"
+    weight_processing: Literal["folded", "raw"] = "folded"
     seed: int = 0
     stats: Stats = Stats()
     claims: list[Claim] = Field(min_length=1)

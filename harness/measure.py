@@ -114,6 +114,8 @@ def weight_results(bridge: Any, s: Hypothesis, seed: int) -> dict[int, ClaimResu
     hw = weights.head_weights(bridge, s.weight_processing)
     out: dict[int, ClaimResult] = {}
     comp: dict[int, dict] = {}
+    n_comp = sum(isinstance(c, CompositionClaim) for c in wanted.values())
+    extend = weights.draws_needed(n_comp, s.stats.composition_alpha)
     mode_scores: dict[str, Any] = {}
     for i, c in wanted.items():
         if isinstance(c, RoleClaim):
@@ -127,7 +129,8 @@ def weight_results(bridge: Any, s: Hypothesis, seed: int) -> dict[int, ClaimResu
             mode_scores[mode] = weights.all_scores(hw, mode)
         r = weights.composition(hw, (e.sender.layer, e.sender.head),
                                 (e.receiver.head.layer, e.receiver.head.head), mode,
-                                s.stats.null_draws, seed + 1000 * i, mode_scores[mode])
+                                s.stats.null_draws, seed + 1000 * i, mode_scores[mode],
+                                extend, s.stats.composition_alpha)
         comp[i] = asdict(r)
     adjusted = weights.benjamini_hochberg([r["p_value"] for r in comp.values()])
     for (i, r), p_adj in zip(comp.items(), adjusted):

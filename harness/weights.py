@@ -25,6 +25,13 @@ With X = U_x S_x V_x^T and Y = U_y S_y V_y^T (thin SVDs, ranks r_x, r_y),
 top-left r_x x r_y block of a Haar orthogonal matrix, so each draw costs one
 small QR.  One-sided p = (1 + #{C_null >= C}) / (1 + n_draws).
 
+Monte Carlo resolution: the smallest attainable p is 1/(1 + n_draws), so with
+n tests corrected by Benjamini-Hochberg nothing can be significant at alpha
+unless n_draws + 1 > n / alpha.  `draws_needed` gives the count that makes the
+floor alpha/2; pairs whose p is below alpha after the base draws are extended to
+it (pairs at or above alpha cannot become significant), and the count used is
+recorded per pair.
+
 Also reported: C * sqrt(d_model) (1 = the isotropic baseline E[C^2] = 1/d_model),
 C / C_max with C_max = min(s1(X)/||X||_F, s1(Y)/||Y||_F) (the largest score
 the two spectra allow), and the pair's percentile among all cross-layer pairs.
@@ -207,16 +214,33 @@ class CompositionResult:
     processing: str
 
 
+def draws_needed(n_tests: int, alpha: float) -> int:
+    """Null draws that bring the BH floor n_tests / (1 + draws) down to alpha / 2."""
+    return max(0, math.ceil(2 * n_tests / alpha) - 1)
+
+
+def null_p_value(X: Any, Y: Any, c: float, n_draws: int, seed: int,
+                 extend_to: int = 0, alpha: float = 0.0) -> tuple[float, np.ndarray]:
+    """(p, null samples): n_draws draws, extended to `extend_to` when p < alpha."""
+    null = null_scores(X, Y, n_draws, seed)
+    p = (1 + int(np.sum(null >= c - 1e-12))) / (1 + len(null))
+    if p < alpha and extend_to > len(null):
+        more = null_scores(X, Y, extend_to - len(null), seed + 7_919)
+        null = np.concatenate([null, more])
+        p = (1 + int(np.sum(null >= c - 1e-12))) / (1 + len(null))
+    return p, null
+
+
 def composition(hw: HeadWeights, sender: tuple[int, int], receiver: tuple[int, int], mode: str,
-                n_draws: int, seed: int, all_mode_scores: Optional[np.ndarray] = None) -> CompositionResult:
+                n_draws: int, seed: int, all_mode_scores: Optional[np.ndarray] = None,
+                extend_to: int = 0, alpha: float = 0.0) -> CompositionResult:
     """Score, null and context numbers for one sender -> receiver.mode pair."""
     import torch
 
     X = sender_matrix(hw, *sender)
     Y = receiver_matrix(hw, *receiver, mode)
     c = composition_score(X, Y)
-    null = null_scores(X, Y, n_draws, seed)
-    p = (1 + int(np.sum(null >= c - 1e-12))) / (1 + n_draws)
+    p, null = null_p_value(X, Y, c, n_draws, seed, extend_to, alpha)
     sx, sx_all = _spectrum(X)
     sy, sy_all = _spectrum(Y)
     c_max = min(float(sx_all[0] / torch.linalg.norm(X)), float(sy_all[0] / torch.linalg.norm(Y)))
@@ -227,7 +251,7 @@ def composition(hw: HeadWeights, sender: tuple[int, int], receiver: tuple[int, i
     return CompositionResult(
         sender=f"L{sender[0]}H{sender[1]}", receiver=f"L{receiver[0]}H{receiver[1]}.{mode}", mode=mode,
         score=c, p_value=p, null_mean=float(null.mean()), null_std=float(null.std()),
-        null_q95=float(np.quantile(null, 0.95)), null_q99=float(np.quantile(null, 0.99)), n_draws=n_draws,
+        null_q95=float(np.quantile(null, 0.95)), null_q99=float(np.quantile(null, 0.99)), n_draws=len(null),
         ratio_to_isotropic=c * math.sqrt(hw.d_model), fraction_of_max=c / c_max if c_max > 0 else float("nan"),
         c_max=c_max, percentile=float(100.0 * np.mean(pool <= c + 1e-15)),
         rank_sender=len(sx), rank_receiver=len(sy), processing=hw.processing)

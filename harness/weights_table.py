@@ -17,19 +17,22 @@ def composition_tables(bridge: Any, processing: str, n_draws: int, alpha: float,
     L, H = hw.n_layers, hw.n_heads
     out = [f"Composition scores C = ||X Y||_F / (||X||_F ||Y||_F), weights {processing}; "
            f"isotropic baseline 1/sqrt(d_model) = {1 / hw.d_model ** 0.5:.3f}; "
-           f"* = BH-adjusted rotation-null p < {alpha:g} ({n_draws} draws per pair)."]
+           f"* = rotation-null p < {alpha:g} after Benjamini-Hochberg over the pairs of a mode."]
     for mode in modes:
         scores = weights.all_scores(hw, mode)
         pairs = [(l1, h1, l2, h2) for l1 in range(L) for l2 in range(l1 + 1, L)
                  for h1 in range(H) for h2 in range(H)]
         if not pairs:
             return "the model has a single layer: no cross-layer pairs"
-        pvals = []
+        pvals, used = [], []
+        extend = weights.draws_needed(len(pairs), alpha)
         for k, (l1, h1, l2, h2) in enumerate(pairs):
             X = weights.sender_matrix(hw, l1, h1)
             Y = weights.receiver_matrix(hw, l2, h2, mode)
-            null = weights.null_scores(X, Y, n_draws, seed + k)
-            pvals.append((1 + int((null >= scores[l1, h1, l2, h2] - 1e-12).sum())) / (1 + n_draws))
+            p, null = weights.null_p_value(X, Y, float(scores[l1, h1, l2, h2]), n_draws, seed + k,
+                                           extend, alpha)
+            pvals.append(p)
+            used.append(len(null))
         adj = dict(zip(pairs, weights.benjamini_hochberg(pvals)))
         receivers = [(l2, h2) for l2 in range(1, L) for h2 in range(H)]
         rows = []
@@ -45,7 +48,8 @@ def composition_tables(bridge: Any, processing: str, n_draws: int, alpha: float,
                 rows.append(row)
         n_sig = sum(v < alpha for v in adj.values())
         out += ["", f"{mode.upper()}-composition (rows: sender OV; columns: receiver .{mode}); "
-                f"{n_sig} of {len(pairs)} pairs significant",
+                f"{n_sig} of {len(pairs)} pairs significant; {n_draws} null draws per pair, "
+                f"{sum(u > n_draws for u in used)} pair(s) with p < alpha extended to {max(used)}",
                 tabulate(rows, headers=["sender"] + [f"L{l}H{h}.{mode}" for l, h in receivers],
                          disable_numparse=True)]
     return "\n".join(out)

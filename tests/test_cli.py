@@ -48,7 +48,8 @@ def test_run_passing_file_writes_report(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "prev-token-L0H7" in printed and f"report: {out / 'report.md'}" in printed
     ev = json.loads((out / "evidence.json").read_text())
-    assert [c["verdict"] for c in ev["claims"]] == ["PASS"] * 6
+    assert [c["verdict"] for c in ev["claims"]] == ["PASS"] * 9
+    assert {c["evidence"] for c in ev["claims"]} == {"weights", "observational", "causal"}
     assert "# Evidence report: induction" in (out / "report.md").read_text()
     # never overwrite
     assert main(["run", str(HYPOTHESES / "induction.yaml"), "--out", str(out)]) == 2
@@ -59,7 +60,7 @@ def test_run_false_claims_exit_1(tmp_path):
     assert main(["run", str(HYPOTHESES / "induction-false-claims.yaml"), "--reports", str(tmp_path)]) == 1
     (folder,) = tmp_path.iterdir()
     verdicts = [c["verdict"] for c in json.loads((folder / "evidence.json").read_text())["claims"]]
-    assert verdicts == ["FAIL", "FAIL", "FAIL"]
+    assert verdicts == ["FAIL"] * 4
 
 
 def test_bad_input_writes_nothing(tmp_path):
@@ -92,3 +93,19 @@ def test_relative_paths_resolve_against_the_file(tmp_path):
     r = harness_cli("run", HYPOTHESES / "induction-false-claims.yaml", "--out", tmp_path / "o", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert (tmp_path / "o" / "evidence.json").is_file()
+
+
+def test_weights_command_marks_the_aligned_route(tmp_path, capsys):
+    from .conftest import save_native, tiny_config
+    from .test_weights import aligned_k_route
+
+    path = save_native(aligned_k_route(), tiny_config(d_model=16, d_head=4, n_heads=4, n_ctx=16,
+                                                      d_vocab=20), tmp_path / "aligned")
+    assert main(["weights", str(path), "--processing", "raw", "--draws", "999"]) == 0
+    out = capsys.readouterr().out
+    k_table = out[out.index("K-composition"):out.index("V-composition")]
+    l0h0 = next(line for line in k_table.splitlines() if line.startswith("L0H0"))
+    assert l0h0.split()[1].endswith("*")  # L0H0 -> L1H0.k is significant
+    assert "1 of 16 pairs significant" in k_table
+    assert "1 pair(s) with p < alpha extended to 3199" in k_table  # BH over 16 needs > 1600 draws
+    assert main(["weights", str(path), "--draws", "5"]) == 2

@@ -33,8 +33,17 @@ def test_evidence_document(demo):
     assert d["model"]["kind"] == "native" and len(d["model"]["sha256"]) == 64
     assert d["settings"]["seed"] == 0 and d["provenance"]["versions"]["torch"].startswith("2.")
     for c in d["claims"]:
-        assert {"id", "kind", "verdict", "value", "ci", "rule", "details"} <= set(c)
-        assert c["ci"][0] <= c["value"] <= c["ci"][1]
+        assert {"id", "kind", "verdict", "value", "ci", "rule", "details", "evidence"} <= set(c)
+        if c["evidence"] == "weights":
+            assert c["ci"] is None  # exact numbers of the weights
+        else:
+            assert c["ci"][0] <= c["value"] <= c["ci"][1]
+    comp = next(c for c in d["claims"] if c["kind"] == "composition")
+    det = comp["details"]
+    assert det["p_value"] <= det["p_adjusted"] < det["alpha"] == 0.01
+    assert det["n_draws"] >= 1000 and det["processing"] == "folded"
+    assert det["null_mean"] == pytest.approx(1 / 8, abs=0.01)  # ~ 1/sqrt(d_model)
+    assert d["settings"]["weight_processing"].startswith("folded")
     assert all(ch["passed"] for ch in d["sanity_checks"])
     assert d["baseline"]["gap"]["mean"] > 3  # nats: the fixture really does induction
     assert demo.exit_code == 0 and "prev-token-L0H7" in demo.table()

@@ -76,7 +76,7 @@ CASES = [
     ("impossible role threshold", ("at_least: 0.5\n  - id: b", "at_least: 1.5\n  - id: b"), 8, "an attention score lies in [0, 1]; threshold 1.5 is impossible"),
     ("two bounds", ("    at_least: 0.5\n  - id: b", "    at_least: 0.5\n    at_most: 0.9\n  - id: b"), 8, "give exactly one of at_least / at_most"),
     ("no bound", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n"), 13, "claims[1]: give exactly one of at_least / at_most"),
-    ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, ablation"),
+    ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, ablation, composition"),
     ("unknown claim key", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    effect: 0.5\n"), 16, "claims[1].effect: unknown key; allowed keys: at_least, at_most, id, kind, heads"),
     ("unknown ablation type", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    ablation: knockout\n"), 16, "claims[1].ablation: Input should be 'zero', 'mean' or 'resample'"),
     ("duplicate claim id", ("- id: b", "- id: a"), 13, "claims[1].id: claim id 'a' is used twice"),
@@ -85,6 +85,10 @@ CASES = [
     ("duplicate key", ("name: t\n", "name: t\nname: u\n"), 3, "name: duplicate key"),
     ("bad stats", ("claims:", "stats:\n  confidence: 1.5\nclaims:"), 8, "stats.confidence: Input should be less than 1"),
     ("unknown metric", ("claims:", "metric: accuracy\nclaims:"), 7, "metric: Input should be 'logprob' or 'logit_diff'"),
+    ("composition edge backwards", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L1H5 -> L0H7.k\n"), 19, "claims[2].edge: edge 'L1H5 -> L0H7.k' does not go forward"),
+    ("composition to logits", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L0H7 -> logits\n"), 19, "claims[2].edge: a composition edge goes from a head to a later head's .q, .k or .v input"),
+    ("composition expect", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L0H7 -> L1H0.k\n    expect: used\n"), 20, "claims[2].expect: Input should be 'composes' or 'does_not_compose' (got 'used')"),
+    ("copying threshold", ("role: previous_token\n    at_least: 0.5", "role: copying\n    at_least: -1.5"), 8, "a copying score lies in [-1, 1]; threshold -1.5 is impossible"),
     ("empty claims", (GOOD[GOOD.index("claims:"):], "claims: []\n"), 7, "claims: List should have at least 1 item"),
 ]
 

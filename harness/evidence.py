@@ -85,6 +85,7 @@ class Evidence:
     sanity_checks: list[dict]
     claims: list[ClaimResult]
     provenance: dict
+    weights_vs_use: list[dict] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -104,6 +105,7 @@ class Evidence:
             "baseline": self.baseline,
             "sanity_checks": self.sanity_checks,
             "claims": [asdict(c) for c in self.claims],
+            "weights_vs_use": self.weights_vs_use,
             "counts": self.counts(),
             "provenance": self.provenance,
         }
@@ -111,7 +113,8 @@ class Evidence:
     @classmethod
     def from_dict(cls, d: dict) -> "Evidence":
         return cls(d["hypothesis"], d["model"], d["data"], d["settings"], d["baseline"],
-                   d["sanity_checks"], [ClaimResult(**c) for c in d["claims"]], d["provenance"])
+                   d["sanity_checks"], [ClaimResult(**c) for c in d["claims"]], d["provenance"],
+                   d.get("weights_vs_use", []))
 
     def counts(self) -> dict:
         out = {PASS: 0, FAIL: 0, INCONCLUSIVE: 0}

@@ -1,27 +1,30 @@
-"""Measurements on the model: the base runs, role scores and ablation runs a
-hypothesis needs, each forward done once, then handed to the evaluators.
+"""Measurements on the model: the base runs every claim shares (clean and
+corrupted, each done once, caching only the hooks the claims need), then one
+patched forward per ablation / edge / circuit, handed to the evaluators.
 
 Sanity checks recorded on every run (a failure raises SanityCheckError):
 * every intervention hook fired (interventions.run_plan);
-* identity intervention: replacing the ablated heads' z by their own clean
-  values reproduces the clean metric (max |diff| <= 1e-5);
+* identity: patching clean activations into the clean run (ablated heads'
+  z, and every claimed edge) reproduces the clean metric (max |diff| <= 1e-5);
+* a circuit of every head reproduces the clean metric;
 * the clean-corrupted gap is reported; normalised claims need it >= min_gap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
-from . import claims as evaluators
+from . import causal, claims as evaluators
 from . import interventions as iv
-from . import metrics, names, roles
+from . import metrics, names, patching, roles
 from .errors import SanityCheckError
 from .evidence import ClaimResult
-from .spec import AblationClaim, CompositionClaim, Hypothesis, RoleClaim
+from .spec import AblationClaim, CircuitClaim, EdgeClaim, Hypothesis, RoleClaim
 from .stats import mean_ci
+from .weight_claims import composition_evidence, derive_seed, needs_weights, weight_results
 
 IDENTITY_TOL = 1e-5
 
@@ -31,111 +34,215 @@ class Measurements:
     baseline: dict
     sanity_checks: list[dict]
     claims: list[ClaimResult]
-    patterns: dict  # {head name: attention pattern of prompt 0 [q, k]} for figures
+    weights_vs_use: list[dict]
+    patterns: dict = field(default_factory=dict)  # {head: pattern of prompt 0} for figures
+
+
+@dataclass
+class Runs:
+    """The shared base runs and what every measurement needs from them."""
+
+    bridge: Any
+    ds: Any
+    clean: dict
+    corrupt: dict
+    metric: Callable[[Any], np.ndarray]
+    m_clean: np.ndarray
+    m_corrupt: np.ndarray
+
+    def z(self, run: dict) -> dict[int, Any]:
+        return {l: run[iv.z_hook(l)] for l in range(self.bridge.cfg.n_layers) if iv.z_hook(l) in run}
+
+    def patterns(self, run: dict) -> dict[int, Any]:
+        return {l: run[iv.pattern_hook(l)] for l in range(self.bridge.cfg.n_layers)}
+
+    def ablated(self, heads: list[names.Head], kind: str, freeze: bool = False) -> np.ndarray:
+        plan = iv.ablation_plan(heads, kind, self.z(self.clean), self.z(self.corrupt))
+        if freeze:
+            plan.hooks += patching.freeze_patterns_plan(self.patterns(self.clean)).hooks
+        return self.metric(iv.run_plan(self.bridge, self.ds.clean, plan))
+
+    def patched(self, claim: EdgeClaim, replacement: str) -> np.ndarray:
+        e = names.parse_edge(claim.edge)
+        noising = claim.direction == "noising"
+        base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
+        patch = patching.prepare(self.bridge, e, base, source, self.clean, replacement)
+        extra = patching.freeze_patterns_plan(self.patterns(base)) if claim.freeze_patterns else None
+        tokens = self.ds.clean if noising else self.ds.corrupted
+        return self.metric(patching.fast_logits(self.bridge, tokens, patch, extra))
+
+
+def hooks_needed(s: Hypothesis, n_layers: int) -> list[str]:
+    out: list[str] = []
+    causal_claims = [c for c in s.claims if isinstance(c, (AblationClaim, EdgeClaim, CircuitClaim))]
+    for c in s.claims:
+        if isinstance(c, RoleClaim) and c.role != "copying":
+            out.append(iv.pattern_hook(names.parse_head(c.head).layer))
+        elif isinstance(c, AblationClaim):
+            out += [iv.z_hook(names.parse_head(h).layer) for h in c.heads]
+        elif isinstance(c, CircuitClaim):
+            out += [iv.z_hook(l) for l in range(n_layers)]
+        elif isinstance(c, EdgeClaim):
+            out += patching.cache_names([names.parse_edge(c.edge)], n_layers)
+    if any(getattr(c, "freeze_patterns", False) for c in causal_claims):
+        out += [iv.pattern_hook(l) for l in range(n_layers)]
+    return list(dict.fromkeys(out))
 
 
 def measure_all(model: Any, ds: Any, s: Hypothesis, seed: int) -> Measurements:
     bridge = model.bridge
-    role_layers = {names.parse_head(c.head).layer for c in s.claims
-                   if isinstance(c, RoleClaim) and c.role != "copying"}
-    ablation_heads = [[names.parse_head(h) for h in c.heads] for c in s.claims
-                      if isinstance(c, AblationClaim)]
-    z_layers = {h.layer for hs in ablation_heads for h in hs}
-
-    clean = iv.cache_hooks(bridge, ds.clean, [iv.pattern_hook(l) for l in sorted(role_layers)]
-                           + [iv.z_hook(l) for l in sorted(z_layers)])
-    corrupt = iv.cache_hooks(bridge, ds.corrupted, [iv.z_hook(l) for l in sorted(z_layers)])
+    n_layers = model.n_layers
+    hooks = hooks_needed(s, n_layers)
+    clean = iv.cache_hooks(bridge, ds.clean, hooks)
+    corrupt = iv.cache_hooks(bridge, ds.corrupted, hooks)
 
     def metric(logits: Any) -> np.ndarray:
         return metrics.per_prompt(logits, ds.positions, ds.answers, s.metric, ds.wrong).cpu().numpy()
 
-    m_clean, m_corrupt = metric(clean["logits"]), metric(corrupt["logits"])
-    st = s.stats
-    unit = metrics.UNITS[s.metric]
-    gap = m_clean - m_corrupt
-    baseline = {
-        "metric": s.metric, "unit": unit,
-        "clean": _ci_dict(m_clean, st, seed), "corrupted": _ci_dict(m_corrupt, st, seed),
-        "gap": _ci_dict(gap, st, seed),
-    }
-    checks = [{"name": "clean and corrupted metrics differ",
-               "passed": bool(gap.mean() >= st.min_gap),
+    runs = Runs(bridge, ds, clean, corrupt, metric, metric(clean["logits"]), metric(corrupt["logits"]))
+    st, unit = s.stats, metrics.UNITS[s.metric]
+    gap = runs.m_clean - runs.m_corrupt
+    baseline = {"metric": s.metric, "unit": unit, "clean": _ci_dict(runs.m_clean, st, seed),
+                "corrupted": _ci_dict(runs.m_corrupt, st, seed), "gap": _ci_dict(gap, st, seed)}
+    checks = [{"name": "clean and corrupted metrics differ", "passed": bool(gap.mean() >= st.min_gap),
                "detail": f"mean gap {gap.mean():.3f} {unit} (min_gap {st.min_gap:g}); "
                          "normalised effects are undefined below it"}]
-    clean_z = {l: clean[iv.z_hook(l)] for l in z_layers}
-    corrupt_z = {l: corrupt[iv.z_hook(l)] for l in z_layers}
-    if ablation_heads:
-        heads = sorted({h for hs in ablation_heads for h in hs})
-        # identity: "resample" from the clean run itself must change nothing
-        plan = iv.ablation_plan(heads, "resample", clean_z, clean_z)
-        diff = float(np.abs(metric(iv.run_plan(bridge, ds.clean, plan)) - m_clean).max())
-        passed = diff <= IDENTITY_TOL
-        checks.append({"name": "identity intervention reproduces the clean run", "passed": passed,
-                       "detail": f"max |metric diff| {diff:.2e} (tolerance {IDENTITY_TOL:g})"})
-        if not passed:
-            raise SanityCheckError(f"patching clean activations into the clean run changed the "
-                                   f"metric by {diff:.2e}: the hooks do not do what they should")
-        checks.append({"name": "every intervention hook fired", "passed": True,
-                       "detail": "checked on every patched forward"})
+    checks += identity_checks(runs, s)
 
+    hw = None
+    if needs_weights(s):
+        from . import weights
+
+        hw = weights.head_weights(bridge, s.weight_processing)
     results: list = [None] * len(s.claims)
-    for i, r in weight_results(bridge, s, seed).items():
+    for i, r in (weight_results(hw, s, seed) if hw is not None else {}).items():
         results[i] = r
-    patterns = {}
+    patterns: dict = {}
+    edge_details: dict[int, dict] = {}
     for i, c in enumerate(s.claims):
-        cseed = seed + 1000 * i  # independent, reproducible stream per claim
+        cseed = derive_seed(seed, 2, i)  # independent, reproducible stream per claim
         if results[i] is not None:
             continue
         if isinstance(c, RoleClaim):
             h = names.parse_head(c.head)
             pat = clean[iv.pattern_hook(h.layer)][:, h.head]
             patterns[str(h)] = pat[0].double().cpu().numpy()
-            sc = roles.role_scores(pat, ds.clean, c.role).cpu().numpy()
-            results[i] = evaluators.evaluate_role(c, sc, st, cseed)
-        else:
+            results[i] = evaluators.evaluate_role(c, roles.role_scores(pat, ds.clean, c.role).cpu().numpy(),
+                                                  st, cseed)
+        elif isinstance(c, AblationClaim):
             heads = [names.parse_head(x) for x in c.heads]
-            plan = iv.ablation_plan(heads, c.ablation, clean_z, corrupt_z)
-            m_abl = metric(iv.run_plan(bridge, ds.clean, plan))
-            results[i] = evaluators.evaluate_ablation(c, m_clean, m_corrupt, m_abl, st, cseed, unit)
-    return Measurements(baseline, checks, results, patterns)
+            results[i] = causal.evaluate_ablation(c, runs.m_clean, runs.m_corrupt,
+                                                  runs.ablated(heads, c.ablation, c.freeze_patterns),
+                                                  st, cseed, unit)
+            if c.sensitivity:
+                results[i].details["sensitivity"] = _sensitivity(
+                    lambda kind: causal.evaluate_ablation(c.model_copy(update={"ablation": kind}), runs.m_clean,
+                                                          runs.m_corrupt, runs.ablated(heads, kind, c.freeze_patterns),
+                                                          st, cseed, unit), results[i])
+        elif isinstance(c, EdgeClaim):
+            edge_details[i] = causal.edge_effect(c, runs.m_clean, runs.m_corrupt,
+                                                 runs.patched(c, c.replacement), st, cseed, unit)
+        elif isinstance(c, CircuitClaim):
+            results[i] = measure_circuit(runs, c, st, cseed, unit, model.n_layers, model.n_heads)
+    _evaluate_edges(s, runs, edge_details, results, unit)
+    table = weights_vs_use(hw, s, results, seed) if hw is not None else []
+    return Measurements(baseline, checks, results, table, patterns)
 
 
-def weight_results(bridge: Any, s: Hypothesis, seed: int) -> dict[int, ClaimResult]:
-    """Weight-only claims (composition, copying), keyed by claim index.  Composition
-    p-values are Benjamini-Hochberg adjusted across the file's composition claims."""
-    from dataclasses import asdict
+def _evaluate_edges(s: Hypothesis, runs: Runs, edge_details: dict[int, dict], results: list,
+                    unit: str) -> None:
+    """BH-adjust the edge claims' p-values together, then decide each (and its sensitivity)."""
+    from .weights import benjamini_hochberg
 
-    from . import weights
+    idx = list(edge_details)
+    adjusted = benjamini_hochberg([edge_details[i]["p_value"] for i in idx])
+    for i, p_adj in zip(idx, adjusted):  # noqa: B007
+        c = s.claims[i]
+        text = str(names.parse_edge(c.edge))
+        results[i] = causal.evaluate_edge(c, text, edge_details[i], p_adj, s.stats, unit)
+        if c.sensitivity:
+            def variant(kind: str, c=c, text=text, i=i) -> ClaimResult:
+                # sensitivity variants are decided on their own, unadjusted p-values
+                v = c.model_copy(update={"replacement": kind})
+                det = causal.edge_effect(v, runs.m_clean, runs.m_corrupt, runs.patched(v, kind), s.stats,
+                                         derive_seed(0, 3, i), unit)
+                return causal.evaluate_edge(v, text, det, det["p_value"], s.stats, unit)
+            results[i].details["sensitivity"] = _sensitivity(variant, results[i])
 
-    wanted = {i: c for i, c in enumerate(s.claims)
-              if isinstance(c, CompositionClaim) or (isinstance(c, RoleClaim) and c.role == "copying")}
-    if not wanted:
-        return {}
-    hw = weights.head_weights(bridge, s.weight_processing)
-    out: dict[int, ClaimResult] = {}
-    comp: dict[int, dict] = {}
-    n_comp = sum(isinstance(c, CompositionClaim) for c in wanted.values())
-    extend = weights.draws_needed(n_comp, s.stats.composition_alpha)
-    mode_scores: dict[str, Any] = {}
-    for i, c in wanted.items():
-        if isinstance(c, RoleClaim):
-            h = names.parse_head(c.head)
-            value, info = weights.copying_score(hw, h.layer, h.head)
-            out[i] = evaluators.evaluate_copying(c, value, info)
-            continue
-        e = names.parse_edge(c.edge)
-        mode = e.receiver.which
-        if mode not in mode_scores:
-            mode_scores[mode] = weights.all_scores(hw, mode)
-        r = weights.composition(hw, (e.sender.layer, e.sender.head),
-                                (e.receiver.head.layer, e.receiver.head.head), mode,
-                                s.stats.null_draws, seed + 1000 * i, mode_scores[mode],
-                                extend, s.stats.composition_alpha)
-        comp[i] = asdict(r)
-    adjusted = weights.benjamini_hochberg([r["p_value"] for r in comp.values()])
-    for (i, r), p_adj in zip(comp.items(), adjusted):
-        out[i] = evaluators.evaluate_composition(wanted[i], r, p_adj, s.stats.composition_alpha, len(comp))
-    return out
+
+def _sensitivity(run_variant: Callable[[str], ClaimResult], claimed: ClaimResult) -> dict:
+    """The same claim under zero, mean and resample; whether the verdict agrees.
+    (Edge variants are decided on unadjusted p-values.)"""
+    rows = {}
+    for kind in ("zero", "mean", "resample"):
+        r = run_variant(kind)
+        rows[kind] = {"verdict": r.verdict, "value": r.value, "ci": r.ci}
+    verdicts = {row["verdict"] for row in rows.values()}
+    return {"by_type": rows, "agrees": verdicts == {claimed.verdict}}
+
+
+def measure_circuit(runs: Runs, c: CircuitClaim, st: Any, seed: int, unit: str, n_layers: int,
+                    n_heads: int) -> ClaimResult:
+    every = [names.Head(l, h) for l in range(n_layers) for h in range(n_heads)]
+    keep = {names.parse_head(h) for h in c.heads}
+    m_circuit = runs.ablated([h for h in every if h not in keep], c.ablation)
+    m_empty = runs.ablated(every, c.ablation)
+    rng = np.random.default_rng(seed)
+    random_f = []
+    den = (runs.m_clean - m_empty).sum()
+    for _ in range(c.random_circuits):
+        pick = set(rng.choice(len(every), size=len(keep), replace=False).tolist())
+        m_r = runs.ablated([h for j, h in enumerate(every) if j not in pick], c.ablation)
+        random_f.append((m_r - m_empty).sum() / den if den != 0 else np.nan)
+    return causal.evaluate_circuit(c, runs.m_clean, m_circuit, m_empty, np.asarray(random_f), st, seed, unit)
+
+
+def identity_checks(runs: Runs, s: Hypothesis) -> list[dict]:
+    """Clean into clean must change nothing, through every intervention path used."""
+    diffs = []
+    heads = sorted({names.parse_head(h) for c in s.claims if isinstance(c, AblationClaim) for h in c.heads})
+    if heads:
+        plan = iv.ablation_plan(heads, "resample", runs.z(runs.clean), runs.z(runs.clean))
+        diffs.append(np.abs(runs.metric(iv.run_plan(runs.bridge, runs.ds.clean, plan)) - runs.m_clean).max())
+    for c in s.claims:
+        if isinstance(c, EdgeClaim):
+            e = names.parse_edge(c.edge)
+            patch = patching.prepare(runs.bridge, e, runs.clean, runs.clean, runs.clean, "resample")
+            logits = patching.fast_logits(runs.bridge, runs.ds.clean, patch)
+            diffs.append(np.abs(runs.metric(logits) - runs.m_clean).max())
+    if any(isinstance(c, CircuitClaim) for c in s.claims):
+        diffs.append(np.abs(runs.ablated([], "resample") - runs.m_clean).max())
+    if not diffs:
+        return []
+    worst = float(max(diffs))
+    if worst > IDENTITY_TOL:
+        raise SanityCheckError(f"patching clean activations into the clean run changed the metric by "
+                               f"{worst:.2e}: the interventions do not do what they should")
+    return [{"name": "identity interventions reproduce the clean run", "passed": True,
+             "detail": f"{len(diffs)} intervention path(s) checked; max |metric diff| {worst:.2e} "
+                       f"(tolerance {IDENTITY_TOL:g})"},
+            {"name": "every intervention hook fired", "passed": True,
+             "detail": "checked on every patched forward; a silent hook stops the run"}]
+
+
+def weights_vs_use(hw: Any, s: Hypothesis, results: list, seed: int) -> list[dict]:
+    """The DESIGN.md table for every head -> head-input edge claim (composition and use)."""
+    rows = []
+    idx = [i for i, c in enumerate(s.claims) if isinstance(c, EdgeClaim)
+           and isinstance(names.parse_edge(c.edge).sender, names.Head)
+           and isinstance(names.parse_edge(c.edge).receiver, names.HeadInput)]
+    comp = composition_evidence(hw, [names.parse_edge(s.claims[i].edge) for i in idx], s, seed, 4)
+    for i, r in zip(idx, comp):
+        res = results[i]
+        composes = r["p_adjusted"] < s.stats.composition_alpha
+        use = res.details.get("use", "undetermined")
+        cls = causal.classify(composes, use)
+        res.details["weights_vs_use"] = cls
+        rows.append({"edge": str(names.parse_edge(s.claims[i].edge)), "claim": res.id,
+                     "composition": r["score"], "composition_p_adjusted": r["p_adjusted"],
+                     "composes": composes, "effect": res.value, "effect_ci": res.ci, "use": use,
+                     "class": cls})
+    return rows
 
 
 def _ci_dict(x: np.ndarray, st: Any, seed: int) -> dict:

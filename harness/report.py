@@ -94,6 +94,25 @@ def _claim_section(r: ClaimResult, unit: str) -> list[str]:
                    f"C / C_max = {_fmt(det['fraction_of_max'])} (C_max = {_fmt(det['c_max'])}); "
                    f"percentile among all cross-layer {det['mode'].upper()} pairs: {det['percentile']:.1f}; "
                    f"ranks {det['rank_sender']} / {det['rank_receiver']}; weights {det['processing']}")
+    elif r.kind == "edge":
+        out.append(f"- metric: clean {_fmt(det['clean_metric_mean'])}, patched "
+                   f"{_fmt(det['patched_metric_mean'])}, corrupted {_fmt(det['corrupted_metric_mean'])} {unit}")
+        out.append(f"- raw change {_fmt(det['change_mean'])} {unit} [{_fmt(det['change_ci'][0])}, "
+                   f"{_fmt(det['change_ci'][1])}]; sign-flip p = {det['p_value']:.3g}, BH-adjusted "
+                   f"{det['p_adjusted']:.3g}; use: **{det['use']}**"
+                   + (f"; weights vs use: **{det['weights_vs_use']}**" if "weights_vs_use" in det else ""))
+        if "normalized_summary" in det:
+            ns = det["normalized_summary"]
+            out.append(f"- per-prompt effect median {_fmt(ns['median'])}, IQR {_fmt(ns['iqr'])}; "
+                       f"{det['n_excluded_small_gap']} prompt(s) excluded for a small clean-corrupted gap")
+    elif r.kind == "circuit":
+        out.append(f"- metric: full {_fmt(det['full_metric_mean'])}, circuit {_fmt(det['circuit_metric_mean'])}, "
+                   f"empty {_fmt(det['empty_metric_mean'])} {unit}; heads kept: {', '.join(det['heads'])}")
+        if "beaten" in det:
+            rs = det["random_faithfulness_summary"]
+            out.append(f"- {det['random_circuits']} random circuits of the same size: faithfulness median "
+                       f"{_fmt(rs['median'])}, IQR {_fmt(rs['iqr'])}, max {_fmt(det['random_faithfulness_max'])}; "
+                       f"beaten {det['beaten']}, binomial p = {det['binomial_p_value']:.3g}")
     elif r.kind == "ablation":
         out.append(f"- metric: clean {_fmt(det['clean_metric_mean'])}, ablated "
                    f"{_fmt(det['ablated_metric_mean'])}, corrupted {_fmt(det['corrupted_metric_mean'])} {unit}")
@@ -106,7 +125,28 @@ def _claim_section(r: ClaimResult, unit: str) -> list[str]:
                        f"{_fmt(det['normalized_ci'][1])}]; per-prompt median {_fmt(ns['median'])}, "
                        f"IQR {_fmt(ns['iqr'])}; {det['n_excluded_small_gap']} prompt(s) excluded "
                        "for a small clean-corrupted gap")
+    if "sensitivity" in det:
+        sens = det["sensitivity"]
+        cells = "; ".join(f"{k}: {v['verdict']} {_fmt(v['value'])}" for k, v in sens["by_type"].items())
+        out.append(f"- sensitivity across ablation types: {cells} — "
+                   f"{'verdict agrees' if sens['agrees'] else '**verdict depends on the ablation type**'}")
     return out + [""]
+
+
+def weights_vs_use_table(rows: list[dict]) -> list[str]:
+    """The DESIGN.md table: composition (weights) beside causal effect (use)."""
+    from tabulate import tabulate
+
+    if not rows:
+        return []
+    body = [(r["edge"], f"{r['composition']:.3f}", f"{r['composition_p_adjusted']:.3g}",
+             "yes" if r["composes"] else "no",
+             "undefined" if r["effect"] is None else f"{r['effect']:.3f} [{r['effect_ci'][0]:.3f}, {r['effect_ci'][1]:.3f}]",
+             r["use"], r["class"]) for r in rows]
+    return ["## Weights vs use", "",
+            "A high composition score proposes a route; only the intervention shows it is used.", "",
+            tabulate(body, headers=["edge", "composition", "p_adj", "composes", "effect [CI]", "use", "class"],
+                     tablefmt="github"), ""]
 
 
 def render_markdown(ev: Evidence) -> str:
@@ -117,6 +157,7 @@ def render_markdown(ev: Evidence) -> str:
         out += [h["description"].strip(), ""]
     out += [f"**{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive** "
             f"of {len(ev.claims)} claims.", "", "## Verdicts", "", ev.table("github"), ""]
+    out += weights_vs_use_table(ev.weights_vs_use)
     out += ["## Evidence per claim", ""]
     for kind, title in EVIDENCE_TYPES.items():
         group = [r for r in ev.claims if r.evidence == kind]

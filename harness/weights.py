@@ -140,10 +140,12 @@ def sender_matrix(hw: HeadWeights, layer: int, head: int) -> Any:
 
 
 def composition_score(X: Any, Y: Any) -> float:
-    """||X Y||_F / (||X||_F ||Y||_F)."""
+    """||X Y||_F / (||X||_F ||Y||_F); NaN (undefined) when either matrix is zero,
+    which means there is no route at all."""
     import torch
 
-    return float(torch.linalg.norm(X @ Y) / (torch.linalg.norm(X) * torch.linalg.norm(Y)))
+    denom = float(torch.linalg.norm(X) * torch.linalg.norm(Y))
+    return float(torch.linalg.norm(X @ Y)) / denom if denom > 0 else float("nan")
 
 
 def all_scores(hw: HeadWeights, mode: str) -> np.ndarray:
@@ -159,7 +161,9 @@ def all_scores(hw: HeadWeights, mode: str) -> np.ndarray:
     for l1 in range(L):
         for l2 in range(l1 + 1, L):
             prod = torch.einsum("hij,gjk->hgik", X[l1], Y[l2])
-            out[l1, :, l2, :] = (torch.linalg.norm(prod, dim=(-2, -1)) / (xn[l1][:, None] * yn[l2][None, :])).numpy()
+            denom = xn[l1][:, None] * yn[l2][None, :]
+            ratio = torch.linalg.norm(prod, dim=(-2, -1)) / denom
+            out[l1, :, l2, :] = torch.where(denom > 0, ratio, torch.full_like(ratio, float("nan"))).numpy()
     return out
 
 
@@ -221,8 +225,11 @@ def draws_needed(n_tests: int, alpha: float) -> int:
 
 def null_p_value(X: Any, Y: Any, c: float, n_draws: int, seed: int,
                  extend_to: int = 0, alpha: float = 0.0) -> tuple[float, np.ndarray]:
-    """(p, null samples): n_draws draws, extended to `extend_to` when p < alpha."""
+    """(p, null samples): n_draws draws, extended to `extend_to` when p < alpha.
+    An undefined score (a zero matrix: no route) gets p = 1."""
     null = null_scores(X, Y, n_draws, seed)
+    if math.isnan(c):
+        return 1.0, null
     p = (1 + int(np.sum(null >= c - 1e-12))) / (1 + len(null))
     if p < alpha and extend_to > len(null):
         more = null_scores(X, Y, extend_to - len(null), seed + 7_919)
@@ -243,17 +250,19 @@ def composition(hw: HeadWeights, sender: tuple[int, int], receiver: tuple[int, i
     p, null = null_p_value(X, Y, c, n_draws, seed, extend_to, alpha)
     sx, sx_all = _spectrum(X)
     sy, sy_all = _spectrum(Y)
-    c_max = min(float(sx_all[0] / torch.linalg.norm(X)), float(sy_all[0] / torch.linalg.norm(Y)))
+    nx, ny = float(torch.linalg.norm(X)), float(torch.linalg.norm(Y))
+    c_max = min(float(sx_all[0]) / nx, float(sy_all[0]) / ny) if nx > 0 and ny > 0 else 0.0
     if all_mode_scores is None:
         all_mode_scores = all_scores(hw, mode)
     L = hw.n_layers
     pool = np.concatenate([all_mode_scores[l1, :, l2, :].ravel() for l1 in range(L) for l2 in range(l1 + 1, L)])
+    pool = pool[~np.isnan(pool)]
     return CompositionResult(
         sender=f"L{sender[0]}H{sender[1]}", receiver=f"L{receiver[0]}H{receiver[1]}.{mode}", mode=mode,
         score=c, p_value=p, null_mean=float(null.mean()), null_std=float(null.std()),
         null_q95=float(np.quantile(null, 0.95)), null_q99=float(np.quantile(null, 0.99)), n_draws=len(null),
         ratio_to_isotropic=c * math.sqrt(hw.d_model), fraction_of_max=c / c_max if c_max > 0 else float("nan"),
-        c_max=c_max, percentile=float(100.0 * np.mean(pool <= c + 1e-15)),
+        c_max=c_max, percentile=float(100.0 * np.mean(pool <= c + 1e-15)) if not math.isnan(c) else float("nan"),
         rank_sender=len(sx), rank_receiver=len(sy), processing=hw.processing)
 
 

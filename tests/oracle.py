@@ -8,11 +8,15 @@ import torch
 
 
 def layer_norm(x, w, b, eps):
+    if w is None:  # normalization_type None
+        return x
     x = x - x.mean(-1, keepdim=True)
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w + b
 
 
-def forward(sd, cfg, tokens, z_edit=None, want_z=False):
+def forward(sd, cfg, tokens, z_edit=None, want_z=False, input_edit=None, final_edit=None):
+    """input_edit(layer, resid) -> {(head, "q"|"k"|"v"): residual that input reads}
+    final_edit(resid) -> residual read by ln_final (exact edge patching by hand)."""
     sd = {k: v.double() for k, v in sd.items()}
     n, s = tokens.shape
     H, dh, eps = cfg["n_heads"], cfg["d_head"], cfg.get("eps", 1e-5)
@@ -20,9 +24,14 @@ def forward(sd, cfg, tokens, z_edit=None, want_z=False):
     zs = {}
     for layer in range(cfg["n_layers"]):
         p = f"blocks.{layer}."
-        h = layer_norm(x, sd[p + "ln1.weight"], sd[p + "ln1.bias"], eps)
+        ln = lambda r: layer_norm(r, sd.get(p + "ln1.weight"), sd.get(p + "ln1.bias"), eps)  # noqa: E731
+        h = ln(x)
         q, k, v = ((h @ sd[p + f"attn.{w}.weight"].T + sd[p + f"attn.{w}.bias"]).view(n, s, H, dh)
                    for w in "qkv")
+        edits = input_edit(layer, x) if input_edit is not None else {}
+        for (head, w), resid in edits.items():
+            lin = (ln(resid) @ sd[p + f"attn.{w}.weight"].T + sd[p + f"attn.{w}.bias"]).view(n, s, H, dh)
+            {"q": q, "k": k, "v": v}[w][:, :, head] = lin[:, :, head]
         scores = torch.einsum("nqhd,nkhd->nhqk", q, k) / math.sqrt(dh)
         mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
         pattern = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
@@ -31,6 +40,8 @@ def forward(sd, cfg, tokens, z_edit=None, want_z=False):
         if z_edit is not None:
             z = z_edit(layer, z)
         x = x + z.reshape(n, s, H * dh) @ sd[p + "attn.o.weight"].T + sd[p + "attn.o.bias"]
-    x = layer_norm(x, sd["ln_final.weight"], sd["ln_final.bias"], eps)
-    logits = x @ sd["unembed.weight"].T + sd["unembed.bias"]
+    if final_edit is not None:
+        x = final_edit(x)
+    x = layer_norm(x, sd.get("ln_final.weight"), sd.get("ln_final.bias"), eps)
+    logits = x @ sd["unembed.weight"].T + sd.get("unembed.bias", 0.0)
     return (logits, zs) if want_z else logits

@@ -43,7 +43,7 @@ class ClaimResult:
         if self.value is None:
             return "undefined"
         if self.kind == "composition":
-            return f"{self.value:.3f} (p_adj {self.details['p_adjusted']:.2g})"
+            return f"{self.value:.3f} (p_adj {self.details['p_adjusted']:.3g})"
         ci = f" [{self.ci[0]:.3f}, {self.ci[1]:.3f}]" if self.ci else " (exact)"
         return f"{self.value:.3f}{ci}"
 
@@ -112,6 +112,7 @@ class Evidence:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Evidence":
+        """Rebuild from an evidence.json document (the inverse of `to_dict`)."""
         return cls(d["hypothesis"], d["model"], d["data"], d["settings"], d["baseline"],
                    d["sanity_checks"], [ClaimResult(**c) for c in d["claims"]], d["provenance"],
                    d.get("weights_vs_use", []))

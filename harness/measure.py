@@ -24,7 +24,8 @@ from .errors import SanityCheckError
 from .evidence import ClaimResult
 from .spec import AblationClaim, CircuitClaim, EdgeClaim, Hypothesis, RoleClaim
 from .stats import mean_ci
-from .weight_claims import composition_evidence, derive_seed, needs_weights, weight_results
+from .weight_claims import composition_evidence, needs_weights, weight_results
+from .weights import derive_seed
 
 IDENTITY_TOL = 1e-5
 
@@ -144,13 +145,13 @@ def measure_all(model: Any, ds: Any, s: Hypothesis, seed: int) -> Measurements:
                                                  runs.patched(c, c.replacement), st, cseed, unit)
         elif isinstance(c, CircuitClaim):
             results[i] = measure_circuit(runs, c, st, cseed, unit, model.n_layers, model.n_heads)
-    _evaluate_edges(s, runs, edge_details, results, unit)
+    _evaluate_edges(s, runs, edge_details, results, unit, seed)
     table = weights_vs_use(hw, s, results, seed) if hw is not None else []
     return Measurements(baseline, checks, results, table, patterns)
 
 
 def _evaluate_edges(s: Hypothesis, runs: Runs, edge_details: dict[int, dict], results: list,
-                    unit: str) -> None:
+                    unit: str, seed: int) -> None:
     """BH-adjust the edge claims' p-values together, then decide each (and its sensitivity)."""
     from .weights import benjamini_hochberg
 
@@ -165,7 +166,7 @@ def _evaluate_edges(s: Hypothesis, runs: Runs, edge_details: dict[int, dict], re
                 # sensitivity variants are decided on their own, unadjusted p-values
                 v = c.model_copy(update={"replacement": kind})
                 det = causal.edge_effect(v, runs.m_clean, runs.m_corrupt, runs.patched(v, kind), s.stats,
-                                         derive_seed(0, 3, i), unit)
+                                         derive_seed(seed, 3, i), unit)
                 return causal.evaluate_edge(v, text, det, det["p_value"], s.stats, unit)
             results[i].details["sensitivity"] = _sensitivity(variant, results[i])
 

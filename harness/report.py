@@ -179,6 +179,9 @@ def render_markdown(ev: Evidence) -> str:
             f"- statistics: {s['stats']['bootstrap']} BCa bootstrap resamples, "
             f"{s['stats']['confidence']:.0%} intervals, {s['stats']['permutations']} sign-flip "
             f"permutations, min_gap {s['stats']['min_gap']}, min_prompt_gap {s['stats']['min_prompt_gap']}; "
+            f"causal alpha {s['stats'].get('alpha')}, min_effect {s['stats'].get('min_effect')}, tolerance "
+            f"{s['stats'].get('tolerance')} (Benjamini-Hochberg over edge claims); composition alpha "
+            f"{s['stats'].get('composition_alpha')} with at least {s['stats'].get('null_draws')} null draws; "
             f"seed {s['seed']}", ""]
     out += ["## Sanity checks", ""]
     out += [f"- {'ok' if ch['passed'] else 'FAILED'}: {ch['name']} — {ch['detail']}" for ch in ev.sanity_checks]

@@ -6,17 +6,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
-
 from . import claims as evaluators
 from . import names, weights
+from .weights import derive_seed
 from .evidence import ClaimResult
 from .spec import CompositionClaim, Hypothesis, RoleClaim
-
-
-def derive_seed(*keys: int) -> int:
-    """An independent seed for each tuple of keys (numpy SeedSequence)."""
-    return int(np.random.SeedSequence([abs(int(k)) for k in keys]).generate_state(1)[0])
 
 
 def composition_evidence(hw: Any, pairs: list[names.Edge], s: Hypothesis, seed: int,

@@ -16,10 +16,14 @@ Weight processing (`processing`):
             (fold_ln + center_writing_weights) does: readers become
             P diag(w_ln1) W_{Q,K,V} and writers W_O P, with P = I - 11^T/d the
             centring projection (LN removes the mean of its input anyway).
-            Models without LayerNorm weights are left as they are.
+            RMSNorm weights are folded without centring (RMSNorm keeps the
+            mean); models without norm weights are left as they are.
 
 Null: keep both heads' spectra and draw their relative orientation uniformly:
     C_null = ||X R Y||_F / (||X||_F ||Y||_F),  R Haar-random orthogonal.
+After centring, X's outputs and Y's inputs lie in the (d-1)-dimensional
+complement of the all-ones direction, so R is drawn there (`null_dim` = d - 1);
+otherwise null_dim = d.
 With X = U_x S_x V_x^T and Y = U_y S_y V_y^T (thin SVDs, ranks r_x, r_y),
 ||X R Y||_F = ||S_x (V_x^T R U_y) S_y||_F and V_x^T R U_y is distributed as the
 top-left r_x x r_y block of a Haar orthogonal matrix, so each draw costs one
@@ -32,7 +36,7 @@ floor alpha/2; pairs whose p is below alpha after the base draws are extended to
 it (pairs at or above alpha cannot become significant), and the count used is
 recorded per pair.
 
-Also reported: C * sqrt(d_model) (1 = the isotropic baseline E[C^2] = 1/d_model),
+Also reported: C * sqrt(null_dim) (1 = the isotropic baseline E[C^2] = 1/null_dim),
 C / C_max with C_max = min(s1(X)/||X||_F, s1(Y)/||Y||_F) (the largest score
 the two spectra allow), and the pair's percentile among all cross-layer pairs.
 
@@ -68,6 +72,7 @@ class HeadWeights:
     W_E: Any
     W_U: Any
     processing: str
+    null_dim: int  # dimension the null rotates in: d_model, or d_model - 1 after centring
 
     @property
     def d_model(self) -> int:
@@ -91,22 +96,24 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
     with torch.no_grad():
         get = lambda name: getattr(bridge, name).detach().to(torch.float64).clone()  # noqa: E731
         W_Q, W_K, W_V, W_O, W_E, W_U = (get(n) for n in ("W_Q", "W_K", "W_V", "W_O", "W_E", "W_U"))
+        d = W_Q.shape[-2]
+        null_dim = d
         if processing == "folded":
-            d = W_Q.shape[-2]
-            P = torch.eye(d, dtype=torch.float64) - 1.0 / d
+            centre = str(getattr(bridge.cfg, "normalization_type", "") or "").upper().startswith("LN")
+            P = torch.eye(d, dtype=torch.float64) - (1.0 / d if centre else 0.0)
             for layer in range(W_Q.shape[0]):
                 w = _ln_weight(bridge.blocks[layer], "ln1")
                 if w is None:
                     continue
                 reader = P @ torch.diag(w)
                 W_Q[layer], W_K[layer], W_V[layer] = (reader @ W[layer] for W in (W_Q, W_K, W_V))
-            if any(_ln_weight(b, "ln1") is not None for b in bridge.blocks):
-                W_O = W_O @ P
-                W_E = W_E @ P
+            if centre:
+                W_O, W_E = W_O @ P, W_E @ P
+                null_dim = d - 1
             wf = _ln_weight(bridge, "ln_final")
             if wf is not None:
                 W_U = P @ torch.diag(wf) @ W_U
-    return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_U, processing)
+    return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_U, processing, null_dim)
 
 
 def _ln_weight(module: Any, name: str) -> Optional[Any]:
@@ -175,13 +182,19 @@ def _spectrum(M: Any, tol: float = 1e-10) -> tuple[np.ndarray, Any]:
     return s[keep].numpy(), s
 
 
-def null_scores(X: Any, Y: Any, n_draws: int, seed: int) -> np.ndarray:
-    """n_draws samples of ||X R Y||_F / (||X|| ||Y||) for Haar-random orthogonal R."""
+def derive_seed(*keys: int) -> int:
+    """An independent seed for each tuple of keys (numpy SeedSequence)."""
+    return int(np.random.SeedSequence([abs(int(k)) for k in keys]).generate_state(1)[0])
+
+
+def null_scores(X: Any, Y: Any, n_draws: int, seed: int, null_dim: Optional[int] = None) -> np.ndarray:
+    """n_draws samples of ||X R Y||_F / (||X|| ||Y||) for Haar-random orthogonal R
+    on a `null_dim`-dimensional space holding X's outputs and Y's inputs."""
     import torch
 
     sx, _ = _spectrum(X)
     sy, _ = _spectrum(Y)
-    d = X.shape[-1]
+    d = X.shape[-1] if null_dim is None else null_dim
     rx, ry = len(sx), len(sy)
     if rx == 0 or ry == 0:
         return np.zeros(n_draws)
@@ -209,13 +222,14 @@ class CompositionResult:
     null_q95: float
     null_q99: float
     n_draws: int
-    ratio_to_isotropic: float  # C * sqrt(d_model)
+    ratio_to_isotropic: float  # C * sqrt(null_dim)
     fraction_of_max: float  # C / C_max
     c_max: float
     percentile: float  # among all cross-layer pairs of this mode, in [0, 100]
     rank_sender: int
     rank_receiver: int
     processing: str
+    null_dim: int
 
 
 def draws_needed(n_tests: int, alpha: float) -> int:
@@ -223,16 +237,16 @@ def draws_needed(n_tests: int, alpha: float) -> int:
     return max(0, math.ceil(2 * n_tests / alpha) - 1)
 
 
-def null_p_value(X: Any, Y: Any, c: float, n_draws: int, seed: int,
-                 extend_to: int = 0, alpha: float = 0.0) -> tuple[float, np.ndarray]:
+def null_p_value(X: Any, Y: Any, c: float, n_draws: int, seed: int, extend_to: int = 0,
+                 alpha: float = 0.0, null_dim: Optional[int] = None) -> tuple[float, np.ndarray]:
     """(p, null samples): n_draws draws, extended to `extend_to` when p < alpha.
     An undefined score (a zero matrix: no route) gets p = 1."""
-    null = null_scores(X, Y, n_draws, seed)
+    null = null_scores(X, Y, n_draws, seed, null_dim)
     if math.isnan(c):
         return 1.0, null
     p = (1 + int(np.sum(null >= c - 1e-12))) / (1 + len(null))
     if p < alpha and extend_to > len(null):
-        more = null_scores(X, Y, extend_to - len(null), seed + 7_919)
+        more = null_scores(X, Y, extend_to - len(null), derive_seed(seed, 1), null_dim)
         null = np.concatenate([null, more])
         p = (1 + int(np.sum(null >= c - 1e-12))) / (1 + len(null))
     return p, null
@@ -247,7 +261,7 @@ def composition(hw: HeadWeights, sender: tuple[int, int], receiver: tuple[int, i
     X = sender_matrix(hw, *sender)
     Y = receiver_matrix(hw, *receiver, mode)
     c = composition_score(X, Y)
-    p, null = null_p_value(X, Y, c, n_draws, seed, extend_to, alpha)
+    p, null = null_p_value(X, Y, c, n_draws, seed, extend_to, alpha, hw.null_dim)
     sx, sx_all = _spectrum(X)
     sy, sy_all = _spectrum(Y)
     nx, ny = float(torch.linalg.norm(X)), float(torch.linalg.norm(Y))
@@ -261,9 +275,9 @@ def composition(hw: HeadWeights, sender: tuple[int, int], receiver: tuple[int, i
         sender=f"L{sender[0]}H{sender[1]}", receiver=f"L{receiver[0]}H{receiver[1]}.{mode}", mode=mode,
         score=c, p_value=p, null_mean=float(null.mean()), null_std=float(null.std()),
         null_q95=float(np.quantile(null, 0.95)), null_q99=float(np.quantile(null, 0.99)), n_draws=len(null),
-        ratio_to_isotropic=c * math.sqrt(hw.d_model), fraction_of_max=c / c_max if c_max > 0 else float("nan"),
+        ratio_to_isotropic=c * math.sqrt(hw.null_dim), fraction_of_max=c / c_max if c_max > 0 else float("nan"),
         c_max=c_max, percentile=float(100.0 * np.mean(pool <= c + 1e-15)) if not math.isnan(c) else float("nan"),
-        rank_sender=len(sx), rank_receiver=len(sy), processing=hw.processing)
+        rank_sender=len(sx), rank_receiver=len(sy), processing=hw.processing, null_dim=hw.null_dim)
 
 
 def copying_score(hw: HeadWeights, layer: int, head: int, tol: float = 1e-12) -> tuple[Optional[float], dict]:

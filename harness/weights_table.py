@@ -16,9 +16,9 @@ def composition_tables(bridge: Any, processing: str, n_draws: int, alpha: float,
     hw = weights.head_weights(bridge, processing)
     L, H = hw.n_layers, hw.n_heads
     out = [f"Composition scores C = ||X Y||_F / (||X||_F ||Y||_F), weights {processing}; "
-           f"isotropic baseline 1/sqrt(d_model) = {1 / hw.d_model ** 0.5:.3f}; "
+           f"isotropic baseline 1/sqrt({hw.null_dim}) = {1 / hw.null_dim ** 0.5:.3f}; "
            f"* = rotation-null p < {alpha:g} after Benjamini-Hochberg over the pairs of a mode."]
-    for mode in modes:
+    for m, mode in enumerate(modes):
         scores = weights.all_scores(hw, mode)
         pairs = [(l1, h1, l2, h2) for l1 in range(L) for l2 in range(l1 + 1, L)
                  for h1 in range(H) for h2 in range(H)]
@@ -29,8 +29,8 @@ def composition_tables(bridge: Any, processing: str, n_draws: int, alpha: float,
         for k, (l1, h1, l2, h2) in enumerate(pairs):
             X = weights.sender_matrix(hw, l1, h1)
             Y = weights.receiver_matrix(hw, l2, h2, mode)
-            p, null = weights.null_p_value(X, Y, float(scores[l1, h1, l2, h2]), n_draws, seed + k,
-                                           extend, alpha)
+            p, null = weights.null_p_value(X, Y, float(scores[l1, h1, l2, h2]), n_draws,
+                                           weights.derive_seed(seed, m, k), extend, alpha, hw.null_dim)
             pvals.append(p)
             used.append(len(null))
         adj = dict(zip(pairs, weights.benjamini_hochberg(pvals)))
@@ -44,12 +44,14 @@ def composition_tables(bridge: Any, processing: str, n_draws: int, alpha: float,
                         row.append("")
                         continue
                     mark = "*" if adj[(l1, h1, l2, h2)] < alpha else ""
-                    row.append(f"{scores[l1, h1, l2, h2]:.3f}{mark}")
+                    c = scores[l1, h1, l2, h2]
+                    row.append("none" if c != c else f"{c:.3f}{mark}")  # NaN: a zero matrix, no route
                 rows.append(row)
         n_sig = sum(v < alpha for v in adj.values())
         out += ["", f"{mode.upper()}-composition (rows: sender OV; columns: receiver .{mode}); "
-                f"{n_sig} of {len(pairs)} pairs significant; {n_draws} null draws per pair, "
-                f"{sum(u > n_draws for u in used)} pair(s) with p < alpha extended to {max(used)}",
+                f"{n_sig} of {len(pairs)} pairs significant; {n_draws} null draws per pair"
+                + (f", {sum(u > n_draws for u in used)} pair(s) with p < alpha extended to {max(used)}"
+                   if max(used) > n_draws else ""),
                 tabulate(rows, headers=["sender"] + [f"L{l}H{h}.{mode}" for l, h in receivers],
                          disable_numparse=True)]
     return "\n".join(out)

@@ -76,7 +76,7 @@ CASES = [
     ("impossible role threshold", ("at_least: 0.5\n  - id: b", "at_least: 1.5\n  - id: b"), 8, "an attention score lies in [0, 1]; threshold 1.5 is impossible"),
     ("two bounds", ("    at_least: 0.5\n  - id: b", "    at_least: 0.5\n    at_most: 0.9\n  - id: b"), 8, "give exactly one of at_least / at_most"),
     ("no bound", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n"), 13, "claims[1]: give exactly one of at_least / at_most"),
-    ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, ablation, composition"),
+    ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, ablation, composition, edge, circuit"),
     ("unknown claim key", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    effect: 0.5\n"), 16, "claims[1].effect: unknown key; allowed keys: at_least, at_most, id, kind, heads"),
     ("unknown ablation type", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    ablation: knockout\n"), 16, "claims[1].ablation: Input should be 'zero', 'mean' or 'resample'"),
     ("duplicate claim id", ("- id: b", "- id: a"), 13, "claims[1].id: claim id 'a' is used twice"),
@@ -89,6 +89,13 @@ CASES = [
     ("composition to logits", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L0H7 -> logits\n"), 19, "claims[2].edge: a composition edge goes from a head to a later head's .q, .k or .v input"),
     ("composition expect", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L0H7 -> L1H0.k\n    expect: used\n"), 20, "claims[2].expect: Input should be 'composes' or 'does_not_compose' (got 'used')"),
     ("copying threshold", ("role: previous_token\n    at_least: 0.5", "role: copying\n    at_least: -1.5"), 8, "a copying score lies in [-1, 1]; threshold -1.5 is impossible"),
+    ("edge from logits", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: logits -> L1H0.k\n"), 19, "claims[2].edge: edge sender 'logits' must be a head, an MLP or embed"),
+    ("edge into a head", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0\n"), 19, "did you mean L1H0.q, .k or .v?"),
+    ("edge expect", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0.k\n    expect: composes\n"), 20, "claims[2].expect: Input should be 'used' or 'unused' (got 'composes')"),
+    ("denoising with zero", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0.k\n    direction: denoising\n    replacement: zero\n"), 17, "claims[2]: denoising patches the clean run's output into the corrupted run"),
+    ("edge min_effect", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0.k\n    min_effect: -1\n"), 20, "claims[2].min_effect: Input should be greater than 0"),
+    ("circuit few random", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: circuit\n    heads: [L0H7]\n    at_least: 0.5\n    random_circuits: 5\n"), 21, "claims[2].random_circuits: Input should be greater than or equal to 20"),
+    ("circuit no bound", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: circuit\n    heads: [L0H7]\n"), 17, "claims[2]: give exactly one of at_least / at_most"),
     ("empty claims", (GOOD[GOOD.index("claims:"):], "claims: []\n"), 7, "claims: List should have at least 1 item"),
 ]
 

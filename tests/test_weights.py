@@ -83,13 +83,16 @@ def test_aligned_route_is_significant_and_others_are_not(processing):
     assert min(o.p_value for o in others if o.sender != "L0H0") > 0.01
 
 
-def test_random_models_give_calibrated_p_values():
-    """Under random init the relative orientation of two heads is Haar-random, so
-    the null is exact: the rate of p < alpha must be near alpha."""
+@pytest.mark.parametrize("processing", W.PROCESSING)
+def test_random_models_give_calibrated_p_values(processing):
+    """Under random init the relative orientation of two heads is Haar-random (in
+    the d-1 dimensions left after centring, for folded weights), so the null is
+    exact: the rate of p < alpha must be near alpha."""
     pvals = []
     for seed in range(8):
         b = boot(tiny_config(d_model=24, d_head=6, n_heads=4, seed=100 + seed))
-        hw = W.head_weights(b, "raw")
+        hw = W.head_weights(b, processing)
+        assert hw.null_dim == (23 if processing == "folded" else 24)
         for mode in W.MODES:
             scores = W.all_scores(hw, mode)
             for s in range(4):
@@ -101,6 +104,21 @@ def test_random_models_give_calibrated_p_values():
     for alpha in (0.05, 0.1, 0.2):
         rate = np.mean(pvals < alpha)
         assert abs(rate - alpha) < 3.5 * math.sqrt(alpha * (1 - alpha) / len(pvals)), (alpha, rate)
+
+
+@pytest.mark.parametrize("processing", W.PROCESSING)
+def test_null_dimension_matches_random_models(processing):
+    """E[C^2] = 1/null_dim for a random relative orientation, whatever the spectra.
+    Random models must show it: 1/(d-1) after centring (folded), 1/d raw."""
+    sq = []
+    for seed in range(40):
+        hw = W.head_weights(boot(tiny_config(d_model=8, d_head=2, n_heads=4, seed=300 + seed)), processing)
+        for mode in W.MODES:
+            sq.append(W.all_scores(hw, mode)[0, :, 1, :].ravel() ** 2)
+    mean_sq = np.concatenate(sq).mean()  # 1920 pairs
+    assert mean_sq == pytest.approx(1 / hw.null_dim, rel=0.05)
+    wrong = 8 if processing == "folded" else 7
+    assert abs(mean_sq - 1 / wrong) > 0.08 / wrong
 
 
 def test_null_spread_depends_on_rank():

@@ -54,6 +54,12 @@ def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int,
     return iv, details, ""
 
 
+def per_prompt_effect(d: np.ndarray, gap: np.ndarray, st: Stats) -> list[float]:
+    """d_n / g_n over the prompts kept for the normalised effect."""
+    keep = gap >= st.min_prompt_gap
+    return (d[keep] / gap[keep]).tolist()
+
+
 def _drop_details(d: np.ndarray, st: Stats, seed: int) -> tuple[stats.Interval, dict]:
     iv = stats.mean_ci(d, st.bootstrap, st.confidence, seed)
     return iv, {"drop_mean": iv.estimate, "drop_ci": [iv.low, iv.high],
@@ -80,7 +86,8 @@ def evaluate_ablation(claim: AblationClaim, m_clean: np.ndarray, m_corrupt: np.n
     if claim.measure == "delta":
         verdict, rule = threshold_verdict(d_iv.low, d_iv.high, claim.at_least, claim.at_most)
         return ClaimResult(claim.id, "ablation", expectation, verdict, d_iv.estimate,
-                           [d_iv.low, d_iv.high], unit, rule, claim.description, details, "causal")
+                           [d_iv.low, d_iv.high], unit, rule, claim.description, details, "causal",
+                           d.tolist())
     if norm is None:
         rule = f"normalized effect undefined: {why} (raw drop {d_iv.estimate:.3f} {unit})"
         return ClaimResult(claim.id, "ablation", expectation, INCONCLUSIVE, None, None,
@@ -89,7 +96,7 @@ def evaluate_ablation(claim: AblationClaim, m_clean: np.ndarray, m_corrupt: np.n
     rule += f" (raw drop {d_iv.estimate:.3f} {unit})"
     return ClaimResult(claim.id, "ablation", expectation, verdict, norm.estimate,
                        [norm.low, norm.high], "fraction of gap", rule, claim.description, details,
-                       "causal")
+                       "causal", per_prompt_effect(d, m_clean - m_corrupt, st))
 
 
 def use_status(lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float,
@@ -114,6 +121,7 @@ def edge_effect(claim: EdgeClaim, m_clean: np.ndarray, m_corrupt: np.ndarray,
     norm, more, why = normalized_effect(d, m_clean - m_corrupt, st, seed, unit)
     details |= more
     details["undefined_reason"] = why
+    details["per_prompt"] = per_prompt_effect(d, m_clean - m_corrupt, st) if norm is not None else None
     keep = (m_clean - m_corrupt) >= st.min_prompt_gap
     details["p_value"] = (stats.sign_flip_pvalue(d[keep], st.permutations, seed)
                           if norm is not None else 1.0)
@@ -127,14 +135,16 @@ def evaluate_edge(claim: EdgeClaim, edge_text: str, details: dict, p_adj: float,
     how = f"{claim.direction}, {claim.replacement}" + (", patterns frozen" if claim.freeze_patterns else "")
     want = (f"effect > {min_effect:g}" if claim.expect == "used" else f"effect within ±{tol:g}")
     expectation = f"{edge_text} {claim.expect} ({how}: {want})"
-    details = dict(details, p_adjusted=p_adj, alpha=st.alpha, min_effect=min_effect, tolerance=tol,
+    details = dict(details, edge=edge_text, p_adjusted=p_adj, alpha=st.alpha, min_effect=min_effect, tolerance=tol,
                    correction="Benjamini-Hochberg over the file's edge claims")
     if "normalized" not in details:
+        details.pop("per_prompt", None)
         details["use"] = "undetermined"
         rule = (f"normalized effect undefined: {details['undefined_reason']} "
                 f"(raw change {details['change_mean']:.3f} {unit})")
         return ClaimResult(claim.id, "edge", expectation, INCONCLUSIVE, None, None, "fraction of gap",
                            rule, claim.description, details, "causal")
+    per_prompt = details.pop("per_prompt", None)
     est, (lo, hi) = details["normalized"], details["normalized_ci"]
     use = use_status(lo, hi, p_adj, min_effect, tol, st.alpha)
     details["use"] = use
@@ -146,7 +156,7 @@ def evaluate_edge(claim: EdgeClaim, edge_text: str, details: dict, p_adj: float,
             f"(used: CI low > {min_effect:g} and p_adj < {st.alpha:g}; unused: CI within ±{tol:g}); "
             f"raw change {details['change_mean']:.3f} {unit}")
     return ClaimResult(claim.id, "edge", expectation, verdict, est, [lo, hi], "fraction of gap", rule,
-                       claim.description, details, "causal")
+                       claim.description, details, "causal", per_prompt)
 
 
 def evaluate_circuit(claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndarray,
@@ -186,8 +196,10 @@ def evaluate_circuit(claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndar
         verdict = INCONCLUSIVE
     rule = (f"faithfulness {f_rule}; beats {k}/{len(random_f)} random circuits, binomial p = "
             f"{test.pvalue:.3g} ({'<' if better else '>='} alpha {st.alpha:g})")
+    keep = den >= st.min_prompt_gap
     return ClaimResult(claim.id, "circuit", expectation, verdict, iv.estimate, [iv.low, iv.high],
-                       "faithfulness", rule, claim.description, details, "causal")
+                       "faithfulness", rule, claim.description, details, "causal",
+                       (num[keep] / den[keep]).tolist())
 
 
 WEIGHTS_VS_USE = {

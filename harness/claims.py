@@ -36,7 +36,7 @@ def evaluate_role(claim: RoleClaim, scores: np.ndarray, st: Stats, seed: int) ->
     verdict, rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
     details |= stats.summary(ok) | {"ci_method": iv.method, "confidence": iv.confidence}
     return ClaimResult(claim.id, "role", expectation, verdict, iv.estimate, [iv.low, iv.high],
-                       "attention", rule, claim.description, details, "observational")
+                       "attention", rule, claim.description, details, "observational", ok.tolist())
 
 
 def evaluate_copying(claim: RoleClaim, value: float | None, info: dict) -> ClaimResult:
@@ -66,8 +66,8 @@ def evaluate_composition(claim: CompositionClaim, result: dict, p_adjusted: floa
     rule = (f"C = {result['score']:.3f} vs null mean {result['null_mean']:.3f} (99th pct "
             f"{result['null_q99']:.3f}); p = {result['p_value']:.4g}, BH-adjusted over {n_tested} "
             f"composition claim(s) p = {p_adjusted:.4g} {'<' if composes else '>='} alpha {alpha:g}")
-    details = dict(result, p_adjusted=p_adjusted, alpha=alpha, correction="Benjamini-Hochberg",
-                   n_tested=n_tested)
+    details = dict(result, edge=str(names.parse_edge(claim.edge)), p_adjusted=p_adjusted, alpha=alpha,
+                   correction="Benjamini-Hochberg", n_tested=n_tested)
     if math.isnan(result["score"]):
         rule = "no route: the sender's OV or the receiver's matrix is zero (score undefined, p = 1)"
         return ClaimResult(claim.id, "composition", expectation, verdict, None, None, "composition score",

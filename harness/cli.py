@@ -1,4 +1,5 @@
-"""Command line: `harness validate`, `harness run`, `harness weights`, `harness roles`.
+"""Command line: `harness validate`, `harness run`, `harness report`, `harness weights`,
+`harness roles`.
 
 Exit codes: 0 every claim passed (or every file valid), 1 a claim failed or
 was inconclusive, 2 bad input (the message says file:line, field, what is
@@ -34,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="parent folder of new report folders (default: reports/)")
     r.add_argument("--seed", type=int, help="override the files' seed")
 
+    rp = sub.add_parser("report", help="re-render report.md/report.html/figures from evidence.json alone")
+    rp.add_argument("evidence", type=Path, metavar="EVIDENCE.json")
+    rp.add_argument("--out", type=Path, help="write into this new folder instead of beside the JSON")
+
     w = sub.add_parser("weights", help="composition-score matrices of a model, with the rotation null")
     w.add_argument("model", help="model directory, or hf:NAME")
     w.add_argument("--processing", choices=("folded", "raw"), default="folded",
@@ -56,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        commands = {"validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights}
+        commands = {"validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,
+                    "report": cmd_report}
         return commands[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -109,13 +115,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\n{ev.hypothesis['name']} ({f})\n")
         print(ev.table())
         print(f"\n{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive")
-        print(f"report: {folder / 'report.md'}")
+        print(f"report: {folder / 'report.md'} (and report.html, evidence.json, figures/)")
         code = max(code, ev.exit_code)
     return code
 
 
 def argv_is_cli() -> bool:
     return Path(sys.argv[0]).name in ("harness", "__main__.py")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import rerender
+
+    folder = rerender(args.evidence, args.out)
+    print(f"report: {folder / 'report.md'} and {folder / 'report.html'}")
+    return EXIT_OK
 
 
 def cmd_weights(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ class ClaimResult:
     description: str = ""
     details: dict[str, Any] = field(default_factory=dict)
     evidence: str = ""  # "weights" | "observational" | "causal" (see EVIDENCE_TYPES)
+    per_prompt: Optional[list[float]] = None  # the claim's number prompt by prompt (None: exact)
 
     def key_number(self) -> str:
         if self.value is None:
@@ -86,6 +87,7 @@ class Evidence:
     claims: list[ClaimResult]
     provenance: dict
     weights_vs_use: list[dict] = field(default_factory=list)
+    figures_data: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -106,6 +108,7 @@ class Evidence:
             "sanity_checks": self.sanity_checks,
             "claims": [asdict(c) for c in self.claims],
             "weights_vs_use": self.weights_vs_use,
+            "figures_data": self.figures_data,
             "counts": self.counts(),
             "provenance": self.provenance,
         }
@@ -115,7 +118,7 @@ class Evidence:
         """Rebuild from an evidence.json document (the inverse of `to_dict`)."""
         return cls(d["hypothesis"], d["model"], d["data"], d["settings"], d["baseline"],
                    d["sanity_checks"], [ClaimResult(**c) for c in d["claims"]], d["provenance"],
-                   d.get("weights_vs_use", []))
+                   d.get("weights_vs_use", []), d.get("figures_data", {}))
 
     def counts(self) -> dict:
         out = {PASS: 0, FAIL: 0, INCONCLUSIVE: 0}

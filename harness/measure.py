@@ -19,10 +19,11 @@ import numpy as np
 
 from . import causal, claims as evaluators
 from . import interventions as iv
-from . import metrics, names, patching, roles
+from . import figure_data, metrics, names, patching, roles
+from .progress import progress
 from .errors import SanityCheckError
 from .evidence import ClaimResult
-from .spec import AblationClaim, CircuitClaim, EdgeClaim, Hypothesis, RoleClaim
+from .spec import AblationClaim, CircuitClaim, CompositionClaim, EdgeClaim, Hypothesis, RoleClaim
 from .stats import mean_ci
 from .weight_claims import composition_evidence, needs_weights, weight_results
 from .weights import derive_seed
@@ -36,7 +37,7 @@ class Measurements:
     sanity_checks: list[dict]
     claims: list[ClaimResult]
     weights_vs_use: list[dict]
-    patterns: dict = field(default_factory=dict)  # {head: pattern of prompt 0} for figures
+    figures_data: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +86,10 @@ def hooks_needed(s: Hypothesis, n_layers: int) -> list[str]:
             out += [iv.z_hook(l) for l in range(n_layers)]
         elif isinstance(c, EdgeClaim):
             out += patching.cache_names([names.parse_edge(c.edge)], n_layers)
+        if isinstance(c, (EdgeClaim, CompositionClaim)):  # the signature plot's candidate senders
+            r = names.parse_edge(c.edge).receiver
+            if isinstance(r, names.HeadInput):
+                out += [iv.z_hook(l) for l in range(r.head.layer)] + [f"blocks.{r.head.layer}.hook_resid_pre"]
     if any(getattr(c, "freeze_patterns", False) for c in causal_claims):
         out += [iv.pattern_hook(l) for l in range(n_layers)]
     return list(dict.fromkeys(out))
@@ -118,7 +123,6 @@ def measure_all(model: Any, ds: Any, s: Hypothesis, seed: int) -> Measurements:
     results: list = [None] * len(s.claims)
     for i, r in (weight_results(hw, s, seed) if hw is not None else {}).items():
         results[i] = r
-    patterns: dict = {}
     edge_details: dict[int, dict] = {}
     for i, c in enumerate(s.claims):
         cseed = derive_seed(seed, 2, i)  # independent, reproducible stream per claim
@@ -127,7 +131,6 @@ def measure_all(model: Any, ds: Any, s: Hypothesis, seed: int) -> Measurements:
         if isinstance(c, RoleClaim):
             h = names.parse_head(c.head)
             pat = clean[iv.pattern_hook(h.layer)][:, h.head]
-            patterns[str(h)] = pat[0].double().cpu().numpy()
             results[i] = evaluators.evaluate_role(c, roles.role_scores(pat, ds.clean, c.role).cpu().numpy(),
                                                   st, cseed)
         elif isinstance(c, AblationClaim):
@@ -147,7 +150,16 @@ def measure_all(model: Any, ds: Any, s: Hypothesis, seed: int) -> Measurements:
             results[i] = measure_circuit(runs, c, st, cseed, unit, model.n_layers, model.n_heads)
     _evaluate_edges(s, runs, edge_details, results, unit, seed)
     table = weights_vs_use(hw, s, results, seed) if hw is not None else []
-    return Measurements(baseline, checks, results, table, patterns)
+    figs: dict = {"attention": figure_data.attention(s, clean, ds.clean)}
+    if hw is not None:
+        def effect(claim: EdgeClaim) -> dict | None:
+            det = causal.edge_effect(claim, runs.m_clean, runs.m_corrupt, runs.patched(claim, "resample"),
+                                     st, derive_seed(seed, 7), unit)
+            return {"value": det["normalized"], "ci": det["normalized_ci"]} if "normalized" in det else None
+
+        figs["composition"] = figure_data.composition(hw, s, seed, progress)
+        figs["signature"] = figure_data.signature(hw, s, seed, effect, progress)
+    return Measurements(baseline, checks, results, table, figs)
 
 
 def _evaluate_edges(s: Hypothesis, runs: Runs, edge_details: dict[int, dict], results: list,
@@ -175,7 +187,7 @@ def _sensitivity(run_variant: Callable[[str], ClaimResult], claimed: ClaimResult
     """The same claim under zero, mean and resample; whether the verdict agrees.
     (Edge variants are decided on unadjusted p-values.)"""
     rows = {}
-    for kind in ("zero", "mean", "resample"):
+    for kind in progress(("zero", "mean", "resample"), "sensitivity"):
         r = run_variant(kind)
         rows[kind] = {"verdict": r.verdict, "value": r.value, "ci": r.ci}
     verdicts = {row["verdict"] for row in rows.values()}
@@ -191,7 +203,7 @@ def measure_circuit(runs: Runs, c: CircuitClaim, st: Any, seed: int, unit: str, 
     rng = np.random.default_rng(seed)
     random_f = []
     den = (runs.m_clean - m_empty).sum()
-    for _ in range(c.random_circuits):
+    for _ in progress(range(c.random_circuits), f"random circuits ({c.id})"):
         pick = set(rng.choice(len(every), size=len(keep), replace=False).tolist())
         m_r = runs.ablated([h for j, h in enumerate(every) if j not in pick], c.ablation)
         random_f.append((m_r - m_empty).sum() / den if den != 0 else np.nan)

@@ -1,14 +1,18 @@
-"""Writing a run's report folder: `report.md` and `evidence.json`.
+"""Writing report folders: `evidence.json`, `report.md`, a self-contained
+`report.html` (figures embedded) and `figures/*.png`.
 
 A run never overwrites: the folder is new (`reports/<name>-<UTC time>` or the
 `--out` path, which must not exist).  Files are written into a temporary
 sibling folder that is renamed into place at the end, so an interrupted run
-leaves no half report.
+leaves no half report.  Everything but evidence.json is rendered from the
+evidence document alone, which is what `harness report` does too.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
+import html
 import json
 import math
 import os
@@ -17,13 +21,25 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import OutputExistsError
-from .evidence import EVIDENCE_TYPES, ClaimResult, Evidence
+from .errors import OutputExistsError, UserError
+from .evidence import Evidence
+
+CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; max-width: 1100px; margin: 2em auto;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
+th { background: #f3f3f3; }
+td.v-PASS { background: #d8f0d8; } td.v-FAIL { background: #f8d0d0; } td.v-INCONCLUSIVE { background: #f8e8c0; }
+img { max-width: 100%; border: 1px solid #eee; }
+code { background: #f5f5f5; padding: 0 0.2em; }
+h1 { border-bottom: 2px solid #444; } h2 { border-bottom: 1px solid #aaa; margin-top: 2em; }
+"""
 
 
-def default_folder(ev: Evidence, reports_root: Path) -> Path:
+def default_folder(name: str, reports_root: Path) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    base = reports_root / f"{ev.hypothesis['name']}-{stamp}"
+    base = reports_root / f"{name}-{stamp}"
     path, i = base, 1
     while path.exists():
         i += 1
@@ -31,25 +47,111 @@ def default_folder(ev: Evidence, reports_root: Path) -> Path:
     return path
 
 
+def to_json(doc: dict) -> str:
+    return json.dumps(_finite(doc), indent=2) + "\n"
+
+
+def render_files(doc: dict) -> dict[str, bytes]:
+    """{relative path: bytes} of report.md, report.html and figures/*.png for a document."""
+    from .figures import render_all
+    from .report_markdown import render_markdown
+
+    figures = render_all(doc)
+    md = render_markdown(Evidence.from_dict(doc), set(figures))
+    files = {f"figures/{name}": png for name, png in figures.items()}
+    files["report.md"] = md.encode()
+    files["report.html"] = render_html(md, figures, doc["hypothesis"]["name"]).encode()
+    return files
+
+
+def render_html(md: str, figures: dict[str, bytes], title: str) -> str:
+    """The Markdown report as one self-contained HTML page (figures as data URIs)."""
+    import markdown
+
+    body = markdown.markdown(md, extensions=["tables", "sane_lists"])
+    for name, png in figures.items():
+        uri = "data:image/png;base64," + base64.b64encode(png).decode()
+        body = body.replace(f'src="figures/{name}"', f'src="{uri}"')
+    for verdict in ("PASS", "FAIL", "INCONCLUSIVE"):
+        body = body.replace(f"<td>{verdict}</td>", f'<td class="v-{verdict}">{verdict}</td>')
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>Evidence report: {html.escape(title)}</title><style>{CSS}</style></head>"
+            f"<body>\n{body}\n</body></html>\n")
+
+
+def _write_folder(target: Path, files: dict[str, bytes]) -> None:
+    """Write `files` into a temporary sibling of `target`, then rename it into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for rel, data in files.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def write_report(ev: Evidence, out_dir: Optional[Any] = None, reports_root: Optional[Any] = None) -> Path:
-    """Write report.md + evidence.json into a new folder; return the folder."""
+    """Write a run's report folder (new, never overwriting); return it."""
     if out_dir is not None:
         target = Path(out_dir)
         if target.exists():
             raise OutputExistsError(f"{target} already exists; runs never overwrite a report "
                                     "(choose another --out)")
     else:
-        target = default_folder(ev, Path(reports_root or "reports"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        (tmp / "evidence.json").write_text(json.dumps(_finite(ev.to_dict()), indent=2) + "\n")
-        (tmp / "report.md").write_text(render_markdown(ev))
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        target = default_folder(ev.hypothesis["name"], Path(reports_root or "reports"))
+    doc = json.loads(to_json(ev.to_dict()))  # exactly what evidence.json holds
+    files = render_files(doc)
+    files["evidence.json"] = to_json(doc).encode()
+    _write_folder(target, files)
     return target
+
+
+def rerender(evidence_json: Path, out_dir: Optional[Path] = None) -> Path:
+    """`harness report`: render report.md/html and figures from evidence.json alone.
+
+    Without `out_dir` the files beside evidence.json are replaced (each written to a
+    temporary name and renamed); with it, a new folder gets a copy of the JSON too."""
+    if not evidence_json.is_file():
+        raise UserError(f"{evidence_json}: no such evidence file")
+    try:
+        doc = json.loads(evidence_json.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{evidence_json}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    problems = validate_evidence(doc)
+    if problems:
+        raise UserError(f"{evidence_json}: not a valid evidence document:\n" + "\n".join(problems[:10]))
+    files = render_files(doc)
+    if out_dir is not None:
+        if out_dir.exists():
+            raise OutputExistsError(f"{out_dir} already exists; choose another --out")
+        files["evidence.json"] = evidence_json.read_bytes()
+        _write_folder(out_dir, files)
+        return out_dir
+    folder = evidence_json.parent
+    for rel, data in files.items():
+        path = folder / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    return folder
+
+
+def schema() -> dict:
+    """The JSON Schema of evidence.json (shipped as harness/evidence.schema.json)."""
+    return json.loads((Path(__file__).parent / "evidence.schema.json").read_text())
+
+
+def validate_evidence(doc: Any) -> list[str]:
+    """Problems of a document against the shipped schema ([] when valid)."""
+    import jsonschema
+
+    v = jsonschema.Draft202012Validator(schema())
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
+            for e in sorted(v.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
 
 
 def _finite(obj: Any) -> Any:
@@ -61,136 +163,3 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
-
-
-def _fmt(x: Any, digits: int = 3) -> str:
-    if x is None:
-        return "undefined"
-    if isinstance(x, float):
-        return f"{x:.{digits}f}"
-    return str(x)
-
-
-def _claim_section(r: ClaimResult, unit: str) -> list[str]:
-    out = [f"#### {r.id} — {r.verdict}", ""]
-    if r.description:
-        out += [r.description.strip(), ""]
-    ci = (f", {int(round(100 * r.details.get('confidence', 0.95)))}% CI [{_fmt(r.ci[0])}, {_fmt(r.ci[1])}]"
-          if r.ci else "")
-    out += [f"- expectation: {r.expectation}", f"- value: {_fmt(r.value)} ({r.unit}){ci}",
-            f"- rule: {r.rule}"]
-    det = r.details
-    if r.kind == "role" and "n_undefined" in det:
-        out.append(f"- per-prompt median {_fmt(det.get('median'))}, IQR {_fmt(det.get('iqr'))}; "
-                   f"{det['n_prompts']} prompts, {det['n_undefined']} undefined")
-    elif r.kind == "role":
-        out.append(f"- {det['n_eigenvalues']} eigenvalues of W_E OV W_U (d_head x d_head form), "
-                   f"sum |lambda| = {det['sum_abs_eigenvalues']:.4g}; weights {det['processing']}")
-    elif r.kind == "composition":
-        out.append(f"- null (random relative orientation, spectra kept, {det['n_draws']} draws): mean "
-                   f"{_fmt(det['null_mean'])}, sd {_fmt(det['null_std'])}, 95th pct {_fmt(det['null_q95'])}, "
-                   f"99th pct {_fmt(det['null_q99'])}")
-        out.append(f"- C·sqrt(d_model) = {_fmt(det['ratio_to_isotropic'], 2)} (1 = isotropic baseline); "
-                   f"C / C_max = {_fmt(det['fraction_of_max'])} (C_max = {_fmt(det['c_max'])}); "
-                   f"percentile among all cross-layer {det['mode'].upper()} pairs: {det['percentile']:.1f}; "
-                   f"ranks {det['rank_sender']} / {det['rank_receiver']}; weights {det['processing']}")
-    elif r.kind == "edge":
-        out.append(f"- metric: clean {_fmt(det['clean_metric_mean'])}, patched "
-                   f"{_fmt(det['patched_metric_mean'])}, corrupted {_fmt(det['corrupted_metric_mean'])} {unit}")
-        out.append(f"- raw change {_fmt(det['change_mean'])} {unit} [{_fmt(det['change_ci'][0])}, "
-                   f"{_fmt(det['change_ci'][1])}]; sign-flip p = {det['p_value']:.3g}, BH-adjusted "
-                   f"{det['p_adjusted']:.3g}; use: **{det['use']}**"
-                   + (f"; weights vs use: **{det['weights_vs_use']}**" if "weights_vs_use" in det else ""))
-        if "normalized_summary" in det:
-            ns = det["normalized_summary"]
-            out.append(f"- per-prompt effect median {_fmt(ns['median'])}, IQR {_fmt(ns['iqr'])}; "
-                       f"{det['n_excluded_small_gap']} prompt(s) excluded for a small clean-corrupted gap")
-    elif r.kind == "circuit":
-        out.append(f"- metric: full {_fmt(det['full_metric_mean'])}, circuit {_fmt(det['circuit_metric_mean'])}, "
-                   f"empty {_fmt(det['empty_metric_mean'])} {unit}; heads kept: {', '.join(det['heads'])}")
-        if "beaten" in det:
-            rs = det["random_faithfulness_summary"]
-            out.append(f"- {det['random_circuits']} random circuits of the same size: faithfulness median "
-                       f"{_fmt(rs['median'])}, IQR {_fmt(rs['iqr'])}, max {_fmt(det['random_faithfulness_max'])}; "
-                       f"beaten {det['beaten']}, binomial p = {det['binomial_p_value']:.3g}")
-    elif r.kind == "ablation":
-        out.append(f"- metric: clean {_fmt(det['clean_metric_mean'])}, ablated "
-                   f"{_fmt(det['ablated_metric_mean'])}, corrupted {_fmt(det['corrupted_metric_mean'])} {unit}")
-        out.append(f"- raw drop {_fmt(det['drop_mean'])} {unit} [{_fmt(det['drop_ci'][0])}, "
-                   f"{_fmt(det['drop_ci'][1])}], sign-flip p = {det['drop_p_value']:.4g}; per-prompt "
-                   f"median {_fmt(det['drop_summary']['median'])}, IQR {_fmt(det['drop_summary']['iqr'])}")
-        if "normalized" in det:
-            ns = det["normalized_summary"]
-            out.append(f"- normalized effect {_fmt(det['normalized'])} [{_fmt(det['normalized_ci'][0])}, "
-                       f"{_fmt(det['normalized_ci'][1])}]; per-prompt median {_fmt(ns['median'])}, "
-                       f"IQR {_fmt(ns['iqr'])}; {det['n_excluded_small_gap']} prompt(s) excluded "
-                       "for a small clean-corrupted gap")
-    if "sensitivity" in det:
-        sens = det["sensitivity"]
-        cells = "; ".join(f"{k}: {v['verdict']} {_fmt(v['value'])}" for k, v in sens["by_type"].items())
-        out.append(f"- sensitivity across ablation types: {cells} — "
-                   f"{'verdict agrees' if sens['agrees'] else '**verdict depends on the ablation type**'}")
-    return out + [""]
-
-
-def weights_vs_use_table(rows: list[dict]) -> list[str]:
-    """The DESIGN.md table: composition (weights) beside causal effect (use)."""
-    from tabulate import tabulate
-
-    if not rows:
-        return []
-    body = [(r["edge"], f"{r['composition']:.3f}", f"{r['composition_p_adjusted']:.3g}",
-             "yes" if r["composes"] else "no",
-             "undefined" if r["effect"] is None else f"{r['effect']:.3f} [{r['effect_ci'][0]:.3f}, {r['effect_ci'][1]:.3f}]",
-             r["use"], r["class"]) for r in rows]
-    return ["## Weights vs use", "",
-            "A high composition score proposes a route; only the intervention shows it is used.", "",
-            tabulate(body, headers=["edge", "composition", "p_adj", "composes", "effect [CI]", "use", "class"],
-                     tablefmt="github"), ""]
-
-
-def render_markdown(ev: Evidence) -> str:
-    h, m, d, s, b = ev.hypothesis, ev.model, ev.data, ev.settings, ev.baseline
-    c = ev.counts()
-    out = [f"# Evidence report: {h['name']}", ""]
-    if h.get("description"):
-        out += [h["description"].strip(), ""]
-    out += [f"**{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive** "
-            f"of {len(ev.claims)} claims.", "", "## Verdicts", "", ev.table("github"), ""]
-    out += weights_vs_use_table(ev.weights_vs_use)
-    out += ["## Evidence per claim", ""]
-    for kind, title in EVIDENCE_TYPES.items():
-        group = [r for r in ev.claims if r.evidence == kind]
-        if not group:
-            continue
-        out += [f"### {title}", ""]
-        for r in group:
-            out += _claim_section(r, b["unit"])
-    out += ["## Settings", "",
-            f"- data: {d['description']} ({d['n_prompts']} prompts of length {d['seq_len']}, "
-            f"{d['scored_positions_per_prompt']} scored positions each; BOS at position 0: "
-            f"{d['bos_at_position_0']})",
-            f"- metric: {s['metric']} ({b['unit']}); clean {_fmt(b['clean']['mean'])}, corrupted "
-            f"{_fmt(b['corrupted']['mean'])}, gap {_fmt(b['gap']['mean'])} "
-            f"[{_fmt(b['gap']['ci'][0])}, {_fmt(b['gap']['ci'][1])}]",
-            f"- ablations: mean over {s['mean_ablation_reference']}; resample from "
-            f"{s['resample_ablation_source']}",
-            f"- weight processing: {s['weight_processing']}",
-            f"- statistics: {s['stats']['bootstrap']} BCa bootstrap resamples, "
-            f"{s['stats']['confidence']:.0%} intervals, {s['stats']['permutations']} sign-flip "
-            f"permutations, min_gap {s['stats']['min_gap']}, min_prompt_gap {s['stats']['min_prompt_gap']}; "
-            f"causal alpha {s['stats'].get('alpha')}, min_effect {s['stats'].get('min_effect')}, tolerance "
-            f"{s['stats'].get('tolerance')} (Benjamini-Hochberg over edge claims); composition alpha "
-            f"{s['stats'].get('composition_alpha')} with at least {s['stats'].get('null_draws')} null draws; "
-            f"seed {s['seed']}", ""]
-    out += ["## Sanity checks", ""]
-    out += [f"- {'ok' if ch['passed'] else 'FAILED'}: {ch['name']} — {ch['detail']}" for ch in ev.sanity_checks]
-    p = ev.provenance
-    out += ["", "## Provenance", "",
-            f"- model: `{m['source']}` ({m['kind']}, {m['n_layers']} layers x {m['n_heads']} heads, "
-            f"d_model {m['d_model']}, d_head {m['d_head']}), sha256 `{m['sha256'][:16]}…`",
-            f"- hypothesis: `{h['file'] or '<dict>'}`, sha256 `{h['sha256'][:16]}…`",
-            f"- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()),
-            f"- command: `{p['command']}`",
-            f"- run: {p['started']} to {p['finished']} on {p['host']['platform']}", ""]
-    return "\n".join(out)

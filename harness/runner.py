@@ -85,9 +85,9 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
     m = measure_all(model, ds, s, seed)
     cfg = model.bridge.cfg
     return Evidence(
-        hypothesis={"name": s.name, "description": s.description, "file": h.path,
+        hypothesis={"name": s.name, "description": s.description, "file": _shown(h.path),
                     "sha256": h.sha256},
-        model={"source": model.source, "kind": model.kind, "sha256": model.sha256,
+        model={"source": _shown(model.source), "kind": model.kind, "sha256": model.sha256,
                "n_layers": model.n_layers, "n_heads": model.n_heads, "d_model": int(cfg.d_model),
                "d_head": int(cfg.d_head), "d_vocab": model.d_vocab, "n_ctx": model.n_ctx,
                "attn_only": not model.has_mlp,
@@ -102,12 +102,24 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
         sanity_checks=m.sanity_checks,
         claims=m.claims,
         weights_vs_use=m.weights_vs_use,
+        figures_data=m.figures_data,
         provenance={"versions": versions(), "command": command or " ".join(sys.argv),
                     "started": started,
                     "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     "host": {"python": platform.python_version(), "platform": platform.platform(),
                              "machine": platform.machine()}},
     )
+
+
+def _shown(path: Optional[str]) -> Optional[str]:
+    """A path as reports show it: relative to the working directory when inside it."""
+    if path is None or path.startswith("hf:"):
+        return path
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
 
 
 def _processing_text(p: str) -> str:

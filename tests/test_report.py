@@ -1,0 +1,148 @@
+"""Report folders: files, schema validity, re-rendering from JSON, atomic
+writes, non-trivial figures, the HTML in headless Chromium, and the committed
+demo report staying current."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import harness
+from harness import report
+
+from .conftest import HYPOTHESES, ROOT
+
+DEMO_REPORT = ROOT / "reports" / "demo"
+FIGURES = {"attention.png", "composition.png", "effects.png", "signature.png"}
+
+
+@pytest.fixture(scope="module")
+def demo_folder(tmp_path_factory):
+    ev = harness.run(HYPOTHESES / "induction.yaml")
+    return ev, ev.write(out_dir=tmp_path_factory.mktemp("r") / "demo")
+
+
+def test_folder_contents(demo_folder):
+    _, folder = demo_folder
+    assert {p.name for p in folder.iterdir()} == {"report.md", "report.html", "evidence.json", "figures"}
+    assert {p.name for p in (folder / "figures").iterdir()} == FIGURES
+    md = (folder / "report.md").read_text()
+    order = [md.index(h) for h in ("## Verdicts", "## Evidence per claim", "## Weights vs use",
+                                   "## Settings", "## Provenance", "## Sanity checks")]
+    assert order == sorted(order)
+    for name in FIGURES:
+        assert f"(figures/{name})" in md
+
+
+def test_evidence_validates_against_schema(demo_folder, tmp_path):
+    _, folder = demo_folder
+    assert report.validate_evidence(json.loads((folder / "evidence.json").read_text())) == []
+    ev = harness.run(HYPOTHESES / "induction-false-claims.yaml")
+    assert report.validate_evidence(json.loads(report.to_json(ev.to_dict()))) == []
+    broken = json.loads((folder / "evidence.json").read_text())
+    broken["claims"][0]["verdict"] = "MAYBE"
+    del broken["model"]["sha256"]
+    problems = report.validate_evidence(broken)
+    assert any("claims/0/verdict" in p for p in problems) and any("sha256" in p for p in problems)
+
+
+def test_rerender_round_trip(demo_folder, tmp_path):
+    _, folder = demo_folder
+    out = report.rerender(folder / "evidence.json", tmp_path / "again")
+    for rel in ["report.md", "report.html", "evidence.json"] + [f"figures/{f}" for f in FIGURES]:
+        assert (out / rel).read_bytes() == (folder / rel).read_bytes(), rel
+    copy = tmp_path / "inplace"
+    shutil.copytree(folder, copy)
+    (copy / "report.md").write_text("stale")
+    (copy / "figures" / "signature.png").unlink()
+    report.rerender(copy / "evidence.json")
+    assert (copy / "report.md").read_bytes() == (folder / "report.md").read_bytes()
+    assert (copy / "figures" / "signature.png").read_bytes() == (folder / "figures" / "signature.png").read_bytes()
+
+
+def test_report_command_errors(tmp_path):
+    from harness.cli import main
+
+    assert main(["report", str(tmp_path / "none.json")]) == 2
+    bad = tmp_path / "e.json"
+    bad.write_text('{"schema_version": 1}')
+    assert main(["report", str(bad)]) == 2
+
+
+def test_interrupted_write_leaves_nothing(demo_folder, tmp_path, monkeypatch):
+    ev, _ = demo_folder
+
+    def boom(doc):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "render_files", boom)
+    with pytest.raises(KeyboardInterrupt):
+        ev.write(reports_root=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_figures_are_not_trivial(demo_folder):
+    import matplotlib.image as mpimg
+
+    _, folder = demo_folder
+    for name in FIGURES:
+        img = mpimg.imread(folder / "figures" / name)
+        assert img.shape[0] > 200 and img.shape[1] > 300, name
+        assert float(np.std(img[..., :3])) > 0.05, name  # not a blank canvas
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_html_renders_in_headless_chromium(demo_folder, tmp_path):
+    """The self-contained HTML shows every figure: each <img> decodes (naturalWidth > 0)
+    and a screenshot of the page is far from blank."""
+    exe = chromium()
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs Debian's chromium)")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    _, folder = demo_folder
+    html = (folder / "report.html").read_text()
+    assert "src=\"figures/" not in html and html.count("data:image/png;base64,") == len(FIGURES)
+    probe = tmp_path / "probe.html"
+    probe.write_text(html.replace("</body>", "<script>document.body.setAttribute('data-imgs', "
+                                  "[...document.images].map(i => i.complete && i.naturalWidth).join(','))"
+                                  "</script></body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
+    dom = subprocess.run([exe, *flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    widths = [int(w) for w in dom.split('data-imgs="')[1].split('"')[0].split(",")]
+    assert len(widths) == len(FIGURES) and all(w > 300 for w in widths), widths
+    shot = tmp_path / "shot.png"
+    subprocess.run([exe, *flags, f"--screenshot={shot}", "--window-size=1200,2400", probe.as_uri()],
+                   capture_output=True, timeout=120)
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(shot)
+    assert img.shape[0] >= 2000 and float(np.std(img[..., :3])) > 0.05
+
+
+def numbers(doc: dict) -> dict:
+    """Everything a reader compares, without timestamps, versions and host facts."""
+    return {"claims": [{k: c[k] for k in ("id", "verdict", "value", "ci", "rule")} for c in doc["claims"]],
+            "weights_vs_use": doc["weights_vs_use"], "baseline": doc["baseline"],
+            "model_sha256": doc["model"]["sha256"], "hypothesis_sha256": doc["hypothesis"]["sha256"]}
+
+
+def test_committed_demo_report_is_current(demo_folder):
+    """reports/demo is what `harness run hypotheses/induction.yaml --out reports/demo` gives
+    with the current code (regenerate it with that command after a change)."""
+    ev, folder = demo_folder
+    committed = json.loads((DEMO_REPORT / "evidence.json").read_text())
+    assert numbers(committed) == numbers(json.loads((folder / "evidence.json").read_text()))
+    assert (DEMO_REPORT / "report.md").read_text().split("## Provenance")[0] == \
+        (folder / "report.md").read_text().split("## Provenance")[0]
+    assert {p.name for p in (DEMO_REPORT / "figures").iterdir()} == FIGURES

@@ -13,6 +13,14 @@ HYPOTHESES = ROOT / "hypotheses"
 
 
 @pytest.fixture(scope="session")
+def demo_evidence():
+    """One run of the demo hypothesis per test session (it is the slowest thing we run)."""
+    import harness
+
+    return harness.run(HYPOTHESES / "induction.yaml")
+
+
+@pytest.fixture(scope="session")
 def fixture_model():
     from harness.runner import load_model_cached
 

@@ -147,11 +147,9 @@ def test_classification_table():
     assert causal.classify(False, "unused") == "no route"
 
 
-def test_demo_edges_on_the_fixture():
+def test_demo_edges_on_the_fixture(demo_evidence):
     """The demo's four edge claims give three of the four weights-vs-use classes."""
-    from .conftest import HYPOTHESES
-
-    ev = harness.run(HYPOTHESES / "induction.yaml")
+    ev = demo_evidence
     classes = {r["edge"]: r["class"] for r in ev.weights_vs_use}
     assert classes == {"L0H7 -> L1H5.k": "route used", "L0H7 -> L1H5.q": "no route",
                        "L0H7 -> L1H5.v": "no route", "L0H3 -> L1H5.k": "route present, unused"}

@@ -21,9 +21,8 @@ FIGURES = {"attention.png", "composition.png", "effects.png", "signature.png"}
 
 
 @pytest.fixture(scope="module")
-def demo_folder(tmp_path_factory):
-    ev = harness.run(HYPOTHESES / "induction.yaml")
-    return ev, ev.write(out_dir=tmp_path_factory.mktemp("r") / "demo")
+def demo_folder(tmp_path_factory, demo_evidence):
+    return demo_evidence, demo_evidence.write(out_dir=tmp_path_factory.mktemp("r") / "demo")
 
 
 def test_folder_contents(demo_folder):

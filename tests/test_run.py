@@ -15,16 +15,29 @@ def numbers(ev):
 
 
 @pytest.fixture(scope="module")
-def demo():
-    return harness.run(HYPOTHESES / "induction.yaml")
+def demo(demo_evidence):
+    return demo_evidence
 
 
-def test_same_seed_same_numbers(demo):
-    again = harness.run(HYPOTHESES / "induction.yaml")
-    assert numbers(again) == numbers(demo)
-    other = harness.run(HYPOTHESES / "induction.yaml", seed=7)
-    assert [c.value for c in other.claims] == [c.value for c in demo.claims]  # data fixed
-    assert [c.ci for c in other.claims] != [c.ci for c in demo.claims]  # bootstrap stream moved
+def small_demo() -> dict:
+    """The demo with fewer prompts and random circuits: every claim kind, quick."""
+    d = yaml.safe_load((HYPOTHESES / "induction.yaml").read_text())
+    d["data"]["n_prompts"] = 40
+    for c in d["claims"]:
+        if c["kind"] == "circuit":
+            c["random_circuits"] = 20
+    return d
+
+
+def test_same_seed_same_numbers():
+    first = harness.run(small_demo(), base_dir=HYPOTHESES)
+    again = harness.run(small_demo(), base_dir=HYPOTHESES)
+    assert numbers(again) == numbers(first)
+    assert again.weights_vs_use == first.weights_vs_use and again.figures_data == first.figures_data
+    other = harness.run(small_demo(), seed=7, base_dir=HYPOTHESES)
+    exact = [c.value for c in first.claims if c.kind != "circuit"]  # circuits draw random circuits
+    assert [c.value for c in other.claims if c.kind != "circuit"] == exact  # data fixed
+    assert [c.ci for c in other.claims] != [c.ci for c in first.claims]  # bootstrap stream moved
 
 
 def test_evidence_document(demo):

@@ -8,10 +8,11 @@ normalised-effect statistics.  Formulas, per prompt n, with m the metric:
 * normalised effect  e = sum(d) / sum(g) over prompts with g_n >= min_prompt_gap
   (ratio of means; 1 = the whole clean-corrupted gap), defined only when the
   mean kept gap >= min_gap; BCa CI over prompts; median/IQR of d_n / g_n.
-* circuit    faithfulness F = sum(m_C - m_empty) / sum(m_full - m_empty), with
-  m_full the clean run, m_C the run with every head outside C ablated and
-  m_empty the run with every head ablated (defined when mean(m_full - m_empty)
-  >= min_gap); compared with N random circuits of the same size:
+* circuit    faithfulness F = sum(m_C - m_empty) / sum(m_full - m_empty) over
+  prompts with m_full - m_empty >= min_prompt_gap (defined when that mean gap
+  >= min_gap), with m_full the clean run, m_C the run with every head outside C
+  ablated and m_empty the run with every head ablated; for at_least claims
+  compared with N random circuits of the same size (never C itself):
   k = #{F_random < F}, one-sided binomial test of H0: P(beat) <= beat_rate.
 
 Edge use (from the effect's CI [lo, hi] and the BH-adjusted sign-flip p-value):
@@ -113,7 +114,7 @@ def edge_effect(claim: EdgeClaim, m_clean: np.ndarray, m_corrupt: np.ndarray,
     """Measurements of one patched edge (before multiple-testing correction)."""
     d = m_clean - m_patched if claim.direction == "noising" else m_patched - m_corrupt
     _, details = _drop_details(d, st, seed)
-    details = {k.replace("drop", "change"): v for k, v in details.items()}
+    details = {k.replace("drop", "change"): v for k, v in details.items() if k != "drop_p_value"}
     details |= {"direction": claim.direction, "replacement": claim.replacement,
                 "freeze_patterns": claim.freeze_patterns,
                 "clean_metric_mean": float(m_clean.mean()), "patched_metric_mean": float(m_patched.mean()),
@@ -160,32 +161,47 @@ def evaluate_edge(claim: EdgeClaim, edge_text: str, details: dict, p_adj: float,
 
 
 def evaluate_circuit(claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndarray,
-                     m_empty: np.ndarray, random_f: np.ndarray, st: Stats, seed: int,
+                     m_empty: np.ndarray, random_f: Optional[np.ndarray], st: Stats, seed: int,
                      unit: str) -> ClaimResult:
+    """random_f: faithfulness of random circuits of the same size (never the claimed
+    one; computed over the same kept prompts), or None when no other circuit of that
+    size exists.  The random comparison applies to at_least claims only."""
     from scipy.stats import binomtest
 
+    compare = claim.at_least is not None
     expectation = (f"keep {len(claim.heads)} heads ({claim.ablation} elsewhere): faithfulness "
-                   f"{bound_text(claim.at_least, claim.at_most)}, beats random circuits "
-                   f"(rate > {claim.beat_rate:g})")
-    num, den = m_circuit - m_empty, m_full - m_empty
+                   f"{bound_text(claim.at_least, claim.at_most)}"
+                   + (f", beats random circuits (rate > {claim.beat_rate:g})" if compare else ""))
+    num, gap = m_circuit - m_empty, m_full - m_empty
     details: dict = {"heads": list(claim.heads), "ablation": claim.ablation,
                      "full_metric_mean": float(m_full.mean()), "circuit_metric_mean": float(m_circuit.mean()),
                      "empty_metric_mean": float(m_empty.mean()), "n_prompts": int(len(num)),
-                     "random_circuits": int(len(random_f)), "beat_rate": claim.beat_rate,
-                     "confidence": st.confidence}
-    if len(num) < 2 or den.mean() < st.min_gap:
-        rule = (f"faithfulness undefined: the full-empty gap {den.mean():.3f} {unit} is below "
-                f"min_gap {st.min_gap:g}")
+                     "random_circuits": 0 if random_f is None else int(len(random_f)),
+                     "beat_rate": claim.beat_rate, "confidence": st.confidence}
+    # the "gap" of a circuit is full minus empty: same rules as a normalised effect
+    iv, more, why = normalized_effect(num, gap, st, seed, unit)
+    details |= {k.replace("normalized", "faithfulness"): v for k, v in more.items()}
+    if iv is None:
+        rule = f"faithfulness undefined: {why.replace('clean-corrupted', 'full-empty')}"
         return ClaimResult(claim.id, "circuit", expectation, INCONCLUSIVE, None, None, "faithfulness",
                            rule, claim.description, details, "causal")
-    iv = stats.bootstrap_ci([num, den], stats.ratio_of_means, st.bootstrap, st.confidence, seed)
+    f_verdict, f_rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
+    per_prompt = per_prompt_effect(num, gap, st)
+    if not compare:
+        return ClaimResult(claim.id, "circuit", expectation, f_verdict, iv.estimate, [iv.low, iv.high],
+                           "faithfulness", f"faithfulness {f_rule}", claim.description, details, "causal",
+                           per_prompt)
+    if random_f is None or len(random_f) == 0:
+        rule = (f"faithfulness {f_rule}; no other circuit of {len(claim.heads)} heads exists, so the "
+                "random-circuit comparison is undefined")
+        verdict = FAIL if f_verdict == FAIL else INCONCLUSIVE
+        return ClaimResult(claim.id, "circuit", expectation, verdict, iv.estimate, [iv.low, iv.high],
+                           "faithfulness", rule, claim.description, details, "causal", per_prompt)
     k = int(np.sum(random_f < iv.estimate))
     test = binomtest(k, len(random_f), claim.beat_rate, alternative="greater")
-    details |= {"faithfulness": iv.estimate, "faithfulness_ci": [iv.low, iv.high], "ci_method": iv.method,
-                "random_faithfulness_summary": stats.summary(random_f),
+    details |= {"random_faithfulness_summary": stats.summary(random_f),
                 "random_faithfulness_max": float(np.max(random_f)), "beaten": k,
                 "binomial_p_value": float(test.pvalue), "alpha": st.alpha}
-    f_verdict, f_rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
     better = test.pvalue < st.alpha
     worse = k / len(random_f) <= claim.beat_rate
     if f_verdict == PASS and better:
@@ -196,10 +212,8 @@ def evaluate_circuit(claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndar
         verdict = INCONCLUSIVE
     rule = (f"faithfulness {f_rule}; beats {k}/{len(random_f)} random circuits, binomial p = "
             f"{test.pvalue:.3g} ({'<' if better else '>='} alpha {st.alpha:g})")
-    keep = den >= st.min_prompt_gap
     return ClaimResult(claim.id, "circuit", expectation, verdict, iv.estimate, [iv.low, iv.high],
-                       "faithfulness", rule, claim.description, details, "causal",
-                       (num[keep] / den[keep]).tolist())
+                       "faithfulness", rule, claim.description, details, "causal", per_prompt)
 
 
 WEIGHTS_VS_USE = {

@@ -178,7 +178,7 @@ def _evaluate_edges(s: Hypothesis, runs: Runs, edge_details: dict[int, dict], re
                 # sensitivity variants are decided on their own, unadjusted p-values
                 v = c.model_copy(update={"replacement": kind})
                 det = causal.edge_effect(v, runs.m_clean, runs.m_corrupt, runs.patched(v, kind), s.stats,
-                                         derive_seed(seed, 3, i), unit)
+                                         derive_seed(seed, 2, i), unit)
                 return causal.evaluate_edge(v, text, det, det["p_value"], s.stats, unit)
             results[i].details["sensitivity"] = _sensitivity(variant, results[i])
 
@@ -196,44 +196,63 @@ def _sensitivity(run_variant: Callable[[str], ClaimResult], claimed: ClaimResult
 
 def measure_circuit(runs: Runs, c: CircuitClaim, st: Any, seed: int, unit: str, n_layers: int,
                     n_heads: int) -> ClaimResult:
+    from math import comb
+
     every = [names.Head(l, h) for l in range(n_layers) for h in range(n_heads)]
     keep = {names.parse_head(h) for h in c.heads}
     m_circuit = runs.ablated([h for h in every if h not in keep], c.ablation)
     m_empty = runs.ablated(every, c.ablation)
-    rng = np.random.default_rng(seed)
-    random_f = []
-    den = (runs.m_clean - m_empty).sum()
-    for _ in progress(range(c.random_circuits), f"random circuits ({c.id})"):
-        pick = set(rng.choice(len(every), size=len(keep), replace=False).tolist())
-        m_r = runs.ablated([h for j, h in enumerate(every) if j not in pick], c.ablation)
-        random_f.append((m_r - m_empty).sum() / den if den != 0 else np.nan)
-    return causal.evaluate_circuit(c, runs.m_clean, m_circuit, m_empty, np.asarray(random_f), st, seed, unit)
+    gap = runs.m_clean - m_empty
+    kept = gap >= st.min_prompt_gap
+    random_f: Any = None
+    if c.at_least is not None and comb(len(every), len(keep)) > 1 and kept.sum() > 0:
+        rng = np.random.default_rng(seed)
+        claimed = sorted(every.index(h) for h in keep)
+        random_f = []
+        for _ in progress(range(c.random_circuits), f"random circuits ({c.id})"):
+            pick = claimed
+            while pick == claimed:  # random circuits of the same size, never the claimed one
+                pick = sorted(rng.choice(len(every), size=len(keep), replace=False).tolist())
+            m_r = runs.ablated([h for j, h in enumerate(every) if j not in set(pick)], c.ablation)
+            random_f.append(float((m_r - m_empty)[kept].sum() / gap[kept].sum()))
+        random_f = np.asarray(random_f)
+    return causal.evaluate_circuit(c, runs.m_clean, m_circuit, m_empty, random_f, st, seed, unit)
 
 
 def identity_checks(runs: Runs, s: Hypothesis) -> list[dict]:
-    """Clean into clean must change nothing, through every intervention path used."""
-    diffs = []
+    """Patching a run's own activations into itself must change nothing, through
+    every intervention path the file uses: head ablation (and the circuit's
+    all-heads ablation), edge patching in each direction, frozen patterns."""
+    n_layers = runs.bridge.cfg.n_layers
+    checks: list[tuple[str, Any, np.ndarray]] = []  # (path, logits, expected metric)
     heads = sorted({names.parse_head(h) for c in s.claims if isinstance(c, AblationClaim) for h in c.heads})
+    if any(isinstance(c, CircuitClaim) for c in s.claims):
+        heads = [names.Head(l, h) for l in range(n_layers) for h in range(runs.bridge.cfg.n_heads)]
     if heads:
         plan = iv.ablation_plan(heads, "resample", runs.z(runs.clean), runs.z(runs.clean))
-        diffs.append(np.abs(runs.metric(iv.run_plan(runs.bridge, runs.ds.clean, plan)) - runs.m_clean).max())
+        checks.append(("head ablation", iv.run_plan(runs.bridge, runs.ds.clean, plan), runs.m_clean))
     for c in s.claims:
         if isinstance(c, EdgeClaim):
             e = names.parse_edge(c.edge)
-            patch = patching.prepare(runs.bridge, e, runs.clean, runs.clean, runs.clean, "resample")
-            logits = patching.fast_logits(runs.bridge, runs.ds.clean, patch)
-            diffs.append(np.abs(runs.metric(logits) - runs.m_clean).max())
-    if any(isinstance(c, CircuitClaim) for c in s.claims):
-        diffs.append(np.abs(runs.ablated([], "resample") - runs.m_clean).max())
-    if not diffs:
+            base, tokens, m = ((runs.clean, runs.ds.clean, runs.m_clean) if c.direction == "noising"
+                               else (runs.corrupt, runs.ds.corrupted, runs.m_corrupt))
+            patch = patching.prepare(runs.bridge, e, base, base, runs.clean, "resample")
+            extra = patching.freeze_patterns_plan(runs.patterns(base)) if c.freeze_patterns else None
+            checks.append((f"edge {e} ({c.direction})", patching.fast_logits(runs.bridge, tokens, patch, extra), m))
+    if any(getattr(c, "freeze_patterns", False) for c in s.claims if isinstance(c, AblationClaim)):
+        plan = patching.freeze_patterns_plan(runs.patterns(runs.clean))
+        checks.append(("frozen patterns", iv.run_plan(runs.bridge, runs.ds.clean, plan), runs.m_clean))
+    if not checks:
         return []
-    worst = float(max(diffs))
-    if worst > IDENTITY_TOL:
-        raise SanityCheckError(f"patching clean activations into the clean run changed the metric by "
-                               f"{worst:.2e}: the interventions do not do what they should")
-    return [{"name": "identity interventions reproduce the clean run", "passed": True,
-             "detail": f"{len(diffs)} intervention path(s) checked; max |metric diff| {worst:.2e} "
-                       f"(tolerance {IDENTITY_TOL:g})"},
+    diffs = {path: float(np.abs(runs.metric(logits) - m).max()) for path, logits, m in checks}
+    worst = max(diffs, key=diffs.get)
+    if diffs[worst] > IDENTITY_TOL:
+        raise SanityCheckError(f"patching a run's own activations into it changed the metric by "
+                               f"{diffs[worst]:.2e} on the {worst} path: the interventions do not do "
+                               "what they should")
+    return [{"name": "identity interventions reproduce the base run", "passed": True,
+             "detail": f"{len(diffs)} path(s) checked ({', '.join(diffs)}); max |metric diff| "
+                       f"{diffs[worst]:.2e} (tolerance {IDENTITY_TOL:g})"},
             {"name": "every intervention hook fired", "passed": True,
              "detail": "checked on every patched forward; a silent hook stops the run"}]
 

@@ -25,7 +25,7 @@ def _figure(name: str, figures: set[str]) -> list[str]:
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
-    if x is None:
+    if x is None or (isinstance(x, float) and x != x):
         return "undefined"
     if isinstance(x, float):
         return f"{x:.{digits}f}"
@@ -51,9 +51,9 @@ def _claim_section(r: ClaimResult, unit: str) -> list[str]:
         out.append(f"- null (random relative orientation, spectra kept, {det['n_draws']} draws): mean "
                    f"{_fmt(det['null_mean'])}, sd {_fmt(det['null_std'])}, 95th pct {_fmt(det['null_q95'])}, "
                    f"99th pct {_fmt(det['null_q99'])}")
-        out.append(f"- C·sqrt(d_model) = {_fmt(det['ratio_to_isotropic'], 2)} (1 = isotropic baseline); "
+        out.append(f"- C·sqrt({det['null_dim']}) = {_fmt(det['ratio_to_isotropic'], 2)} (1 = isotropic baseline); "
                    f"C / C_max = {_fmt(det['fraction_of_max'])} (C_max = {_fmt(det['c_max'])}); "
-                   f"percentile among all cross-layer {det['mode'].upper()} pairs: {det['percentile']:.1f}; "
+                   f"percentile among all cross-layer {det['mode'].upper()} pairs: {_fmt(det['percentile'], 1)}; "
                    f"ranks {det['rank_sender']} / {det['rank_receiver']}; weights {det['processing']}")
     elif r.kind == "edge":
         out.append(f"- metric: clean {_fmt(det['clean_metric_mean'])}, patched "
@@ -89,7 +89,8 @@ def _claim_section(r: ClaimResult, unit: str) -> list[str]:
     if "sensitivity" in det:
         sens = det["sensitivity"]
         cells = "; ".join(f"{k}: {v['verdict']} {_fmt(v['value'])}" for k, v in sens["by_type"].items())
-        out.append(f"- sensitivity across ablation types: {cells} — "
+        varied = "replacement" if r.kind == "edge" else "ablation type"
+        out.append(f"- sensitivity across the {varied}: {cells} — "
                    f"{'verdict agrees' if sens['agrees'] else '**verdict depends on the ablation type**'}")
     return out + [""]
 
@@ -100,7 +101,7 @@ def weights_vs_use_table(rows: list[dict]) -> list[str]:
 
     if not rows:
         return []
-    body = [(r["edge"], f"{r['composition']:.3f}", f"{r['composition_p_adjusted']:.3g}",
+    body = [(r["edge"], _fmt(r["composition"]), f"{r['composition_p_adjusted']:.3g}",
              "yes" if r["composes"] else "no",
              "undefined" if r["effect"] is None else f"{r['effect']:.3f} [{r['effect_ci'][0]:.3f}, {r['effect_ci'][1]:.3f}]",
              r["use"], r["class"]) for r in rows]

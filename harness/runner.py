@@ -135,7 +135,8 @@ def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for pkg in ("harness", "torch", "transformer-lens", "numpy", "scipy", "pydantic", "pyyaml"):
+    for pkg in ("harness", "torch", "transformer-lens", "transformers", "numpy", "scipy", "pydantic", "pyyaml",
+                "safetensors", "matplotlib", "markdown", "jsonschema"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:

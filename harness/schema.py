@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, field_validator,
                       model_validator)
 
 from . import names
@@ -38,7 +38,7 @@ class GeneratorData(_Strict):
     generator: Literal["repeated_tokens"]
     n_prompts: int = Field(200, ge=2, le=100_000)
     segment_length: int = Field(20, ge=2)
-    bos: bool = True
+    bos: StrictBool = True
     bos_token: Optional[int] = Field(None, ge=0)
     seed: int = 0
     split: Literal["test", "explore"] = "test"
@@ -70,6 +70,13 @@ class Stats(_Strict):
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     min_effect: float = Field(0.1, gt=0.0)
     tolerance: float = Field(0.05, gt=0.0)
+
+    @model_validator(mode="after")
+    def _zones_apart(self):
+        if self.tolerance >= self.min_effect:
+            raise ValueError(f"tolerance {self.tolerance:g} must be below min_effect {self.min_effect:g}, "
+                             "or 'used' and 'unused' overlap")
+        return self
 
 
 class _Threshold(_Strict):
@@ -136,8 +143,8 @@ class AblationClaim(_Threshold):
     heads: list[str] = Field(min_length=1)
     ablation: Literal[ABLATIONS] = "mean"  # type: ignore[valid-type]
     measure: Literal["normalized", "delta"] = "normalized"
-    freeze_patterns: bool = False
-    sensitivity: bool = False
+    freeze_patterns: StrictBool = False
+    sensitivity: StrictBool = False
     description: str = ""
 
     @field_validator("heads")
@@ -171,11 +178,23 @@ class EdgeClaim(_Strict):
     replacement: Literal[REPLACEMENTS] = "resample"  # type: ignore[valid-type]
     min_effect: Optional[float] = Field(None, gt=0.0)
     tolerance: Optional[float] = Field(None, gt=0.0)
-    freeze_patterns: bool = False
-    sensitivity: bool = False
+    freeze_patterns: StrictBool = False
+    sensitivity: StrictBool = False
     description: str = ""
 
     _edge = field_validator("edge")(lambda cls, v: _patchable_edge(v))
+
+    @model_validator(mode="after")
+    def _frozen_patterns_need_values(self):
+        r = names.parse_edge(self.edge).receiver
+        if self.freeze_patterns and isinstance(r, names.HeadInput) and r.which in "qk":
+            raise ValueError(f"freeze_patterns holds every attention pattern fixed, so a .{r.which} edge "
+                             "cannot act at all; use it with .v or logits edges")
+        if (self.min_effect is not None and self.tolerance is not None
+                and self.tolerance >= self.min_effect):
+            raise ValueError(f"tolerance {self.tolerance:g} must be below min_effect {self.min_effect:g}, "
+                             "or 'used' and 'unused' overlap")
+        return self
 
     @model_validator(mode="after")
     def _denoising_resamples(self):

@@ -103,16 +103,16 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
             P = torch.eye(d, dtype=torch.float64) - (1.0 / d if centre else 0.0)
             for layer in range(W_Q.shape[0]):
                 w = _ln_weight(bridge.blocks[layer], "ln1")
-                if w is None:
+                if w is None and not centre:
                     continue
-                reader = P @ torch.diag(w)
+                reader = P if w is None else P @ torch.diag(w)
                 W_Q[layer], W_K[layer], W_V[layer] = (reader @ W[layer] for W in (W_Q, W_K, W_V))
             if centre:
                 W_O, W_E = W_O @ P, W_E @ P
                 null_dim = d - 1
             wf = _ln_weight(bridge, "ln_final")
-            if wf is not None:
-                W_U = P @ torch.diag(wf) @ W_U
+            if wf is not None or centre:
+                W_U = (P if wf is None else P @ torch.diag(wf)) @ W_U
     return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_U, processing, null_dim)
 
 
@@ -183,8 +183,10 @@ def _spectrum(M: Any, tol: float = 1e-10) -> tuple[np.ndarray, Any]:
 
 
 def derive_seed(*keys: int) -> int:
-    """An independent seed for each tuple of keys (numpy SeedSequence)."""
-    return int(np.random.SeedSequence([abs(int(k)) for k in keys]).generate_state(1)[0])
+    """An independent seed for each tuple of keys (numpy SeedSequence; negative keys
+    map to odd numbers, so -1 and 1 differ)."""
+    entropy = [2 * int(k) if int(k) >= 0 else -2 * int(k) - 1 for k in keys]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 def null_scores(X: Any, Y: Any, n_draws: int, seed: int, null_dim: Optional[int] = None) -> np.ndarray:

@@ -60,6 +60,12 @@ def test_edge_that_carries_everything_and_edges_that_carry_nothing(model_dirs, t
     classes = {r["edge"]: r["class"] for r in ev.weights_vs_use}
     assert classes["L0H0 -> L1H0.v"] == "route used"
     assert classes["L0H1 -> L1H0.v"] == "no route"  # a silent head composes with nothing
+    folder = ev.write(out_dir=tmp_path / "report")  # undefined scores render as "undefined"
+    assert "| L0H1 -> L1H0.v | undefined" in (folder / "report.md").read_text()
+    from harness.report import validate_evidence
+    import json
+
+    assert validate_evidence(json.loads((folder / "evidence.json").read_text())) == []
 
 
 def test_redundant_heads(model_dirs, tmp_path):
@@ -88,7 +94,19 @@ def test_circuit_faithfulness_and_random_comparison(model_dirs, tmp_path):
     # of the 6 two-head circuits only {L0H0, L1H0} is faithful: random ones beat it 1/6 of the time
     assert right.details["beaten"] >= 40
     assert wrong.verdict == "FAIL" and wrong.value == pytest.approx(0.0, abs=1e-9)
-    assert any(ch["name"] == "identity interventions reproduce the clean run" for ch in ev.sanity_checks)
+    assert any(ch["name"] == "identity interventions reproduce the base run" for ch in ev.sanity_checks)
+
+
+def test_circuit_of_every_head_has_no_random_comparison(model_dirs, tmp_path):
+    every = ["L0H0", "L0H1", "L1H0", "L1H1"]
+    ev = run(model_dirs["single"], [
+        {"id": "all", "kind": "circuit", "heads": every, "at_least": 0.9, "ablation": "zero"},
+        {"id": "at-most", "kind": "circuit", "heads": ["L0H1", "L1H1"], "at_most": 0.1, "ablation": "zero"},
+    ], tmp_path)
+    everything, at_most = ev.claims
+    assert everything.value == pytest.approx(1.0) and everything.verdict == "INCONCLUSIVE"
+    assert "no other circuit of 4 heads exists" in everything.rule
+    assert at_most.verdict == "PASS" and "random" not in at_most.rule  # no random comparison for at_most
 
 
 def test_sensitivity_reports_each_type(model_dirs, tmp_path):

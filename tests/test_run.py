@@ -118,4 +118,4 @@ def test_role_claim_on_hf_model(tmp_path):
     ev = harness.run(d, base_dir=tmp_path)
     assert ev.claims[0].verdict == "FAIL"  # a random model has no induction head
     assert ev.model["kind"] == "transformers"
-    assert ev.sanity_checks[1]["name"] == "identity interventions reproduce the clean run"
+    assert ev.sanity_checks[1]["name"] == "identity interventions reproduce the base run"

@@ -1,0 +1,162 @@
+"""pytest plugin: hypothesis files as tests.
+
+Registered through the `pytest11` entry point, so `pytest hypotheses/` collects
+every hypothesis file as a test collection and every claim as one test item,
+named by its claim id (`hypotheses/induction.yaml::prev-token-L0H7`).
+
+Recognition rule: a `.yaml` / `.yml` file is a hypothesis file when it has a
+top-level `harness:` key (the format version), i.e. a line starting with
+`harness:` — other YAML files are left alone.
+
+Each file is run once (lazily, by its first selected item) and every item
+reads its verdict from that run; models are loaded once per session.  PASS ->
+passed; FAIL -> failed with a short evidence summary; INCONCLUSIVE -> failed by
+default, or xfail / skip with `--harness-inconclusive` (ini:
+`harness_inconclusive`).  Schema errors are collection errors with file:line.
+Markers per claim kind: role, ablation, composition, edge, circuit
+(e.g. `-m "not circuit"`).  Options: `--harness-report DIR` (write each file's
+report under DIR), `--harness-seed N`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+KINDS = ("role", "ablation", "composition", "edge", "circuit")
+_KEY = re.compile(rb"^harness\s*:", re.MULTILINE)
+
+
+def is_hypothesis_file(path: Path) -> bool:
+    """The recognition rule: a YAML file with a top-level `harness:` key."""
+    if path.suffix not in (".yaml", ".yml"):
+        return False
+    try:
+        head = path.read_bytes()[:65536]
+    except OSError:
+        return False
+    return bool(_KEY.search(head))
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("harness", "mechanism hypotheses (harness)")
+    group.addoption("--harness-report", metavar="DIR", default=None,
+                    help="write each hypothesis file's evidence report into a new folder under DIR")
+    group.addoption("--harness-seed", type=int, default=None, help="override the files' seed")
+    group.addoption("--harness-inconclusive", choices=("fail", "xfail", "skip"), default=None,
+                    help="outcome of an INCONCLUSIVE claim (default: fail, or the ini value)")
+    parser.addini("harness_inconclusive", "outcome of an INCONCLUSIVE claim: fail, xfail or skip",
+                  default="fail")
+
+
+def pytest_configure(config: Any) -> None:
+    for kind in KINDS:
+        config.addinivalue_line("markers", f"{kind}: a harness {kind} claim")
+
+
+def pytest_collect_file(file_path: Path, parent: Any) -> Optional["HypothesisFile"]:
+    if is_hypothesis_file(file_path):
+        return HypothesisFile.from_parent(parent, path=file_path)
+    return None
+
+
+class HypothesisError(Exception):
+    """A file whose run could not happen (model missing, names outside the model, ...)."""
+
+
+class ClaimNotPassed(Exception):
+    """A FAIL (or INCONCLUSIVE treated as failure) verdict."""
+
+
+class HypothesisFile(pytest.File):
+    def collect(self):
+        from .errors import SpecError
+        from .spec import load
+
+        try:
+            loaded = load(self.path)
+        except SpecError as exc:
+            raise self.CollectError(str(exc)) from None
+        self._evidence = None
+        self._error: Optional[str] = None
+        for claim in loaded.spec.claims:
+            item = ClaimItem.from_parent(self, name=claim.id, claim_kind=claim.kind)
+            item.add_marker(getattr(pytest.mark, claim.kind))
+            yield item
+
+    def evidence(self) -> Any:
+        """Run the file once; every item reads its verdict from this."""
+        if self._evidence is None and self._error is None:
+            from .errors import HarnessError
+            from .runner import run
+
+            config = self.config
+            try:
+                self._evidence = run(self.path, seed=config.getoption("harness_seed"),
+                                     command=f"pytest {self.path}")
+            except HarnessError as exc:
+                self._error = str(exc)
+            else:
+                out = config.getoption("harness_report")
+                if out:
+                    folder = self._evidence.write(reports_root=out)
+                    config.stash.setdefault(_REPORTS, []).append(str(folder))
+        if self._error is not None:
+            raise HypothesisError(self._error)
+        return self._evidence
+
+
+_REPORTS = pytest.StashKey[list]()
+
+
+class ClaimItem(pytest.Item):
+    def __init__(self, *, claim_kind: str, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.claim_kind = claim_kind
+
+    def runtest(self) -> None:
+        ev = self.parent.evidence()
+        result = next(c for c in ev.claims if c.id == self.name)
+        self.user_properties += [("verdict", result.verdict), ("value", result.key_number()),
+                                 ("expectation", result.expectation)]
+        if result.verdict == "PASS":
+            return
+        if result.verdict == "INCONCLUSIVE":
+            mode = (self.config.getoption("harness_inconclusive")
+                    or self.config.getini("harness_inconclusive"))
+            if mode == "xfail":
+                pytest.xfail(f"INCONCLUSIVE: {result.rule}")
+            if mode == "skip":
+                pytest.skip(f"INCONCLUSIVE: {result.rule}")
+        raise ClaimNotPassed(summary(result))
+
+    def repr_failure(self, excinfo: Any, style: Any = None) -> str:
+        if isinstance(excinfo.value, (ClaimNotPassed, HypothesisError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple:
+        return self.path, None, f"{self.path.name}::{self.name} ({self.claim_kind})"
+
+
+def summary(r: Any) -> str:
+    """The failure message: what was claimed, what was measured, and the rule."""
+    lines = [f"{r.verdict}: {r.id} ({r.kind}, {r.evidence} evidence)",
+             f"  expected: {r.expectation}",
+             f"  measured: {r.key_number()} {r.unit}"]
+    p = r.details.get("p_adjusted", r.details.get("binomial_p_value"))
+    if p is not None:
+        lines.append(f"  p-value: {p:.3g}")
+    lines.append(f"  rule: {r.rule}")
+    return "\n".join(lines)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    folders = config.stash.get(_REPORTS, [])
+    if folders:
+        terminalreporter.write_sep("-", "harness evidence reports")
+        for f in folders:
+            terminalreporter.write_line(f)

@@ -7,7 +7,8 @@ normalised-effect statistics.  Formulas, per prompt n, with m the metric:
              denoising: d_n = m_patched,n - m_corrupted,n  (sufficiency)
 * normalised effect  e = sum(d) / sum(g) over prompts with g_n >= min_prompt_gap
   (ratio of means; 1 = the whole clean-corrupted gap), defined only when the
-  mean kept gap >= min_gap; BCa CI over prompts; median/IQR of d_n / g_n.
+  mean gap over all prompts >= min_gap (and at least 2 prompts are kept); BCa CI
+  over prompts; median/IQR of d_n / g_n.
 * circuit    faithfulness F = sum(m_C - m_empty) / sum(m_full - m_empty) over
   prompts with m_full - m_empty >= min_prompt_gap (defined when that mean gap
   >= min_gap), with m_full the clean run, m_C the run with every head outside C
@@ -39,14 +40,16 @@ def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int,
                       unit: str) -> tuple[Optional[stats.Interval], dict, str]:
     """(interval or None, details, reason if undefined) of sum(d)/sum(g) over kept prompts."""
     keep = gap >= st.min_prompt_gap
-    details: dict = {"n_excluded_small_gap": int((~keep).sum()),
-                     "gap_mean": float(gap[keep].mean()) if keep.any() else float(gap.mean())}
+    details: dict = {"n_excluded_small_gap": int((~keep).sum()), "gap_mean": float(gap.mean()),
+                     "kept_gap_mean": float(gap[keep].mean()) if keep.any() else None}
+    # the gap must be there on average over all prompts: keeping only prompts with a
+    # large gap would otherwise pick the positive tail of pure noise
+    if gap.mean() < st.min_gap:
+        return None, details, (f"mean clean-corrupted gap {gap.mean():.3f} {unit} over all prompts is "
+                               f"below min_gap {st.min_gap:g}")
     if keep.sum() < 2:
         return None, details, (f"only {int(keep.sum())} prompt(s) have a clean-corrupted gap of at "
                                f"least min_prompt_gap {st.min_prompt_gap:g} {unit}")
-    if gap[keep].mean() < st.min_gap:
-        return None, details, (f"mean clean-corrupted gap {details['gap_mean']:.3f} {unit} is below "
-                               f"min_gap {st.min_gap:g}")
     iv = stats.bootstrap_ci([d[keep], gap[keep]], stats.ratio_of_means, st.bootstrap,
                             st.confidence, seed)
     details |= {"normalized": iv.estimate, "normalized_ci": [iv.low, iv.high],

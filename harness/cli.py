@@ -48,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="BH-adjusted significance level over all pairs of a mode (default 0.01)")
     w.add_argument("--seed", type=int, default=0)
 
+    st = sub.add_parser("selftest", help="check the harness against constructed models with known answers")
+    st.add_argument("--out", type=Path, help="keep the constructed models and files here (default: temp dir)")
+    st.add_argument("--null-seeds", type=int, default=20, help="null models for the false-positive rates")
+
     ro = sub.add_parser("roles", help="attention-role scores of every head of a model")
     ro.add_argument("model", help="model directory, or hf:NAME")
     ro.add_argument("--n-prompts", type=int, default=200)
@@ -62,7 +66,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         commands = {"validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,
-                    "report": cmd_report}
+                    "report": cmd_report, "selftest": cmd_selftest}
         return commands[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -122,6 +126,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def argv_is_cli() -> bool:
     return Path(sys.argv[0]).name in ("harness", "__main__.py")
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from .selftest import render, selftest
+
+    if args.null_seeds < 1:
+        raise UserError("--null-seeds must be at least 1")
+    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+        raise UserError(f"{args.out} exists and is not empty")
+    res = selftest(args.out, args.null_seeds)
+    print(render(res))
+    return EXIT_OK if res.passed else EXIT_CLAIMS
 
 
 def cmd_report(args: argparse.Namespace) -> int:

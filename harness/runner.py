@@ -65,10 +65,13 @@ def check_names(h: spec_mod.LoadedHypothesis, model: Any) -> None:
 
 
 def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
-        base_dir: Union[str, Path, None] = None, command: Optional[str] = None) -> Evidence:
+        base_dir: Union[str, Path, None] = None, command: Optional[str] = None,
+        figures: bool = True) -> Evidence:
     """Run every claim of a hypothesis (file path or dict) and return the Evidence.
 
     `seed` overrides the file's `seed` (bootstrap and permutation streams).
+    `figures=False` skips collecting the figures' data (the signature sweep and the
+    composition matrices with their nulls); verdicts and numbers are unchanged.
     """
     from .measure import measure_all
 
@@ -82,7 +85,7 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
     ds = build_dataset(h, model)
     if s.metric == "logit_diff" and ds.wrong is None:
         raise SpecError([f"{h.where('metric')}: logit_diff needs 'wrong' tokens in the data"])
-    m = measure_all(model, ds, s, seed)
+    m = measure_all(model, ds, s, seed, figures)
     cfg = model.bridge.cfg
     return Evidence(
         hypothesis={"name": s.name, "description": s.description, "file": _shown(h.path),

@@ -48,6 +48,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="BH-adjusted significance level over all pairs of a mode (default 0.01)")
     w.add_argument("--seed", type=int, default=0)
 
+    sc = sub.add_parser("scan", help="every edge's composition and causal effect; writes a starter hypothesis")
+    sc.add_argument("model", help="model directory, or hf:NAME")
+    sc.add_argument("--out", type=Path, help="new folder for scan.json, signature.png, starter.yaml")
+    sc.add_argument("--n-prompts", type=int, default=200)
+    sc.add_argument("--segment-length", type=int, default=20)
+    sc.add_argument("--metric", choices=("logprob",), default="logprob")
+    sc.add_argument("--processing", choices=("folded", "raw"), default="folded")
+    sc.add_argument("--draws", type=int, default=1000, help="composition null draws per edge")
+    sc.add_argument("--top", type=int, default=15, help="rows to print")
+    sc.add_argument("--budget-mb", type=int, default=32, help="memory budget of a patching chunk (MiB)")
+    sc.add_argument("--seed", type=int, default=0)
+
     st = sub.add_parser("selftest", help="check the harness against constructed models with known answers")
     st.add_argument("--out", type=Path, help="keep the constructed models and files here (default: temp dir)")
     st.add_argument("--null-seeds", type=int, default=20, help="null models for the false-positive rates")
@@ -66,7 +78,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         commands = {"validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,
-                    "report": cmd_report, "selftest": cmd_selftest}
+                    "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan}
         return commands[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -126,6 +138,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def argv_is_cli() -> bool:
     return Path(sys.argv[0]).name in ("harness", "__main__.py")
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from .errors import OutputExistsError
+    from .report import default_folder
+    from .scan import scan
+
+    if args.n_prompts < 2 or args.draws < 99 or args.top < 1 or args.budget_mb < 1:
+        raise UserError("--n-prompts >= 2, --draws >= 99, --top >= 1 and --budget-mb >= 1 are required")
+    out = args.out or default_folder("scan", Path("reports"))
+    if out.exists():
+        raise OutputExistsError(f"{out} already exists; choose another --out")
+    _, table = scan(args.model, out, args.n_prompts, args.segment_length, args.seed, args.metric,
+                    args.processing, args.draws, args.top, args.budget_mb)
+    print(table)
+    print(f"\nwrote {out / 'scan.json'}, {out / 'signature.png'} and {out / 'starter.yaml'}")
+    return EXIT_OK
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:

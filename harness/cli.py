@@ -1,5 +1,5 @@
 """Command line: `harness validate`, `harness run`, `harness report`, `harness weights`,
-`harness roles`.
+`harness roles`, `harness scan`, `harness selftest`.
 
 Exit codes: 0 every claim passed (or every file valid), 1 a claim failed or
 was inconclusive, 2 bad input (the message says file:line, field, what is
@@ -162,8 +162,8 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
     if args.null_seeds < 1:
         raise UserError("--null-seeds must be at least 1")
-    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
-        raise UserError(f"{args.out} exists and is not empty")
+    if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        raise UserError(f"{args.out} exists and is not an empty folder")
     res = selftest(args.out, args.null_seeds)
     print(render(res))
     return EXIT_OK if res.passed else EXIT_CLAIMS

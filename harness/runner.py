@@ -70,8 +70,8 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
     """Run every claim of a hypothesis (file path or dict) and return the Evidence.
 
     `seed` overrides the file's `seed` (bootstrap and permutation streams).
-    `figures=False` skips collecting the figures' data (the signature sweep and the
-    composition matrices with their nulls); verdicts and numbers are unchanged.
+    `figures=False` skips collecting the figures' data (figures_data stays empty: no
+    attention, composition-matrix or signature data); verdicts and numbers are unchanged.
     """
     from .measure import measure_all
 

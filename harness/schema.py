@@ -264,6 +264,17 @@ class Hypothesis(_Strict):
     stats: Stats = Stats()
     claims: list[Claim] = Field(min_length=1)
 
+    @model_validator(mode="after")
+    def _edge_zones_apart(self):
+        for c in self.claims:
+            if isinstance(c, EdgeClaim):
+                lo = c.tolerance if c.tolerance is not None else self.stats.tolerance
+                hi = c.min_effect if c.min_effect is not None else self.stats.min_effect
+                if lo >= hi:
+                    raise ValueError(f"claim {c.id!r}: tolerance {lo:g} must be below min_effect {hi:g} "
+                                     "(claim or stats values), or 'used' and 'unused' overlap")
+        return self
+
     @field_validator("harness", mode="before")
     @classmethod
     def _version_is_int(cls, v: Any) -> Any:

@@ -13,7 +13,7 @@
    Within bounds when the CI's lower end is at or below the nominal alpha (the
    rate is not significantly above it).
 
-Exit 0 only when every verdict is as expected and both rates are within bounds.
+Exit 0 only when every verdict is as expected and all three rates are within bounds.
 """
 
 from __future__ import annotations
@@ -112,13 +112,15 @@ def null_rates(root: Path, seeds: range, alpha_used: float, alpha_comp: float) -
 def selftest(out: Optional[Path] = None, null_seeds: int = 20) -> SelftestResult:
     """Build, run, compare; models and copies of the files go to `out` (default: a temp dir)."""
     root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="harness-selftest-"))
-    constructed.build_all(root / "models", (0,))
-    shutil.copytree(ROOT / "validation", root / "validation", dirs_exist_ok=True)
-    res = SelftestResult(rows=run_validation(root))
-    res.decoy_class = next((r["class"] for r in res.rows if r["claim"] == "decoy-route-unused"), None)
-    res.fpr = null_rates(root, range(1, 1 + null_seeds), alpha_used=0.05, alpha_comp=0.01)
-    if out is None:
-        shutil.rmtree(root, ignore_errors=True)
+    try:
+        constructed.build_all(root / "models", (0,))
+        shutil.copytree(ROOT / "validation", root / "validation", dirs_exist_ok=True)
+        res = SelftestResult(rows=run_validation(root))
+        res.decoy_class = next((r["class"] for r in res.rows if r["claim"] == "decoy-route-unused"), None)
+        res.fpr = null_rates(root, range(1, 1 + null_seeds), alpha_used=0.05, alpha_comp=0.01)
+    finally:
+        if out is None:
+            shutil.rmtree(root, ignore_errors=True)
     return res
 
 

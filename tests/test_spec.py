@@ -98,6 +98,7 @@ CASES = [
     ("circuit no bound", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: circuit\n    heads: [L0H7]\n"), 17, "claims[2]: give exactly one of at_least / at_most"),
     ("frozen patterns on a key edge", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0.k\n    freeze_patterns: true\n"), 17, "freeze_patterns holds every attention pattern fixed, so a .k edge cannot act"),
     ("overlapping zones", ("claims:", "stats:\n  tolerance: 0.2\nclaims:"), 7, "stats: tolerance 0.2 must be below min_effect 0.1"),
+    ("claim tolerance over stats min_effect", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0.k\n    tolerance: 0.3\n"), 1, "claim 'c': tolerance 0.3 must be below min_effect 0.1"),
     ("non-boolean flag", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    sensitivity: 1\n"), 16, "claims[1].sensitivity: Input should be a valid boolean"),
     ("empty claims", (GOOD[GOOD.index("claims:"):], "claims: []\n"), 7, "claims: List should have at least 1 item"),
 ]

@@ -71,21 +71,7 @@ def chunk_size(budget_bytes: int, per_edge: int) -> int:
     return max(1, int(budget_bytes // max(per_edge, 1)))
 
 
-def _final_metric(bridge: Any, resid: Any, positions: Any, metric_fn: Callable) -> Any:
-    """resid [E, n, s, d] -> per-variant, per-prompt metric [E, n] at the scored positions."""
-    import torch
-
-    E, n = resid.shape[:2]
-    idx = positions[None, :, :, None].expand(E, -1, -1, resid.shape[-1])
-    at = resid.gather(2, idx)  # [E, n, k, d]
-    logits = bridge.unembed(bridge.ln_final(at.reshape(E * n, -1, at.shape[-1])))
-    k = positions.shape[1]
-    # metric_fn expects [n, seq, vocab] with scored positions: positions are 0..k-1 here
-    local = torch.arange(k).expand(E * n, -1)
-    return metric_fn(logits, local).reshape(E, n)
-
-
-def _head_z(bridge: Any, layer: int, heads: Any, q: Any, k: Any, v: Any) -> Any:
+def _head_z(bridge: Any, q: Any, k: Any, v: Any) -> Any:
     """z = softmax(q k^T / scale + causal mask) v for stacked single heads [E, n, s, dh]."""
     import torch
 
@@ -141,10 +127,12 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
 
     cached_out: dict = {}
 
-    def outputs(cache: dict, senders: list, _tag: list = []) -> Any:  # noqa: B006
-        key = id(cache)
-        return torch.stack([cached_out.setdefault((key, str(x)), sender_output(bridge, cache, x).to(dtype))
-                            for x in senders])
+    def outputs(cache: dict, senders: list) -> Any:
+        """Sender outputs, computed once per (run, sender)."""
+        for x in senders:
+            if (id(cache), str(x)) not in cached_out:
+                cached_out[(id(cache), str(x))] = sender_output(bridge, cache, x).to(dtype)
+        return torch.stack([cached_out[(id(cache), str(x))] for x in senders])
 
     groups: dict = {}
     last = []
@@ -180,13 +168,13 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
                     W = getattr(bridge, f"W_{x.upper()}")[L, heads[sel]].to(dtype)  # [e, d, dh]
                     b = getattr(bridge, f"b_{x.upper()}")[L, heads[sel]].to(dtype)  # [e, dh]
                     qkv[x][sel] = torch.einsum("enpd,edh->enph", normed[sel], W) + b[:, None, None, :]
-            z_new = _head_z(bridge, L, heads, qkv["q"], qkv["k"], qkv["v"])
+            z_new = _head_z(bridge, qkv["q"], qkv["k"], qkv["v"])
             z_old = base[f"blocks.{L}.attn.hook_z"][:, :, heads].permute(2, 0, 1, 3)
             W_O = bridge.W_O[L, heads].to(dtype)  # [E, dh, d]
             mid = (base[f"blocks.{L}.hook_resid_pre"] + base[f"blocks.{L}.hook_attn_out"])[None] + \
                 torch.einsum("enph,ehd->enpd", z_new - z_old, W_O)
             final = _rest_of_model(bridge, L, mid)
-            out[idx] = _final_metric(bridge, final, positions, metric_fn).double().cpu().numpy()
+            out[idx] = _metric_at(bridge, _at(positions, final), metric_fn).double().cpu().numpy()
     return out
 
 

@@ -86,12 +86,20 @@ def patched_residual(bridge: Any, edge: names.Edge, base: dict, new_out: Any) ->
     return base[key].double() - sender_output(bridge, base, edge.sender) + new_out
 
 
+def attn_scale(cfg: Any) -> float:
+    """The divisor of attention scores: cfg.attn_scale when set, else sqrt(d_head)."""
+    if getattr(cfg, "use_attn_scale", True) and cfg.attn_scale > 0:
+        return float(cfg.attn_scale)
+    return math.sqrt(cfg.d_head)
+
+
 def _ln(module: Any, x: Any) -> Any:
+    """Apply a norm module in its own dtype (parameter-free norms: the input's), return float64."""
     import torch
 
+    param = next(module.parameters(), None)
     with torch.no_grad():
-        dtype = next(module.parameters()).dtype if any(True for _ in module.parameters()) else x.dtype
-        return module(x.to(dtype)).double()
+        return module(x.to(x.dtype if param is None else param.dtype)).double()
 
 
 def receiver_input(bridge: Any, head: names.Head, which: str, resid: Any) -> Any:
@@ -164,9 +172,7 @@ def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: dict) -> Any:
     L, h = r.head.layer, r.head
     resid = base[f"blocks.{L}.hook_resid_pre"].double()
     qkv = {w: receiver_input(bridge, h, w, patch.resid if w == r.which else resid) for w in "qkv"}
-    cfg = bridge.cfg
-    scale = cfg.attn_scale if getattr(cfg, "use_attn_scale", True) and cfg.attn_scale > 0 else math.sqrt(cfg.d_head)
-    scores = qkv["q"] @ qkv["k"].transpose(-1, -2) / scale
+    scores = qkv["q"] @ qkv["k"].transpose(-1, -2) / attn_scale(bridge.cfg)
     s = scores.shape[-1]
     mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
     z = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ qkv["v"]

@@ -152,7 +152,7 @@ def render_markdown(ev: Evidence, figures: set[str] = frozenset()) -> str:
             f"- model: `{m['source']}` ({m['kind']}, {m['n_layers']} layers x {m['n_heads']} heads, "
             f"d_model {m['d_model']}, d_head {m['d_head']}), sha256 `{m['sha256'][:16]}…`",
             f"- hypothesis: `{h['file'] or '<dict>'}`, sha256 `{h['sha256'][:16]}…`",
-            f"- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()),
+            "- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()),
             f"- command: `{p['command']}`",
             f"- run: {p['started']} to {p['finished']} on {p['host']['platform']}", ""]
     out += ["## Sanity checks", ""]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from . import names, spec as spec_mod
-from .errors import ComponentNameError, SanityCheckError, SpecError
+from .errors import ComponentNameError, SpecError
 from .evidence import Evidence
 
 _MODEL_CACHE: dict[tuple, Any] = {}
@@ -146,5 +146,3 @@ def versions() -> dict:
             out[pkg] = "not installed"
     return out
 
-
-__all__ = ["run", "SanityCheckError"]

@@ -17,9 +17,8 @@ and then test on held-out prompts (its data uses the `test` split; the scan uses
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import yaml

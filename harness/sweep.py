@@ -28,13 +28,12 @@ positions only.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import numpy as np
 
 from . import names
-from .patching import REPLACEMENTS, sender_output
+from .patching import REPLACEMENTS, attn_scale, sender_output
 
 
 def all_edges(n_layers: int, n_heads: int, embed: bool = True, logits: bool = True,
@@ -75,9 +74,7 @@ def _head_z(bridge: Any, q: Any, k: Any, v: Any) -> Any:
     """z = softmax(q k^T / scale + causal mask) v for stacked single heads [E, n, s, dh]."""
     import torch
 
-    cfg = bridge.cfg
-    scale = cfg.attn_scale if getattr(cfg, "use_attn_scale", True) and cfg.attn_scale > 0 else math.sqrt(cfg.d_head)
-    scores = q @ k.transpose(-1, -2) / scale
+    scores = q @ k.transpose(-1, -2) / attn_scale(bridge.cfg)
     s = scores.shape[-1]
     mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=scores.device), 1)
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
@@ -111,12 +108,12 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
         raise ValueError(f"unknown replacement {replacement!r}")
     cfg = bridge.cfg
     L_last = cfg.n_layers - 1
-    n, s = base[f"blocks.0.hook_resid_pre"].shape[:2]
+    n, s = base["blocks.0.hook_resid_pre"].shape[:2]
     d, dh, k = cfg.d_model, cfg.d_head, positions.shape[1]
     per_edge = bytes_per_edge(n, s, d, dh, k, cfg.d_vocab)
     size = chunk_size(budget_bytes, per_edge)
     out = np.zeros((len(edges), n))
-    dtype = base[f"blocks.0.hook_resid_pre"].dtype
+    dtype = base["blocks.0.hook_resid_pre"].dtype
 
     def replaced(senders: list) -> Any:
         if replacement == "resample":
@@ -220,7 +217,7 @@ def _last_layer(bridge: Any, edges: list, idx: list, base: dict, positions: Any,
     base_z = _at(positions, base[f"blocks.{L}.attn.hook_z"][None])[0]  # [n, k, H, dh]
     mid_at = _at(positions, (pre + base[f"blocks.{L}.hook_attn_out"])[None])[0]  # [n, k, d]
     causal = torch.arange(s)[None, None, :] > positions[:, :, None]  # [n, k, s] masked keys
-    scale = cfg.attn_scale if getattr(cfg, "use_attn_scale", True) and cfg.attn_scale > 0 else math.sqrt(dh)
+    scale = attn_scale(cfg)
     W = {x: getattr(bridge, f"W_{x.upper()}")[L].to(pre.dtype) for x in "qkv"}  # [H, d, dh]
     b = {x: getattr(bridge, f"b_{x.upper()}")[L].to(pre.dtype) for x in "qkv"}  # [H, dh]
     W_O = bridge.W_O[L].to(pre.dtype)  # [H, dh, d]

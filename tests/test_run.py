@@ -1,6 +1,5 @@
 """The Python API end to end: determinism, dict input, evidence contents, undefined numbers."""
 
-import copy
 
 import pytest
 import yaml

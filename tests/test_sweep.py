@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import data, metrics, names, sweep
+from harness import data, metrics, sweep
 from harness import patching as P
 from harness.interventions import cache_hooks
 

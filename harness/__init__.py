@@ -2,7 +2,7 @@
 
 Public API (imported lazily, so `import harness` does not load torch):
 
-    harness.run(path_or_dict, seed=None, base_dir=None, figures=True) -> Evidence
+    harness.run(path_or_dict, seed=None, base_dir=None, figures=True, device=None) -> Evidence
     harness.load_hypothesis(path_or_dict) -> LoadedHypothesis   (validation only)
     harness.load_model(path) -> LoadedModel
     harness.Evidence, harness.ClaimResult

@@ -42,19 +42,19 @@ def build_model(folder: Path):
 
 
 def setup(folder: Path, n_prompts: int):
-    from harness import data, sweep
+    from harness import batched_edges, data
     from harness.interventions import cache_hooks
 
     bridge = build_model(folder)
     ds = data.repeated_tokens(n_prompts, 20, VOCAB, seed=0)
-    hooks = sweep.cache_names(N_LAYERS)
+    hooks = batched_edges.cache_names(N_LAYERS)
     return bridge, ds, cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
 
 
 def edges():
-    from harness import sweep
+    from harness import batched_edges
 
-    return sweep.all_edges(N_LAYERS, N_HEADS, embed=False, logits=False)
+    return batched_edges.all_edges(N_LAYERS, N_HEADS, embed=False, logits=False)
 
 
 def metric_fns(ds):
@@ -102,10 +102,10 @@ def run_per_edge(bridge, ds, clean, corrupt, es):
 
 
 def run_batched(bridge, ds, clean, corrupt, es, per_prompt, budget):
-    from harness import sweep
+    from harness import batched_edges
 
     t = time.perf_counter()
-    vals = sweep.batched_metrics(bridge, es, corrupt, clean, clean, ds.positions, per_prompt, "resample",
+    vals = batched_edges.batched_metrics(bridge, es, corrupt, clean, clean, ds.positions, per_prompt, "resample",
                                  budget_bytes=budget).mean(1)
     return time.perf_counter() - t, [float(v) for v in vals]
 

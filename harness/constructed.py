@@ -53,14 +53,16 @@ def config(seed: int) -> dict:
 
 
 def build(variant: str, seed: int = 0) -> Any:
-    """A native bridge (float32) with the variant's hand-set weights."""
+    """A native bridge (float32, on the CPU: the weights are drawn from a CPU
+    generator, and runs move the saved model to their own device) with the
+    variant's hand-set weights."""
     import torch
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
-    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**config(seed)))
+    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**config(seed)), device="cpu")
     m = bridge.original_model
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -138,7 +140,7 @@ def save(bridge: Any, variant: str, seed: int, out: Path) -> Path:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().clone() for k, v in bridge.state_dict().items()},
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in bridge.state_dict().items()},
               str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config(seed), indent=2) + "\n")
     (out / "README.md").write_text(f"Constructed model `{variant}` (seed {seed}), built by "

@@ -37,6 +37,15 @@ class Dataset:
     description: str
     has_bos: bool
 
+    def to(self, device: Any) -> "Dataset":
+        """The same dataset with every tensor on `device` (a no-op copy when already there).
+        Prompts are always drawn on the CPU, so they do not depend on the device."""
+        def move(t: Any) -> Any:
+            return None if t is None else t.to(device)
+
+        return Dataset(move(self.clean), move(self.corrupted), move(self.positions), move(self.answers),
+                       move(self.wrong), self.description, self.has_bos)
+
     @property
     def n(self) -> int:
         return int(self.clean.shape[0])

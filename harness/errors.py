@@ -38,3 +38,7 @@ class SanityCheckError(HarnessError):
 
 class OutputExistsError(UserError):
     """The report folder asked for already exists; runs never overwrite."""
+
+
+class DeviceError(UserError):
+    """A device name that is malformed or not available on this machine."""

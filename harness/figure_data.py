@@ -3,7 +3,7 @@ evidence.json (`figures_data`), so `harness report` can redraw every figure
 from the JSON alone.
 
 * attention:   for each head in an attention-role claim, its pattern on the
-               first clean prompt, with the prompt's tokens.
+               first clean prompt, with the prompt's tokens (copied to the CPU).
 * composition: for each mode (q/k/v) named by a composition or edge claim, the
                cross-layer score matrix and each cell's own null 99th percentile
                (per-cell, uncorrected: a guide to the eye; claims use BH).
@@ -38,7 +38,7 @@ def attention(s: Hypothesis, clean: dict, tokens: Any) -> list[dict]:
         if isinstance(c, RoleClaim) and c.role != "copying" and c.head not in seen:
             seen.add(c.head)
             h = names.parse_head(c.head)
-            pat = clean[f"blocks.{h.layer}.attn.hook_pattern"][0, h.head].double().cpu().numpy()
+            pat = clean[f"blocks.{h.layer}.attn.hook_pattern"][0, h.head].cpu().double().numpy()
             out.append({"head": str(h), "tokens": tokens[0].tolist(), "pattern": np.round(pat, 5).tolist()})
     return out
 

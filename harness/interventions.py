@@ -11,7 +11,8 @@ values, before W_O), replacing only that head's slice:
 * resample: z_h[n, p] <- z_h^corrupted[n, p]    (the paired corrupted prompt)
 
 The head's output is then z_h W_O^h, so its contribution to every later
-reader changes; every other head is untouched.
+reader changes; every other head is untouched.  Tokens are moved to the
+model's device before a forward; replacement values come from caches on it.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ class Plan:
 
 
 def run_plan(bridge: Any, tokens: Any, plan: Plan) -> Any:
-    """Forward `tokens` with the plan's hooks; raise if any hook never fired."""
+    """Forward `tokens` (moved to the model's device) with the plan's hooks; raise if
+    any hook never fired."""
     import torch
+
+    from .devices import of
 
     unknown = [name for name, _ in plan.hooks if name not in bridge.hook_dict]
     if unknown:
@@ -61,7 +65,7 @@ def run_plan(bridge: Any, tokens: Any, plan: Plan) -> Any:
     hooks = [(name, counting(i, fn)) for i, (name, fn) in enumerate(plan.hooks)]
     try:
         with torch.no_grad():
-            logits = bridge.run_with_hooks(tokens, fwd_hooks=hooks)
+            logits = bridge.run_with_hooks(tokens.to(of(bridge)), fwd_hooks=hooks)
     except ValueError as exc:
         if "Cannot add hook" in str(exc):  # TransformerLens refuses gated hooks
             raise SanityCheckError(str(exc)) from None
@@ -74,12 +78,15 @@ def run_plan(bridge: Any, tokens: Any, plan: Plan) -> Any:
 
 
 def cache_hooks(bridge: Any, tokens: Any, names: list[str]) -> dict:
-    """One clean forward caching the named hooks; returns {name: tensor} (and 'logits')."""
+    """One clean forward caching the named hooks; returns {name: tensor} (and 'logits'),
+    on the model's device (the tokens are moved there)."""
     import torch
+
+    from .devices import of
 
     names = list(dict.fromkeys(names))
     with torch.no_grad():
-        logits, cache = bridge.run_with_cache(tokens, names_filter=lambda n: n in names)
+        logits, cache = bridge.run_with_cache(tokens.to(of(bridge)), names_filter=lambda n: n in names)
     missing = [n for n in names if n not in cache]
     if missing:
         raise SanityCheckError(f"hook(s) never fired while caching: {', '.join(missing)}")

@@ -97,7 +97,10 @@ def hooks_needed(s: Hypothesis, n_layers: int) -> list[str]:
 
 
 def measure_all(model: Any, ds: Any, s: Hypothesis, seed: int, figures: bool = True) -> Measurements:
+    from .devices import of
+
     bridge = model.bridge
+    ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers = model.n_layers
     hooks = hooks_needed(s, n_layers)
     clean = iv.cache_hooks(bridge, ds.clean, hooks)

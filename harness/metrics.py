@@ -4,7 +4,9 @@
 * `logit_diff`: m_n = mean_i (logits[n, p_i, answer_i] - logits[n, p_i, wrong_i])
 
 Both are oriented so that higher means "more of the clean behaviour".
-Values are returned in float64, one per prompt.
+Values are returned in float64, one per prompt, on the logits' device (on the
+CPU for MPS logits, which have no float64: devices.wide); positions, answers and
+wrong tokens are moved to the logits' device first.
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ def per_prompt(logits: Any, positions: Any, answers: Any, metric: str, wrong: An
     """logits [n, seq, vocab] -> metric per prompt [n] (float64)."""
     import torch
 
-    idx = positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-    at = logits.gather(1, idx).double()  # [n, k, vocab]
+    from .devices import wide
+
+    idx = positions.to(logits.device).unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    at = wide(logits.gather(1, idx))  # [n, k, vocab]
+    answers = answers.to(at.device)
+    wrong = None if wrong is None else wrong.to(at.device)
     if metric == "logprob":
         lp = torch.log_softmax(at, dim=-1)
         return lp.gather(-1, answers.unsqueeze(-1)).squeeze(-1).mean(-1)

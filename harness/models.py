@@ -185,7 +185,12 @@ def load_transformers(name_or_path: str, dtype: Any = None, device: str | None =
 
 
 def load_model(source: str | Path, dtype: Any = None, device: str | None = None) -> LoadedModel:
-    """Load a model directory (native or Hugging Face) or `hf:NAME`."""
+    """Load a model directory (native or Hugging Face) or `hf:NAME` onto `device`,
+    resolved by devices.resolve_device (None: $HARNESS_DEVICE, else the best
+    available; a bad or unavailable name raises DeviceError before any loading)."""
+    from .devices import resolve_device
+
+    device = resolve_device(device)
     src = str(source)
     if src.startswith(HF_PREFIX):
         name = src[len(HF_PREFIX):]

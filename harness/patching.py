@@ -21,6 +21,10 @@ per position, `zero` = 0.
 `fast_plan` hooks the receiver's q/k/v (TransformerLens computes attention);
 `slow_logits` is the plainly written reference: it recomputes the receiver
 head's whole attention by hand and replaces its z.  Tests hold them equal.
+
+Devices: the float64 arithmetic runs on the activations' device (on the CPU for
+MPS, which has no float64: devices.wide); norm modules run on the model's device;
+hooks hand the model its own dtype and device back (devices.like).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import names
+from .devices import like, of, wide
 from .errors import HarnessError
 from .interventions import Plan, run_plan
 
@@ -61,9 +66,9 @@ def cache_names(edges: list[names.Edge], n_layers: int) -> list[str]:
 def sender_output(bridge: Any, cache: dict, sender: Any) -> Any:
     """The sender's write into the residual stream [n, pos, d_model] (float64)."""
     if isinstance(sender, names.Head):
-        z = cache[f"blocks.{sender.layer}.attn.hook_z"][:, :, sender.head].double()
-        return z @ bridge.W_O[sender.layer, sender.head].double()
-    return (cache["hook_embed"] + cache["hook_pos_embed"]).double()
+        z = wide(cache[f"blocks.{sender.layer}.attn.hook_z"][:, :, sender.head])
+        return z @ wide(bridge.W_O[sender.layer, sender.head]).to(z.device)
+    return wide(cache["hook_embed"] + cache["hook_pos_embed"])
 
 
 def replacement_output(bridge: Any, base: dict, source: dict, clean: dict, sender: Any,
@@ -83,7 +88,7 @@ def patched_residual(bridge: Any, edge: names.Edge, base: dict, new_out: Any) ->
     r = edge.receiver
     key = (f"blocks.{r.head.layer}.hook_resid_pre" if isinstance(r, names.HeadInput)
            else f"blocks.{bridge.cfg.n_layers - 1}.hook_resid_post")
-    return base[key].double() - sender_output(bridge, base, edge.sender) + new_out
+    return wide(base[key]) - sender_output(bridge, base, edge.sender) + new_out
 
 
 def attn_scale(cfg: Any) -> float:
@@ -93,20 +98,24 @@ def attn_scale(cfg: Any) -> float:
     return math.sqrt(cfg.d_head)
 
 
-def _ln(module: Any, x: Any) -> Any:
-    """Apply a norm module in its own dtype (parameter-free norms: the input's), return float64."""
+def _ln(module: Any, x: Any, device: Any) -> Any:
+    """Apply a norm module on the model's `device` in its own dtype (parameter-free
+    norms: the input's, float32 on MPS), return float64 (devices.wide)."""
     import torch
 
     param = next(module.parameters(), None)
+    dtype = x.dtype if param is None else param.dtype
+    if torch.device(device).type == "mps" and dtype == torch.float64:
+        dtype = torch.float32
     with torch.no_grad():
-        return module(x.to(x.dtype if param is None else param.dtype)).double()
+        return wide(module(x.to(dtype).to(device)))
 
 
 def receiver_input(bridge: Any, head: names.Head, which: str, resid: Any) -> Any:
     """x = LN1(resid) W_x + b_x for one head: [n, pos, d_head] (float64)."""
-    h = _ln(bridge.blocks[head.layer].ln1, resid)
-    W = getattr(bridge, f"W_{which.upper()}")[head.layer, head.head].double()
-    b = getattr(bridge, f"b_{which.upper()}")[head.layer, head.head].double()
+    h = _ln(bridge.blocks[head.layer].ln1, resid, of(bridge))
+    W = wide(getattr(bridge, f"W_{which.upper()}")[head.layer, head.head]).to(h.device)
+    b = wide(getattr(bridge, f"b_{which.upper()}")[head.layer, head.head]).to(h.device)
     return h @ W + b
 
 
@@ -132,7 +141,7 @@ def fast_plan(bridge: Any, patch: EdgePatch) -> Plan:
         resid = patch.resid
 
         def final(x, hook):
-            return resid.to(x.dtype)
+            return like(resid, x)
 
         plan.add(f"blocks.{bridge.cfg.n_layers - 1}.hook_resid_post", final)
         return plan
@@ -141,7 +150,7 @@ def fast_plan(bridge: Any, patch: EdgePatch) -> Plan:
 
     def swap(x, hook):
         x = x.clone()
-        x[:, :, idx, :] = new.to(x.dtype)
+        x[:, :, idx, :] = like(new, x)
         return x
 
     plan.add(f"blocks.{r.head.layer}.attn.hook_{r.which}", swap)
@@ -168,28 +177,28 @@ def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: dict) -> Any:
     r = patch.edge.receiver
     if isinstance(r, names.Logits):
         with torch.no_grad():
-            return bridge.unembed(_ln(bridge.ln_final, patch.resid).to(bridge.W_U.dtype)).double()
+            return wide(bridge.unembed(like(_ln(bridge.ln_final, patch.resid, of(bridge)), bridge.W_U)))
     L, h = r.head.layer, r.head
-    resid = base[f"blocks.{L}.hook_resid_pre"].double()
+    resid = wide(base[f"blocks.{L}.hook_resid_pre"])
     qkv = {w: receiver_input(bridge, h, w, patch.resid if w == r.which else resid) for w in "qkv"}
     scores = qkv["q"] @ qkv["k"].transpose(-1, -2) / attn_scale(bridge.cfg)
     s = scores.shape[-1]
-    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=scores.device), 1)
     z = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ qkv["v"]
     plan = Plan()
 
     def set_z(x, hook):
         x = x.clone()
-        x[:, :, h.head, :] = z.to(x.dtype)
+        x[:, :, h.head, :] = like(z, x)
         return x
 
     plan.add(f"blocks.{L}.attn.hook_z", set_z)
-    return run_plan(bridge, tokens, plan).double()
+    return wide(run_plan(bridge, tokens, plan))
 
 
 def freeze_patterns_plan(patterns: dict[int, Any]) -> Plan:
     """Hooks that hold every layer's attention pattern at the given (base-run) values."""
     plan = Plan()
     for layer, pat in sorted(patterns.items()):
-        plan.add(f"blocks.{layer}.attn.hook_pattern", lambda x, hook, pat=pat: pat.to(x.dtype))
+        plan.add(f"blocks.{layer}.attn.hook_pattern", lambda x, hook, pat=pat: like(pat, x))
     return plan

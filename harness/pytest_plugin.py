@@ -15,7 +15,9 @@ default, or xfail / skip with `--harness-inconclusive` (ini:
 `harness_inconclusive`).  Schema errors are collection errors with file:line.
 Markers per claim kind: role, ablation, composition, edge, circuit
 (e.g. `-m "not circuit"`).  Options: `--harness-report DIR` (write each file's
-report under DIR), `--harness-seed N`.
+report under DIR), `--harness-seed N`, `--harness-device DEVICE` (ini:
+`harness_device`; cpu, cuda, cuda:N or mps; default: $HARNESS_DEVICE or the best
+available, as devices.resolve_device; the command-line option wins over the ini).
 """
 
 from __future__ import annotations
@@ -48,8 +50,13 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--harness-seed", type=int, default=None, help="override the files' seed")
     group.addoption("--harness-inconclusive", choices=("fail", "xfail", "skip"), default=None,
                     help="outcome of an INCONCLUSIVE claim (default: fail, or the ini value)")
+    group.addoption("--harness-device", metavar="DEVICE", default=None,
+                    help="cpu, cuda, cuda:N or mps; default: best available, or $HARNESS_DEVICE "
+                         "(or the ini value)")
     parser.addini("harness_inconclusive", "outcome of an INCONCLUSIVE claim: fail, xfail or skip",
                   default="fail")
+    parser.addini("harness_device", "device the models run on: cpu, cuda, cuda:N or mps "
+                  "(default: best available, or $HARNESS_DEVICE)", default="")
 
 
 def pytest_configure(config: Any) -> None:
@@ -96,7 +103,7 @@ class HypothesisFile(pytest.File):
             config = self.config
             try:
                 self._evidence = run(self.path, seed=config.getoption("harness_seed"),
-                                     command=f"pytest {self.path}")
+                                     command=f"pytest {self.path}", device=device(config))
             except HarnessError as exc:
                 self._error = str(exc)
             else:
@@ -110,6 +117,11 @@ class HypothesisFile(pytest.File):
 
 
 _REPORTS = pytest.StashKey[list]()
+
+
+def device(config: Any) -> Optional[str]:
+    """--harness-device, else the ini `harness_device`, else None (resolved by run())."""
+    return config.getoption("harness_device") or config.getini("harness_device") or None
 
 
 class ClaimItem(pytest.Item):

@@ -110,7 +110,8 @@ def write_report(ev: Evidence, out_dir: Optional[Any] = None, reports_root: Opti
 
 
 def rerender(evidence_json: Path, out_dir: Optional[Path] = None) -> Path:
-    """`harness report`: render report.md/html and figures from evidence.json alone.
+    """`harness report`: render report.md/html and figures from evidence.json alone
+    (or sweep.md/html and figures from a sweep.json).
 
     Without `out_dir` the files beside evidence.json are replaced (each written to a
     temporary name and renamed); with it, a new folder gets a copy of the JSON too."""
@@ -120,14 +121,26 @@ def rerender(evidence_json: Path, out_dir: Optional[Path] = None) -> Path:
         doc = json.loads(evidence_json.read_text())
     except json.JSONDecodeError as exc:
         raise UserError(f"{evidence_json}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-    problems = validate_evidence(doc)
+    sweep = isinstance(doc, dict) and "jobs" in doc  # a sweep.json (see sweep_report)
+    problems = validate_document(doc, "sweep" if sweep else "evidence")
     if problems:
-        raise UserError(f"{evidence_json}: not a valid evidence document:\n" + "\n".join(problems[:10]))
-    files = render_files(doc)
+        raise UserError(f"{evidence_json}: not a valid {'sweep' if sweep else 'evidence'} document:\n"
+                        + "\n".join(problems[:10]))
+    if sweep:
+        from .sweep_report import render_sweep
+
+        files = render_sweep(doc)
+    else:
+        files = render_files(doc)
     if out_dir is not None:
         if out_dir.exists():
             raise OutputExistsError(f"{out_dir} already exists; choose another --out")
-        files["evidence.json"] = evidence_json.read_bytes()
+        files[evidence_json.name] = evidence_json.read_bytes()
+        runs = evidence_json.parent / "runs"
+        if sweep and runs.is_dir():  # the per-job reports the sweep report links to
+            for f in runs.rglob("*"):
+                if f.is_file():
+                    files[str(f.relative_to(evidence_json.parent))] = f.read_bytes()
         _write_folder(out_dir, files)
         return out_dir
     folder = evidence_json.parent
@@ -140,16 +153,21 @@ def rerender(evidence_json: Path, out_dir: Optional[Path] = None) -> Path:
     return folder
 
 
-def schema() -> dict:
-    """The JSON Schema of evidence.json (shipped as harness/evidence.schema.json)."""
-    return json.loads((Path(__file__).parent / "evidence.schema.json").read_text())
+def schema(kind: str = "evidence") -> dict:
+    """The JSON Schema of evidence.json or sweep.json (shipped as harness/<kind>.schema.json)."""
+    return json.loads((Path(__file__).parent / f"{kind}.schema.json").read_text())
 
 
 def validate_evidence(doc: Any) -> list[str]:
-    """Problems of a document against the shipped schema ([] when valid)."""
+    """Problems of an evidence document against the shipped schema ([] when valid)."""
+    return validate_document(doc, "evidence")
+
+
+def validate_document(doc: Any, kind: str) -> list[str]:
+    """Problems of an evidence ('evidence') or sweep ('sweep') document ([] when valid)."""
     import jsonschema
 
-    v = jsonschema.Draft202012Validator(schema())
+    v = jsonschema.Draft202012Validator(schema(kind))
     return [f"{'/'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}"
             for e in sorted(v.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
 

@@ -154,7 +154,8 @@ def render_markdown(ev: Evidence, figures: set[str] = frozenset()) -> str:
             f"- hypothesis: `{h['file'] or '<dict>'}`, sha256 `{h['sha256'][:16]}…`",
             "- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()),
             f"- command: `{p['command']}`",
-            f"- run: {p['started']} to {p['finished']} on {p['host']['platform']}", ""]
+            f"- run: {p['started']} to {p['finished']} on {p['host']['platform']}"
+            + (f", device {p['device']}" if p.get("device") else ""), ""]
     out += ["## Sanity checks", ""]
     out += [f"- {'ok' if ch['passed'] else 'FAILED'}: {ch['name']} — {ch['detail']}" for ch in ev.sanity_checks]
     return "\n".join(out) + "\n"

@@ -13,7 +13,8 @@ where Q is the set of queries that have at least one target.
   (attention to the token *after* an earlier occurrence of the current token)
 
 A prompt with no qualifying query has an undefined score (NaN here; excluded
-and counted by the caller).
+and counted by the caller).  Masks are built on the tokens' device; scores are
+float64 on the pattern's device (the CPU for MPS patterns: devices.wide).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ ROLES = ("previous_token", "induction", "duplicate_token", "first_token")
 
 
 def target_mask(tokens: Any, role: str) -> Any:
-    """0/1 mask [n, seq, seq] (query, key) of what the role attends to."""
+    """0/1 mask [n, seq, seq] (query, key) of what the role attends to (float64,
+    on the tokens' device; an MPS caller passes CPU tokens)."""
     import torch
 
     n, s = tokens.shape
-    q = torch.arange(s).view(s, 1)
-    k = torch.arange(s).view(1, s)
+    q = torch.arange(s, device=tokens.device).view(s, 1)
+    k = torch.arange(s, device=tokens.device).view(1, s)
     if role == "previous_token":
         m = (k == q - 1).expand(n, s, s)
     elif role == "first_token":
@@ -40,7 +42,7 @@ def target_mask(tokens: Any, role: str) -> Any:
             m = same & (k < q)
         elif role == "induction":
             earlier = same & (k <= q - 2)  # j with tok[j] == tok[q], j <= q-2
-            m = torch.zeros(n, s, s, dtype=torch.bool)
+            m = torch.zeros(n, s, s, dtype=torch.bool, device=tokens.device)
             m[:, :, 1:] = earlier[:, :, :-1]  # shift key j -> j+1
         else:
             raise ValueError(f"unknown role {role!r}; allowed: {', '.join(ROLES)}")
@@ -51,9 +53,12 @@ def role_scores(pattern: Any, tokens: Any, role: str) -> Any:
     """Per-prompt role score for one head: pattern [n, q, k] -> [n] float64 (NaN if undefined)."""
     import torch
 
-    m = target_mask(tokens, role)
+    from .devices import wide
+
+    pattern = wide(pattern)
+    m = target_mask(tokens.to(pattern.device), role)
     qualifies = m.sum(-1) > 0  # [n, q]
-    hit = (pattern.double() * m).sum(-1)  # [n, q]
+    hit = (pattern * m).sum(-1)  # [n, q]
     count = qualifies.sum(-1)
     total = (hit * qualifies).sum(-1)
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))

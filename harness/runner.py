@@ -21,13 +21,16 @@ from .evidence import Evidence
 _MODEL_CACHE: dict[tuple, Any] = {}
 
 
-def load_model_cached(source: str) -> Any:
-    """One model load per source per process (the pytest plugin and sweeps reuse it)."""
+def load_model_cached(source: str, device: Optional[str] = None) -> Any:
+    """One model load per (source, device) per process (the pytest plugin reuses it).
+    `device` is resolved first (devices.resolve_device: None = $HARNESS_DEVICE or the
+    best available), so None and its resolved name share one entry."""
+    from .devices import resolve_device
     from .models import load_model
 
-    key = (source,)
+    key = (source, resolve_device(device))
     if key not in _MODEL_CACHE:
-        _MODEL_CACHE[key] = load_model(source)
+        _MODEL_CACHE[key] = load_model(source, device=key[1])
     return _MODEL_CACHE[key]
 
 
@@ -66,23 +69,38 @@ def check_names(h: spec_mod.LoadedHypothesis, model: Any) -> None:
 
 def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
         base_dir: Union[str, Path, None] = None, command: Optional[str] = None,
-        figures: bool = True) -> Evidence:
+        figures: bool = True, model: Any = None, device: Optional[str] = None) -> Evidence:
     """Run every claim of a hypothesis (file path or dict) and return the Evidence.
 
     `seed` overrides the file's `seed` (bootstrap and permutation streams).
     `figures=False` skips collecting the figures' data (figures_data stays empty: no
     attention, composition-matrix or signature data); verdicts and numbers are unchanged.
+    `model` replaces the file's `model:` — a model directory / `hf:NAME` (loaded
+    here, not cached) or an already loaded `LoadedModel` (sweeps run many files on
+    one checkpoint).  `device` is where a model loaded here is placed: `cpu`, `cuda`,
+    `cuda:N` or `mps`; None means $HARNESS_DEVICE or the best available
+    (devices.resolve_device; a bad or unavailable name raises DeviceError).  An
+    already loaded model runs where it is.  The data is moved to the model's device,
+    and provenance["device"] records the device the model ran on (e.g. "cpu").
     """
+    from .devices import of, resolve_device
     from .measure import measure_all
+    from .models import LoadedModel, load_model
 
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     h = spec_mod.load(hypothesis, base_dir=base_dir)
     s = h.spec
     seed = s.seed if seed is None else seed
-    source = s.model if s.model.startswith("hf:") else str(h.resolve(s.model))
-    model = load_model_cached(source)
+    device = resolve_device(device)
+    if isinstance(model, LoadedModel):
+        pass
+    elif model is not None:
+        model = load_model(model, device=device)
+    else:
+        source = s.model if s.model.startswith("hf:") else str(h.resolve(s.model))
+        model = load_model_cached(source, device)
     check_names(h, model)
-    ds = build_dataset(h, model)
+    ds = build_dataset(h, model).to(of(model.bridge))
     if s.metric == "logit_diff" and ds.wrong is None:
         raise SpecError([f"{h.where('metric')}: logit_diff needs 'wrong' tokens in the data"])
     m = measure_all(model, ds, s, seed, figures)
@@ -109,6 +127,7 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
         provenance={"versions": versions(), "command": command or " ".join(sys.argv),
                     "started": started,
                     "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    "device": str(of(model.bridge)),
                     "host": {"python": platform.python_version(), "platform": platform.platform(),
                              "machine": platform.machine()}},
     )

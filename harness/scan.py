@@ -2,7 +2,7 @@
 
 For every sender (embed, heads) -> later head .q/.k/.v and -> logits edge:
 * the causal effect (noising, resample replacement, batched exact edge
-  patching, sweep.py): normalised effect with a BCa CI and a sign-flip p-value,
+  patching, batched_edges.py): normalised effect with a BCa CI and a sign-flip p-value,
   Benjamini-Hochberg adjusted over all edges, and its use status (causal.py);
 * for head -> head-input edges, the composition score and its rotation-null
   p-value (uncorrected, `--draws` draws: an exploration aid, not a claim), and
@@ -23,32 +23,37 @@ from typing import Any
 import numpy as np
 import yaml
 
-from . import causal, metrics, names, stats, sweep, weights
+from . import batched_edges, causal, metrics, names, stats, weights
 from .progress import progress
 from .schema import Stats
 
 
 def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int = 20, seed: int = 0,
          metric: str = "logprob", processing: str = "folded", draws: int = 1000, top: int = 15,
-         budget_mb: int = 32, bootstrap: int = 1000) -> tuple[list[dict], str]:
-    """Run the scan; return (rows ranked by effect, printable table)."""
+         budget_mb: int = 32, bootstrap: int = 1000, device: str | None = None) -> tuple[list[dict], str]:
+    """Run the scan; return (rows ranked by effect, printable table).  `device`: where the
+    model runs (devices.resolve_device: None = $HARNESS_DEVICE or the best available);
+    prompts are drawn on the CPU and moved there, the statistics run on the CPU."""
     from . import data
+    from .devices import of, resolve_device
     from .interventions import cache_hooks
     from .models import load_model
 
-    m = load_model(model_source)
+    device = resolve_device(device)
+    m = load_model(model_source, device=device)
     bridge, L, H = m.bridge, m.n_layers, m.n_heads
     ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, "explore", bos_token=m.bos_token)
-    hooks = sweep.cache_names(L)
+    ds = ds.to(of(bridge))
+    hooks = batched_edges.cache_names(L)
     clean, corrupt = cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
-    m_clean = metrics.per_prompt(clean["logits"], ds.positions, ds.answers, metric).numpy()
-    m_corrupt = metrics.per_prompt(corrupt["logits"], ds.positions, ds.answers, metric).numpy()
-    edges = sweep.all_edges(L, H)
+    m_clean = metrics.per_prompt(clean["logits"], ds.positions, ds.answers, metric).cpu().numpy()
+    m_corrupt = metrics.per_prompt(corrupt["logits"], ds.positions, ds.answers, metric).cpu().numpy()
+    edges = batched_edges.all_edges(L, H)
 
     def mf(logits: Any, pos: Any) -> Any:
         return metrics.per_prompt(logits, pos, ds.answers.repeat(logits.shape[0] // ds.n, 1), metric)
 
-    patched = sweep.batched_metrics(bridge, edges, clean, corrupt, clean, ds.positions, mf, "resample",
+    patched = batched_edges.batched_metrics(bridge, edges, clean, corrupt, clean, ds.positions, mf, "resample",
                                     budget_mb * 2**20, progress)
     st = Stats(bootstrap=bootstrap)
     hw = weights.head_weights(bridge, processing)

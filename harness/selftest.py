@@ -14,6 +14,8 @@
    rate is not significantly above it).
 
 Exit 0 only when every verdict is as expected and all three rates are within bounds.
+The models are built on the CPU and saved; every run loads them on `device`
+(devices.resolve_device: None = $HARNESS_DEVICE or the best available).
 """
 
 from __future__ import annotations
@@ -59,13 +61,13 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     return float(ci.low), float(ci.high)
 
 
-def run_validation(root: Path) -> list[dict]:
+def run_validation(root: Path, device: Optional[str] = None) -> list[dict]:
     import harness
 
     expected = yaml.safe_load((ROOT / "expected.yaml").read_text())
     rows = []
     for name, claims in expected.items():
-        ev = harness.run(root / "validation" / f"{name}.yaml", figures=False)
+        ev = harness.run(root / "validation" / f"{name}.yaml", figures=False, device=device)
         got = {c.id: c for c in ev.claims}
         for cid, want in claims.items():
             c = got[cid]
@@ -74,7 +76,8 @@ def run_validation(root: Path) -> list[dict]:
     return rows
 
 
-def null_rates(root: Path, seeds: range, alpha_used: float, alpha_comp: float) -> dict:
+def null_rates(root: Path, seeds: range, alpha_used: float, alpha_comp: float,
+               device: Optional[str] = None) -> dict:
     import harness
 
     used = composes = raw = n = 0
@@ -93,7 +96,7 @@ def null_rates(root: Path, seeds: range, alpha_used: float, alpha_comp: float) -
                                    "seed": seed},
                           "stats": {"alpha": alpha_used, "composition_alpha": alpha_comp,
                                     "bootstrap": 500, "permutations": 1000},
-                          "claims": claims}, figures=False)
+                          "claims": claims}, figures=False, device=device)
         for c in ev.claims:
             if c.kind == "edge":
                 n += 1
@@ -109,15 +112,19 @@ def null_rates(root: Path, seeds: range, alpha_used: float, alpha_comp: float) -
     return out
 
 
-def selftest(out: Optional[Path] = None, null_seeds: int = 20) -> SelftestResult:
-    """Build, run, compare; models and copies of the files go to `out` (default: a temp dir)."""
+def selftest(out: Optional[Path] = None, null_seeds: int = 20, device: Optional[str] = None) -> SelftestResult:
+    """Build, run, compare; models and copies of the files go to `out` (default: a temp dir).
+    `device`: where the runs happen (checked before anything is built)."""
+    from .devices import resolve_device
+
+    device = resolve_device(device)
     root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="harness-selftest-"))
     try:
         constructed.build_all(root / "models", (0,))
         shutil.copytree(ROOT / "validation", root / "validation", dirs_exist_ok=True)
-        res = SelftestResult(rows=run_validation(root))
+        res = SelftestResult(rows=run_validation(root, device))
         res.decoy_class = next((r["class"] for r in res.rows if r["claim"] == "decoy-route-unused"), None)
-        res.fpr = null_rates(root, range(1, 1 + null_seeds), alpha_used=0.05, alpha_comp=0.01)
+        res.fpr = null_rates(root, range(1, 1 + null_seeds), alpha_used=0.05, alpha_comp=0.01, device=device)
     finally:
         if out is None:
             shutil.rmtree(root, ignore_errors=True)

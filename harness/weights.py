@@ -62,8 +62,9 @@ PROCESSING = ("raw", "folded")
 
 @dataclass
 class HeadWeights:
-    """Per-layer stacks in float64: W_Q, W_K, W_V [L, H, d, dh]; W_O [L, H, dh, d];
-    W_E [vocab, d]; W_U [d, vocab]."""
+    """Per-layer stacks in float64 on the CPU, whatever the model's device (MPS has
+    no float64, and the null draws use CPU generators): W_Q, W_K, W_V [L, H, d, dh];
+    W_O [L, H, dh, d]; W_E [vocab, d]; W_U [d, vocab]."""
 
     W_Q: Any
     W_K: Any
@@ -88,13 +89,13 @@ class HeadWeights:
 
 
 def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
-    """Read the attention weights from a bridge (never modifying it)."""
+    """Read the attention weights from a bridge (never modifying it), as CPU float64 copies."""
     import torch
 
     if processing not in PROCESSING:
         raise ValueError(f"unknown weight processing {processing!r}; allowed: {', '.join(PROCESSING)}")
     with torch.no_grad():
-        get = lambda name: getattr(bridge, name).detach().to(torch.float64).clone()  # noqa: E731
+        get = lambda name: getattr(bridge, name).detach().cpu().to(torch.float64).clone()  # noqa: E731
         W_Q, W_K, W_V, W_O, W_E, W_U = (get(n) for n in ("W_Q", "W_K", "W_V", "W_O", "W_E", "W_U"))
         d = W_Q.shape[-2]
         null_dim = d
@@ -121,7 +122,7 @@ def _ln_weight(module: Any, name: str) -> Optional[Any]:
 
     ln = getattr(module, name, None)
     w = getattr(ln, "weight", None) if ln is not None else None
-    return w.detach().to(torch.float64) if isinstance(w, torch.Tensor) else None
+    return w.detach().cpu().to(torch.float64) if isinstance(w, torch.Tensor) else None
 
 
 def factors(hw: HeadWeights, layer: int, head: int, which: str) -> tuple[Any, Any]:

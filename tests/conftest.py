@@ -1,11 +1,19 @@
-"""Shared fixtures: one fixture-model load per session; tiny hand-set models."""
+"""Shared fixtures: one fixture-model load per session; tiny hand-set models.
+
+The suite runs on the CPU even where a GPU exists, so its numbers are the same on
+every machine: HARNESS_DEVICE defaults to cpu here (an explicit value is kept), and
+the session models are loaded on "cpu".
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+
+os.environ.setdefault("HARNESS_DEVICE", "cpu")
 
 pytest_plugins = ["pytester"]
 
@@ -19,14 +27,14 @@ def demo_evidence():
     """One run of the demo hypothesis per test session (it is the slowest thing we run)."""
     import harness
 
-    return harness.run(HYPOTHESES / "induction.yaml")
+    return harness.run(HYPOTHESES / "induction.yaml", device="cpu")
 
 
 @pytest.fixture(scope="session")
 def fixture_model():
     from harness.runner import load_model_cached
 
-    return load_model_cached(str(FIXTURE))
+    return load_model_cached(str(FIXTURE), "cpu")
 
 
 def save_native(bridge, cfg: dict, out: Path) -> Path:

@@ -55,6 +55,16 @@ def test_inconclusive_ini_option(pytester):
     pytester.runpytest_inprocess().assert_outcomes(xfailed=1)
 
 
+def test_device_option_and_ini(pytester):
+    """The ini `harness_device` reaches run(); --harness-device wins over it."""
+    write(pytester, "mech", [PASSING])
+    pytester.makeini("[pytest]\nharness_device = gpu0\n")
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(failed=1)
+    assert "device 'gpu0' is not a device name" in result.stdout.str()
+    pytester.runpytest_inprocess("--harness-device=cpu").assert_outcomes(passed=1)
+
+
 def test_schema_error_is_a_collection_error_with_line(pytester):
     f = write(pytester, "bad", [dict(PASSING, head="L0H7.k")])
     result = pytester.runpytest_inprocess()

@@ -1,76 +1,279 @@
-"""Batched edge patching equals the per-edge path, whatever the chunking."""
+"""`harness sweep`: hypothesis files x shipped checkpoints, in-process and on Ray.
 
-import numpy as np
+One in-process sweep (module fixture, through the CLI) covers the eight shipped
+checkpoints of the fixture's training run plus one broken model directory; the
+Ray sweep repeats three of its jobs on a local Ray instance and must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
 import pytest
-import torch
 
-from harness import data, metrics, sweep
-from harness import patching as P
-from harness.interventions import cache_hooks
+from harness import cli, executors, sweep_models
+from harness.errors import UserError
+from harness.report import validate_document
+from harness.sweep_report import holds_from
 
-from .conftest import tiny_config
+ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINTS = ROOT / "fixtures" / "induction-2l-checkpoints"
+STEPS = [250, 500, 750, 850, 950, 1250, 2000, 3000]
 
-
-def per_edge(bridge, ds, edges, base, source, clean, tokens, replacement):
-    return np.stack([metrics.per_prompt(P.fast_logits(bridge, tokens, P.prepare(bridge, e, base, source, clean,
-                                                                                 replacement)),
-                                        ds.positions, ds.answers, "logprob").double().numpy() for e in edges])
-
-
-def batched(bridge, ds, edges, base, source, clean, replacement, budget):
-    def mf(logits, pos):
-        return metrics.per_prompt(logits, pos, ds.answers.repeat(logits.shape[0] // ds.n, 1), "logprob")
-
-    return sweep.batched_metrics(bridge, edges, base, source, clean, ds.positions, mf, replacement, budget)
-
-
-def runs(bridge, n_layers, vocab, seq=5, n=6):
-    ds = data.repeated_tokens(n, seq, vocab, seed=3)
-    hooks = sweep.cache_names(n_layers)
-    return ds, cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
-
-
-@pytest.mark.parametrize("replacement", ["resample", "mean", "zero"])
-@pytest.mark.parametrize("budget", [1, 2**30])  # one edge per chunk vs everything at once
-def test_three_layer_native_model(replacement, budget):
-    """Receivers in layers 1 and 2 (general path and last-layer path), embed and logits edges."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge import TransformerBridge
-
-    cfg = tiny_config(n_layers=3, seed=5)
-    b = TransformerBridge.boot_native(TransformerBridgeConfig(**cfg), dtype=torch.float64)
-    ds, clean, corrupt = runs(b, 3, cfg["d_vocab"])
-    edges = sweep.all_edges(3, 2)
-    assert len(edges) == (18 + 1) + 2 * (12 + 1) + 2 * (6 + 1) + 2 * 1  # senders embed, L0, L1, L2
-    fast = batched(b, ds, edges, clean, corrupt, clean, replacement, budget)
-    slow = per_edge(b, ds, edges, clean, corrupt, clean, ds.clean, replacement)
-    np.testing.assert_allclose(fast, slow, atol=1e-10)
-
-
-def test_fixture_all_edges_noising(fixture_model):
-    b = fixture_model.bridge
-    ds, clean, corrupt = runs(b, 2, 128, seq=10, n=12)
-    edges = sweep.all_edges(2, 8)
-    fast = batched(b, ds, edges, clean, corrupt, clean, "resample", 32 * 2**20)
-    slow = per_edge(b, ds, edges, clean, corrupt, clean, ds.clean, "resample")
-    np.testing.assert_allclose(fast, slow, atol=1e-4)
+SMALL = """\
+harness: 1
+name: induction-small
+model: {model}
+data:
+  generator: repeated_tokens
+  n_prompts: 60
+  segment_length: 12
+  split: test
+metric: logprob
+stats:
+  bootstrap: 500
+  permutations: 1000
+  null_draws: 300
+claims:
+  - id: prev-token-L0H7
+    kind: role
+    head: L0H7
+    role: previous_token
+    at_least: 0.8
+  - id: induction-L1H5
+    kind: role
+    head: L1H5
+    role: induction
+    at_least: 0.7
+  - id: K-comp-L0H7-L1H5
+    kind: composition
+    edge: L0H7 -> L1H5.k
+    expect: composes
+  - id: prev-token-feeds-induction-keys
+    kind: edge
+    edge: L0H7 -> L1H5.k
+    expect: used
+"""
 
 
-def test_gpt2_with_mlps_denoising(tmp_path):
-    transformers = pytest.importorskip("transformers")
+def small_file(folder: Path, name: str = "small.yaml") -> Path:
+    f = folder / name
+    f.write_text(SMALL.format(model=ROOT / "fixtures" / "induction-2l"))
+    return f
+
+
+def broken_model(folder: Path) -> Path:
+    """A copy of the last checkpoint whose weights file is cut in half: it cannot load."""
+    bad = folder / "broken-checkpoint"
+    shutil.copytree(CHECKPOINTS / "step-03000", bad)
+    (bad / "checkpoint.json").unlink()
+    data = (bad / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return bad
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """(exit code, sweep.json, folder, broken dir) of `harness sweep` over the checkpoints + a broken dir."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    hyp = small_file(tmp)
+    bad = broken_model(tmp)
+    out = tmp / "report"
+    code = cli.main(["sweep", str(hyp), "--models", str(CHECKPOINTS), str(bad), "--out", str(out),
+                     "--device", "cpu"])
+    return code, json.loads((out / "sweep.json").read_text()), out, bad
+
+
+def job(doc, model):
+    return next(j for j in doc["jobs"] if j["model"] == model)
+
+
+def verdicts(doc, claim):
+    return [next(c["verdict"] for c in job(doc, f"step-{s:05d}")["claims"] if c["id"] == claim) for s in STEPS]
+
+
+def test_induction_claims_move_from_fail_to_pass_over_training(swept):
+    code, doc, out, _ = swept
+    assert [m["step"] for m in doc["models"][:8]] == STEPS
+    for claim in ("prev-token-L0H7", "induction-L1H5", "K-comp-L0H7-L1H5"):
+        v = verdicts(doc, claim)
+        assert v[0] == "FAIL" and v[-1] == "PASS", (claim, v)
+    v = verdicts(doc, "prev-token-feeds-induction-keys")
+    assert v[0] == "INCONCLUSIVE" and v[-1] == "PASS"  # before induction the gap is too small to normalise
+    md = (out / "sweep.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| induction-L1H5 "))
+    assert row.split("|")[3].strip() == "FAIL" and row.split("|")[10].strip() == "PASS"
+    assert " ".join(x[0] for x in verdicts(doc, "induction-L1H5")) in md  # the holds-from sequence
+
+
+def test_holds_from_matches_the_verdict_sequence(swept):
+    _, doc, _, _ = swept
+    rows = {(r[0], r[1]): r for r in holds_from(doc, "induction-small")}
+    for claim in ("prev-token-L0H7", "induction-L1H5", "K-comp-L0H7-L1H5", "prev-token-feeds-induction-keys"):
+        v = verdicts(doc, claim)
+        last_bad = max(i for i, x in enumerate(v) if x != "PASS")  # step 250 never passes
+        assert rows[(claim, "induction-2l seed 0")][2] == f"step {STEPS[last_bad + 1]}"
+
+
+def test_a_broken_model_fails_one_job_and_keeps_the_others(swept):
+    code, doc, out, bad = swept
+    assert code == 4
+    failed = [j for j in doc["jobs"] if j["status"] == "failed"]
+    assert [j["model"] for j in failed] == [bad.name]
+    assert failed[0]["error"]["type"] == "ModelLoadError" and failed[0]["report"] is None
+    assert doc["counts"] == {**doc["counts"], "jobs": 9, "ok": 8, "failed": 1}
+    md = (out / "sweep.md").read_text()
+    assert "## Failed jobs" in md and bad.name in md and "ModelLoadError" in md
+    for j in doc["jobs"]:
+        if j["status"] == "ok":
+            ev = json.loads((out / j["report"] / "evidence.json").read_text())
+            assert validate_document(ev, "evidence") == []
+            assert [c["verdict"] for c in ev["claims"]] == [c["verdict"] for c in j["claims"]]
+    assert validate_document(doc, "sweep") == []
+
+
+def test_sweep_numbers_equal_a_direct_run_on_the_checkpoint(swept, tmp_path):
+    import harness
+
+    _, doc, _, _ = swept
+    ev = harness.run(small_file(tmp_path), model=CHECKPOINTS / "step-00850", device="cpu")
+    got = {c["id"]: (c["verdict"], c["value"], c["ci"]) for c in job(doc, "step-00850")["claims"]}
+    assert got == {c.id: (c.verdict, c.value, c.ci) for c in ev.claims}
+
+
+def test_report_files_and_rerender(swept, tmp_path):
+    _, doc, out, _ = swept
+    html = (out / "sweep.html").read_text()
+    assert "data:image/png;base64," in html and "report.html" in html and 'class="v-FAIL"' in html
+    for f in ("induction-small-claims.png", "induction-small-together.png"):
+        assert (out / "figures" / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["report", str(out / "sweep.json"), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "sweep.md").read_text() == (out / "sweep.md").read_text()
+    assert (tmp_path / "again" / job(doc, "step-00250")["report"] / "report.html").is_file()
+
+
+def _comparable(j):
+    if j["status"] != "ok":
+        return ("failed", j["error"]["type"])
+    return [(c["id"], c["verdict"], c["value"], c["ci"]) for c in j["claims"]]
+
+
+def test_ray_local_instance_gives_the_in_process_results(swept, tmp_path):
+    import ray
+
+    from harness.sweep_run import sweep
+
+    _, doc, _, bad = swept
+    models = [str(CHECKPOINTS / "step-00250"), str(CHECKPOINTS / "step-03000"), str(bad)]
+    assert not ray.is_initialized()
+    ray_doc, _ = sweep([small_file(tmp_path)], models, executors.Ray(num_cpus=2), device="cpu",
+                       out=tmp_path / "ray-report")
+    assert not ray.is_initialized()  # the local instance it started is shut down again
+    assert ray_doc["settings"]["executor"] == "ray"
+    assert [j["model"] for j in ray_doc["jobs"]] == ["step-00250", "step-03000", bad.name]
+    for j in ray_doc["jobs"]:
+        mine, theirs = _comparable(j), _comparable(job(doc, j["model"]))
+        if j["status"] != "ok":
+            assert mine == theirs
+            continue
+        for (i1, v1, x1, ci1), (i2, v2, x2, ci2) in zip(mine, theirs):
+            assert (i1, v1) == (i2, v2)
+            # workers run single-threaded (Ray sets OMP_NUM_THREADS=1): float sums may differ in the last bits
+            assert x1 == (None if x2 is None else pytest.approx(x2, rel=1e-6, abs=1e-9))
+            assert ci1 == (None if ci2 is None else pytest.approx(ci2, rel=1e-6, abs=1e-9))
+
+
+def test_ray_worker_crash_is_one_failed_job():
+    import os
+
+    def job_fn(x):  # a closure: Ray ships it by value
+        if x == 1:
+            os._exit(3)  # the worker process dies mid-task
+        return {"status": "ok", "x": x}
+
+    results = executors.Ray(num_cpus=2).run(job_fn, [0, 1, 2])
+    assert [r["status"] for r in results] == ["ok", "failed", "ok"]
+    assert results[0]["x"] == 0 and results[2]["x"] == 2
+    assert "Worker" in results[1]["error"]["type"] or "died" in results[1]["error"]["message"].lower()
+
+
+def test_input_errors_exit_2_before_any_job(tmp_path, capsys, monkeypatch):
+    hyp = small_file(tmp_path)
+    out = tmp_path / "never"
+    cases = [
+        (["--models", str(tmp_path / "missing")], "no such directory"),
+        (["--models", str(CHECKPOINTS), "--ray-address", "auto"], "--ray-address needs --executor ray"),
+        (["--models", str(CHECKPOINTS), "--device", "gpu7"], "gpu7"),
+    ]
+    for extra, needle in cases:
+        assert cli.main(["sweep", str(hyp), "--out", str(out), *extra]) == 2
+        assert needle in capsys.readouterr().err
+    twin = small_file(tmp_path, "twin.yaml")
+    assert cli.main(["sweep", str(hyp), str(twin), "--models", str(CHECKPOINTS), "--out", str(out)]) == 2
+    assert "distinct names" in capsys.readouterr().err
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)  # as if the extra were not installed
+    assert cli.main(["sweep", str(hyp), "--models", str(CHECKPOINTS), "--executor", "ray", "--out", str(out)]) == 2
+    assert "pip install 'harness[ray]'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_models_are_ordered_by_series_and_step_and_labelled_uniquely(tmp_path):
+    for seed in (1, 0):
+        for step in (900, 100):
+            d = tmp_path / f"seed{seed}" / f"step-{step}"
+            d.mkdir(parents=True)
+            (d / "config.json").write_text("{}")
+            (d / "checkpoint.json").write_text(json.dumps({"step": step, "seed": seed, "run": "r"}))
+    models = sweep_models.expand([str(tmp_path / "seed1"), str(tmp_path / "seed0")])
+    assert [(m.seed, m.step) for m in models] == [(1, 100), (1, 900), (0, 100), (0, 900)]
+    assert [m.label for m in models] == ["seed1/step-100", "seed1/step-900", "seed0/step-100", "seed0/step-900"]
+    assert models[0].series == "r seed 1"
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('{"step": -1}', "step: must be an integer >= 0"),
+    ('{"step": 3, "seed": "x"}', "seed: must be an integer"),
+    ('{"step": 3,\n "run": 5}', "run: must be a string"),
+    ('{"step": 3,\n oops}', "checkpoint.json:2: not valid JSON"),
+])
+def test_bad_checkpoint_json_is_a_clear_error(tmp_path, content, needle):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "checkpoint.json").write_text(content)
+    with pytest.raises(UserError, match=needle.replace("(", r"\(")):
+        sweep_models.expand([str(d)])
+
+
+def test_shipped_checkpoints_are_the_fixture_run():
+    last = CHECKPOINTS / "step-03000"
+    assert (last / "model.safetensors").read_bytes() == \
+        (ROOT / "fixtures" / "induction-2l" / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in CHECKPOINTS.iterdir() if p.is_dir()) == [f"step-{s:05d}" for s in STEPS]
+
+
+def test_training_script_saves_loadable_checkpoints(tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+
+    import torch
+
     from harness.models import load_model
 
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=30, n_positions=16, n_embd=16, n_layer=2, n_head=4)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "m")
-    b = load_model(tmp_path / "m", dtype=torch.float64).bridge
-    ds, clean, corrupt = runs(b, 2, 30)
-    edges = sweep.all_edges(2, 4, embed=False)
-    fast = batched(b, ds, edges, corrupt, clean, clean, "resample", 1)
-    slow = per_edge(b, ds, edges, corrupt, clean, clean, ds.corrupted, "resample")
-    np.testing.assert_allclose(fast, slow, atol=1e-10)
-
-
-def test_chunk_size_follows_budget():
-    per = sweep.bytes_per_edge(100, 41, 64, 16, 19, 128)
-    assert sweep.chunk_size(10 * per, per) == 10 and sweep.chunk_size(1, per) == 1
+    spec = importlib.util.spec_from_file_location("train_induction", ROOT / "fixtures" / "train_induction.py")
+    train = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "train_induction", train)  # dataclasses look their module up
+    spec.loader.exec_module(train)
+    out = tmp_path / "run"
+    train.main(["--steps", "6", "--seed", "3", "--checkpoint-steps", "3,6", "--out", str(out)])
+    ckpts = tmp_path / "run-checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-00003", "step-00006"]
+    meta = json.loads((ckpts / "step-00003" / "checkpoint.json").read_text())
+    assert (meta["step"], meta["seed"], meta["run"]) == (3, 3, "induction-2l")
+    a, b = load_model(ckpts / "step-00006", device="cpu"), load_model(out, device="cpu")
+    for (k, v), (_, w) in zip(a.bridge.state_dict().items(), b.bridge.state_dict().items()):
+        assert torch.equal(v, w), k
+    assert [m.step for m in sweep_models.expand([str(ckpts)])] == [3, 6]

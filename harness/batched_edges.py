@@ -19,6 +19,10 @@ Edges are stacked along the batch dimension in chunks whose size follows a
 memory budget (bytes per edge estimated from the shapes), so peak memory is
 bounded by the budget, not by the number of edges.
 
+Devices: every tensor made here is made on the device of the cached
+activations (the model's), including index tensors; `positions` are moved there;
+the per-edge metrics come back to the CPU as numpy.
+
 Receivers in the last layer (every head receiver of a 2-layer model) take a
 shorter road: r' depends only on the sender, so LN1(r') is computed once per
 sender and projected onto every receiver head's q/k/v at once; queries, the
@@ -33,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import names
+from .devices import like
 from .patching import REPLACEMENTS, attn_scale, sender_output
 
 
@@ -106,6 +111,8 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
 
     if replacement not in REPLACEMENTS:
         raise ValueError(f"unknown replacement {replacement!r}")
+    ref = base["blocks.0.hook_resid_pre"]  # dtype and device of the activations
+    positions = positions.to(ref.device)
     cfg = bridge.cfg
     L_last = cfg.n_layers - 1
     n, s = base["blocks.0.hook_resid_pre"].shape[:2]
@@ -113,13 +120,13 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
     per_edge = bytes_per_edge(n, s, d, dh, k, cfg.d_vocab)
     size = chunk_size(budget_bytes, per_edge)
     out = np.zeros((len(edges), n))
-    dtype = base["blocks.0.hook_resid_pre"].dtype
+    dtype, dev = ref.dtype, ref.device
 
     def replaced(senders: list) -> Any:
         if replacement == "resample":
             return outputs(source, senders)
         if replacement == "zero":
-            return torch.zeros(len(senders), n, s, d, dtype=dtype)
+            return torch.zeros(len(senders), n, s, d, dtype=dtype, device=dev)
         return outputs(clean, senders).mean(1, keepdim=True).expand(-1, n, -1, -1)
 
     cached_out: dict = {}
@@ -128,7 +135,7 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
         """Sender outputs, computed once per (run, sender)."""
         for x in senders:
             if (id(cache), str(x)) not in cached_out:
-                cached_out[(id(cache), str(x))] = sender_output(bridge, cache, x).to(dtype)
+                cached_out[(id(cache), str(x))] = like(sender_output(bridge, cache, x), ref)
         return torch.stack([cached_out[(id(cache), str(x))] for x in senders])
 
     groups: dict = {}
@@ -150,13 +157,13 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
             delta_out = replaced(senders) - outputs(base, senders)  # [E, n, s, d]
             if key == "logits":
                 pos = _at(positions, base[f"blocks.{L_last}.hook_resid_post"][None] + delta_out)
-                out[idx] = _metric_at(bridge, pos, metric_fn).double().cpu().numpy()
+                out[idx] = _metric_at(bridge, pos, metric_fn).cpu().double().numpy()
                 continue
             L = key
             resid = base[f"blocks.{L}.hook_resid_pre"][None] + delta_out  # r' per edge
             E = len(idx)
             normed = bridge.blocks[L].ln1(resid.reshape(E * n, s, d)).reshape(E, n, s, d)
-            heads = torch.tensor([edges[i].receiver.head.head for i in idx])
+            heads = torch.tensor([edges[i].receiver.head.head for i in idx], device=dev)
             which = [edges[i].receiver.which for i in idx]
             qkv = {x: base[f"blocks.{L}.attn.hook_{x}"][:, :, heads].permute(2, 0, 1, 3).clone() for x in "qkv"}
             for x in "qkv":
@@ -171,7 +178,7 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
             mid = (base[f"blocks.{L}.hook_resid_pre"] + base[f"blocks.{L}.hook_attn_out"])[None] + \
                 torch.einsum("enph,ehd->enpd", z_new - z_old, W_O)
             final = _rest_of_model(bridge, L, mid)
-            out[idx] = _metric_at(bridge, _at(positions, final), metric_fn).double().cpu().numpy()
+            out[idx] = _metric_at(bridge, _at(positions, final), metric_fn).cpu().double().numpy()
     return out
 
 
@@ -187,7 +194,7 @@ def _metric_at(bridge: Any, final_at: Any, metric_fn: Callable) -> Any:
 
     E, n, k, d = final_at.shape
     logits = bridge.unembed(bridge.ln_final(final_at.reshape(E * n, k, d)))
-    return metric_fn(logits, torch.arange(k).expand(E * n, -1)).reshape(E, n)
+    return metric_fn(logits, torch.arange(k, device=final_at.device).expand(E * n, -1)).reshape(E, n)
 
 
 def _last_layer(bridge: Any, edges: list, idx: list, base: dict, positions: Any, metric_fn: Callable,
@@ -216,7 +223,8 @@ def _last_layer(bridge: Any, edges: list, idx: list, base: dict, positions: Any,
     base_k, base_v = base[f"blocks.{L}.attn.hook_k"], base[f"blocks.{L}.attn.hook_v"]
     base_z = _at(positions, base[f"blocks.{L}.attn.hook_z"][None])[0]  # [n, k, H, dh]
     mid_at = _at(positions, (pre + base[f"blocks.{L}.hook_attn_out"])[None])[0]  # [n, k, d]
-    causal = torch.arange(s)[None, None, :] > positions[:, :, None]  # [n, k, s] masked keys
+    dev = pre.device
+    causal = torch.arange(s, device=dev)[None, None, :] > positions[:, :, None]  # [n, k, s] masked keys
     scale = attn_scale(cfg)
     W = {x: getattr(bridge, f"W_{x.upper()}")[L].to(pre.dtype) for x in "qkv"}  # [H, d, dh]
     b = {x: getattr(bridge, f"b_{x.upper()}")[L].to(pre.dtype) for x in "qkv"}  # [H, dh]
@@ -239,13 +247,13 @@ def _last_layer(bridge: Any, edges: list, idx: list, base: dict, positions: Any,
         all_rows = [(si, i) for si, c in enumerate(chunk) for i in by_sender[c]]
         for r0 in range(0, len(all_rows), row_size):
             rows = all_rows[r0:r0 + row_size]
-            sid = torch.tensor([si for si, _ in rows])
-            head = torch.tensor([edges[i].receiver.head.head for _, i in rows])
+            sid = torch.tensor([si for si, _ in rows], device=dev)
+            head = torch.tensor([edges[i].receiver.head.head for _, i in rows], device=dev)
             which = [edges[i].receiver.which for _, i in rows]
 
             def pick(x: str, base_x: Any) -> Any:
                 v = base_x[:, :, head].permute(2, 0, 1, 3).clone()  # [E, n, ., dh]
-                sel = torch.tensor([w == x for w in which])
+                sel = torch.tensor([w == x for w in which], device=dev)
                 if sel.any():
                     v[sel] = proj[x][sid[sel], :, :, head[sel]]
                 return v
@@ -259,4 +267,4 @@ def _last_layer(bridge: Any, edges: list, idx: list, base: dict, positions: Any,
                 E = mid.shape[0]
                 flat = mid.reshape(E * n, k, d)
                 mid = (flat + block.mlp(block.ln2(flat))).reshape(E, n, k, d)
-            out[[i for _, i in rows]] = _metric_at(bridge, mid, metric_fn).double().cpu().numpy()
+            out[[i for _, i in rows]] = _metric_at(bridge, mid, metric_fn).cpu().double().numpy()

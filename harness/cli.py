@@ -241,7 +241,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .report import rerender
 
     folder = rerender(args.evidence, args.out)
-    stem = "sweep" if (folder / "sweep.md").exists() and args.evidence.name == "sweep.json" else "report"
+    stem = "sweep" if (folder / "sweep.md").exists() else "report"  # a sweep folder has no report.md
     print(f"report: {folder / (stem + '.md')} and {folder / (stem + '.html')}")
     return EXIT_OK
 

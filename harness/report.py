@@ -79,7 +79,7 @@ def render_html(md: str, figures: dict[str, bytes], title: str) -> str:
             f"<body>\n{body}\n</body></html>\n")
 
 
-def _write_folder(target: Path, files: dict[str, bytes]) -> None:
+def write_folder(target: Path, files: dict[str, bytes]) -> None:
     """Write `files` into a temporary sibling of `target`, then rename it into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -105,7 +105,7 @@ def write_report(ev: Evidence, out_dir: Optional[Any] = None, reports_root: Opti
     doc = json.loads(to_json(ev.to_dict()))  # exactly what evidence.json holds
     files = render_files(doc)
     files["evidence.json"] = to_json(doc).encode()
-    _write_folder(target, files)
+    write_folder(target, files)
     return target
 
 
@@ -141,7 +141,7 @@ def rerender(evidence_json: Path, out_dir: Optional[Path] = None) -> Path:
             for f in runs.rglob("*"):
                 if f.is_file():
                     files[str(f.relative_to(evidence_json.parent))] = f.read_bytes()
-        _write_folder(out_dir, files)
+        write_folder(out_dir, files)
         return out_dir
     folder = evidence_json.parent
     for rel, data in files.items():

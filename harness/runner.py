@@ -106,9 +106,9 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
     m = measure_all(model, ds, s, seed, figures)
     cfg = model.bridge.cfg
     return Evidence(
-        hypothesis={"name": s.name, "description": s.description, "file": _shown(h.path),
+        hypothesis={"name": s.name, "description": s.description, "file": shown_path(h.path),
                     "sha256": h.sha256},
-        model={"source": _shown(model.source), "kind": model.kind, "sha256": model.sha256,
+        model={"source": shown_path(model.source), "kind": model.kind, "sha256": model.sha256,
                "n_layers": model.n_layers, "n_heads": model.n_heads, "d_model": int(cfg.d_model),
                "d_head": int(cfg.d_head), "d_vocab": model.d_vocab, "n_ctx": model.n_ctx,
                "attn_only": not model.has_mlp,
@@ -133,7 +133,7 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
     )
 
 
-def _shown(path: Optional[str]) -> Optional[str]:
+def shown_path(path: Optional[str]) -> Optional[str]:
     """A path as reports show it: relative to the working directory when inside it."""
     if path is None or path.startswith("hf:"):
         return path

@@ -132,7 +132,7 @@ def starter(rows: list[dict], model_source: str, n_prompts: int, segment_length:
 def _write(out: Path, rows: list[dict], model_source: str, n_prompts: int, segment_length: int, seed: int,
            metric: str, top: int) -> None:
     from .figures import signature
-    from .report import _write_folder, to_json
+    from .report import write_folder, to_json
     from .spec import load
 
     doc = starter(rows, model_source, n_prompts, segment_length, metric)
@@ -146,4 +146,4 @@ def _write(out: Path, rows: list[dict], model_source: str, n_prompts: int, segme
     png = signature({"points": pts, "min_effect": Stats().min_effect})
     if png is not None:
         files["signature.png"] = png
-    _write_folder(out, files)
+    write_folder(out, files)

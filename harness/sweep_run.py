@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 from . import spec as spec_mod
 from .errors import OutputExistsError, SpecError, UserError
 from .evidence import FAIL, INCONCLUSIVE, PASS
+from .runner import shown_path
 from .sweep_models import SweepModel, expand
 
 SWEEP_SCHEMA_VERSION = 1
@@ -104,7 +105,7 @@ def sweep(files: list[Path], model_args: list[str], executor: Any, seed: Optiona
           device: Optional[str] = None, out: Optional[Path] = None, reports_root: Path = Path("reports"),
           command: str = "", on_done: Optional[Callable[[dict], None]] = None) -> tuple[dict, Path]:
     """Run the sweep and write its folder; return (sweep document, folder)."""
-    from .report import _write_folder, default_folder, to_json
+    from .report import write_folder, default_folder, to_json
     from .runner import versions
     from .sweep_jobs import Job, run_job
     from .sweep_report import render_sweep
@@ -119,12 +120,12 @@ def sweep(files: list[Path], model_args: list[str], executor: Any, seed: Optiona
     jobs = [Job(str(h.path), m.source, seed, device, command) for _, m, h in pairs]
     plans = {h.spec.name: {c["id"]: c for c in claim_plan(h)} for h in hyps}
 
-    def report(i: int, result: dict) -> None:
+    def progress(i: int, result: dict) -> None:
         if on_done:
-            m_i, m, h = pairs[i]
+            _, m, h = pairs[i]
             on_done({"index": i, "total": len(jobs), "hypothesis": h.spec.name, "model": m.label, **result})
 
-    results = executor.run(run_job, jobs, report)
+    results = executor.run(run_job, jobs, progress)
     files_out: dict[str, bytes] = {}
     job_docs = []
     for (m_i, m, h), result in zip(pairs, results):
@@ -140,7 +141,7 @@ def sweep(files: list[Path], model_args: list[str], executor: Any, seed: Optiona
         "schema_version": SWEEP_SCHEMA_VERSION,
         "settings": {"seed": seed, "device": device or "auto", "executor": executor.name,
                      "ray_address": getattr(executor, "address", None)},
-        "hypotheses": [{"name": h.spec.name, "file": _shown(h.path), "sha256": h.sha256,
+        "hypotheses": [{"name": h.spec.name, "file": shown_path(str(h.path)), "sha256": h.sha256,
                         "claims": claim_plan(h)} for h in hyps],
         "models": [_model_entry(m) for m in models],
         "jobs": job_docs,
@@ -153,21 +154,15 @@ def sweep(files: list[Path], model_args: list[str], executor: Any, seed: Optiona
     doc = json.loads(to_json(doc))
     files_out.update(render_sweep(doc))
     files_out["sweep.json"] = to_json(doc).encode()
-    _write_folder(target, files_out)
+    write_folder(target, files_out)
     return doc, target
 
 
 def _model_entry(m: SweepModel) -> dict:
     d = m.to_dict()
-    d["source"] = _shown(m.source)
+    d["source"] = shown_path(m.source)
     d["series"] = m.series
     return d
-
-
-def _shown(path: Any) -> str:
-    from .runner import _shown as shown
-
-    return shown(str(path))
 
 
 def counts(jobs: list[dict]) -> dict:

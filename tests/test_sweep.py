@@ -277,3 +277,61 @@ def test_training_script_saves_loadable_checkpoints(tmp_path, monkeypatch):
     for (k, v), (_, w) in zip(a.bridge.state_dict().items(), b.bridge.state_dict().items()):
         assert torch.equal(v, w), k
     assert [m.step for m in sweep_models.expand([str(ckpts)])] == [3, 6]
+
+
+def test_ray_address_joins_a_running_cluster_and_leaves_it_running(swept, tmp_path, monkeypatch):
+    """`ray start --head` stands in for a cluster: the sweep joins it, gets the in-process
+    numbers, and does not stop it.  (Token authentication off on both sides: this checks
+    joining, not Ray's auth set-up.)"""
+    import os
+    import subprocess
+    import sys
+
+    import ray
+
+    _, doc, _, _ = swept
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    subprocess.run([ray_cli, "start", "--head", "--port", "6391", "--num-cpus", "2", "--include-dashboard",
+                    "false", "--disable-usage-stats"], check=True, env=env, capture_output=True, timeout=120)
+    try:
+        out = tmp_path / "cluster-report"
+        code = cli.main(["sweep", str(small_file(tmp_path)), "--models", str(CHECKPOINTS / "step-03000"),
+                         "--executor", "ray", "--ray-address", "127.0.0.1:6391", "--device", "cpu",
+                         "--out", str(out)])
+        assert code == 0
+        got = json.loads((out / "sweep.json").read_text())
+        assert got["settings"]["ray_address"] == "127.0.0.1:6391"
+        assert [c["verdict"] for c in got["jobs"][0]["claims"]] == \
+            [c["verdict"] for c in job(doc, "step-03000")["claims"]]
+        assert not ray.is_initialized()  # the driver disconnected ...
+        status = subprocess.run([ray_cli, "status", "--address", "127.0.0.1:6391"], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert status.returncode == 0 and "Active" in status.stdout  # ... and the cluster still runs
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_two_series_render_side_by_side(swept):
+    """The same jobs presented as two seeds: columns and holds-from rows per series."""
+    import copy
+
+    from harness.sweep_report import render_sweep
+
+    _, doc, _, _ = swept
+    two = copy.deepcopy(doc)
+    ckpt = [m for m in two["models"] if m["step"] is not None]
+    twins = [dict(m, label="seed1/" + m["label"], seed=1, series="induction-2l seed 1") for m in ckpt]
+    two["models"] = ckpt + twins
+    two["jobs"] = [j for j in two["jobs"] if j["status"] == "ok"]
+    two["jobs"] += [dict(copy.deepcopy(j), model="seed1/" + j["model"]) for j in two["jobs"]]
+    assert validate_document(two, "sweep") == []
+    md = render_sweep(two)["sweep.md"].decode()
+    assert "induction-2l seed 0 @250" in md and "induction-2l seed 1 @3000" in md
+    rows = holds_from(two, "induction-small")
+    assert {r[1] for r in rows} == {"induction-2l seed 0", "induction-2l seed 1"}
+    by_series = {}
+    for claim, series, start, *_ in rows:
+        by_series.setdefault(claim, set()).add(start.split("@")[-1])
+    assert all(len(v) == 1 for v in by_series.values())  # identical jobs: identical onsets

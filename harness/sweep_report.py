@@ -59,7 +59,6 @@ def holds_from(doc: dict, hypothesis: str) -> list[list[str]]:
     """Rows: claim, series, holds from, first PASS, verdict sequence (P/F/I/E)."""
     plan = next(h for h in doc["hypotheses"] if h["name"] == hypothesis)["claims"]
     jobs = _jobs(doc, hypothesis)
-    names = column_names(doc)
     series: dict[str, list[dict]] = {}
     for m in doc["models"]:
         series.setdefault(m["series"], []).append(m)
@@ -78,10 +77,15 @@ def holds_from(doc: dict, hypothesis: str) -> list[list[str]]:
                 start = i
             first = next((i for i, v in enumerate(verdicts) if v == "PASS"), None)
             rows.append([c["id"], s or "-",
-                         "never" if start is None else names[models[start]["label"]],
-                         "never" if first is None else names[models[first]["label"]],
+                         "never" if start is None else _within(models[start]),
+                         "never" if first is None else _within(models[first]),
                          " ".join(v[0] for v in verdicts)])
     return rows
+
+
+def _within(model: dict) -> str:
+    """A model's name within its series row: its step, else its label."""
+    return model["label"] if model["step"] is None else f"step {model['step']}"
 
 
 def _cell(x: Optional[float]) -> str:

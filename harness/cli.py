@@ -6,8 +6,8 @@ was inconclusive, 2 bad input (the message says file:line, field, what is
 allowed; no traceback), 3 a sanity check failed (the run stops, no report),
 4 (sweep) a job failed: the combined report names it and keeps the others.
 Heavy imports (torch, TransformerLens) happen only inside the commands that
-need a model.  Those that load or build one (run, weights, scan, roles, selftest)
-take `--device` (devices.resolve_device), checked before any model loads.
+need a model.  Those that load or build one (run, sweep, weights, scan, roles,
+selftest) take `--device` (devices.resolve_device), checked before any model loads.
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--executor", choices=("inprocess", "ray"), default="inprocess",
                     help="where jobs run (default inprocess; ray needs the harness[ray] extra)")
     sw.add_argument("--ray-address", help="join this Ray cluster (default: start a local instance)")
-    sw.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: best available on each worker, "
-                    "or $HARNESS_DEVICE)")
+    _add_device(sw)
 
     rp = sub.add_parser("report", help="re-render report.md/report.html/figures from evidence.json alone "
                         "(or a sweep report from sweep.json)")
@@ -173,10 +172,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from . import executors
     from .sweep_run import exit_code, sweep
 
-    if args.device is not None:
-        from .devices import resolve_device
+    if args.device is not None:  # fail fast on a bad name; in-process, also on an unavailable device
+        from .devices import check_form, resolve_device
 
-        resolve_device(args.device)  # fail fast on a name no machine accepts
+        check_form(args.device) if args.executor == "ray" else resolve_device(args.device)
     executor = executors.make(args.executor, args.ray_address, args.device)
     command = "harness " + " ".join(sys.argv[1:]) if argv_is_cli() else "harness.cli.main"
 

@@ -84,6 +84,16 @@ def resolve_device(requested: Optional[str] = None) -> str:
     return _check(str(requested), "")
 
 
+def check_form(value: str) -> str:
+    """The normalised name if `value` has an allowed form (`auto` included), without
+    asking whether this machine has the device: a Ray driver checks names this way,
+    and each worker resolves the device where it runs.  DeviceError otherwise."""
+    name = value.strip().lower()
+    if name != "auto" and not _FORM.match(name):
+        raise DeviceError(f"device {value!r} is not a device name; allowed: {ALLOWED}")
+    return name
+
+
 def _check(value: str, origin: str) -> str:
     name = value.strip().lower()
     if name == "auto":

@@ -28,9 +28,7 @@ EXECUTORS = ("inprocess", "ray")
 
 def failure_result(exc: BaseException, where: str = "") -> dict:
     """The result of a job that raised `exc` (message first line kept whole)."""
-    from .errors import UserError as _User
-
-    tb = None if isinstance(exc, _User) else "".join(traceback.format_exception(exc))
+    tb = None if isinstance(exc, UserError) else "".join(traceback.format_exception(exc))
     message = str(exc) or type(exc).__name__
     return {"status": "failed", "error": {"type": type(exc).__name__, "message": message,
                                           "where": where, "traceback": tb}}

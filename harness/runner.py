@@ -100,7 +100,7 @@ def run(hypothesis: Union[str, Path, dict], seed: Optional[int] = None,
         source = s.model if s.model.startswith("hf:") else str(h.resolve(s.model))
         model = load_model_cached(source, device)
     check_names(h, model)
-    ds = build_dataset(h, model).to(of(model.bridge))
+    ds = build_dataset(h, model)
     if s.metric == "logit_diff" and ds.wrong is None:
         raise SpecError([f"{h.where('metric')}: logit_diff needs 'wrong' tokens in the data"])
     m = measure_all(model, ds, s, seed, figures)

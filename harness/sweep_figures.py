@@ -20,6 +20,11 @@ GROUPS = (("weights", "weight evidence"), ("observational", "observational evide
           ("causal", "causal evidence"))
 
 
+def plan_of(doc: dict, hypothesis: str) -> list[dict]:
+    """The claims (id, kind, bounds) of the file called `hypothesis`."""
+    return next(h for h in doc["hypotheses"] if h["name"] == hypothesis)["claims"]
+
+
 def axis(doc: dict) -> tuple[dict[str, float], str, Optional[list]]:
     """x position of each model label, the axis name, and tick labels (None: numeric steps)."""
     models = doc["models"]
@@ -53,7 +58,7 @@ def _finish_x(ax: Any, doc: dict) -> None:
 
 
 def claims(doc: dict, hypothesis: str) -> Optional[bytes]:
-    plan = next(h for h in doc["hypotheses"] if h["name"] == hypothesis)["claims"]
+    plan = plan_of(doc, hypothesis)
     if not any(series_points(doc, hypothesis, c["id"]) for c in plan):
         return None
     plt = _plt()
@@ -96,7 +101,7 @@ def claims(doc: dict, hypothesis: str) -> Optional[bytes]:
 
 
 def together(doc: dict, hypothesis: str) -> Optional[bytes]:
-    plan = next(h for h in doc["hypotheses"] if h["name"] == hypothesis)["claims"]
+    plan = plan_of(doc, hypothesis)
     kinds = _evidence_types(doc, hypothesis)
     panels = [(g, title, [c["id"] for c in plan if kinds.get(c["id"]) == g]) for g, title in GROUPS]
     panels = [p for p in panels if p[2]]

@@ -13,6 +13,7 @@ from typing import Optional
 from tabulate import tabulate
 
 from . import sweep_figures
+from .sweep_figures import plan_of
 from .report import render_html
 from .sweep_run import folder_name
 
@@ -40,7 +41,7 @@ def _jobs(doc: dict, hypothesis: str) -> dict[str, dict]:
 
 def verdict_rows(doc: dict, hypothesis: str) -> list[list[str]]:
     """One row per claim: id, kind, then the verdict on each model (model order)."""
-    plan = next(h for h in doc["hypotheses"] if h["name"] == hypothesis)["claims"]
+    plan = plan_of(doc, hypothesis)
     jobs = _jobs(doc, hypothesis)
     rows = []
     for c in plan:
@@ -57,7 +58,7 @@ def verdict_rows(doc: dict, hypothesis: str) -> list[list[str]]:
 
 def holds_from(doc: dict, hypothesis: str) -> list[list[str]]:
     """Rows: claim, series, holds from, first PASS, verdict sequence (P/F/I/E)."""
-    plan = next(h for h in doc["hypotheses"] if h["name"] == hypothesis)["claims"]
+    plan = plan_of(doc, hypothesis)
     jobs = _jobs(doc, hypothesis)
     series: dict[str, list[dict]] = {}
     for m in doc["models"]:
@@ -175,7 +176,7 @@ def _weights_vs_use(doc: dict, hypothesis: str, names: dict[str, str]) -> list[s
 
 
 def _numbers(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
-    plan = next(h for h in doc["hypotheses"] if h["name"] == hypothesis)["claims"]
+    plan = plan_of(doc, hypothesis)
     jobs = _jobs(doc, hypothesis)
     rows = []
     for c in plan:

@@ -103,3 +103,14 @@ def test_run_records_device_in_provenance(demo_evidence):
     assert ", device cpu" in render_markdown(demo_evidence).split("## Provenance")[1]
     doc["provenance"]["device"] = ""
     assert any("device" in p for p in validate_evidence(doc))
+
+
+def test_check_form_accepts_devices_this_machine_lacks_and_refuses_bad_names():
+    """A Ray driver checks only the name: the workers resolve the device where they run."""
+    from harness.devices import check_form
+
+    assert [check_form(x) for x in ("cuda", " CUDA:1 ", "mps", "auto", "cpu")] == \
+        ["cuda", "cuda:1", "mps", "auto", "cpu"]
+    for bad in ("gpu0", "cuda:x", "tpu"):
+        with pytest.raises(DeviceError, match="not a device name"):
+            check_form(bad)

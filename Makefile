@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test validate clean-venv
+.PHONY: demo test lint validate clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,13 @@ $(STAMP): requirements.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/harness run hypotheses/induction.yaml
 
-test: $(STAMP)
+# lint and types first (seconds), then the test suite
+test: lint
 	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check harness tests fixtures
+	$(BIN)/mypy
 
 validate: $(STAMP)
 	$(BIN)/harness validate hypotheses/*.yaml

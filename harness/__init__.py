@@ -1,12 +1,17 @@
 """harness: causal intervention testing for transformer mechanisms.
 
-Public API (imported lazily, so `import harness` does not load torch):
+The public API (imported lazily, so `import harness` does not load torch):
 
-    harness.run(path_or_dict, seed=None, base_dir=None, figures=True, device=None) -> Evidence
-    harness.load_hypothesis(path_or_dict) -> LoadedHypothesis   (validation only)
-    harness.load_model(path) -> LoadedModel
-    harness.Evidence, harness.ClaimResult
-    harness.errors: HarnessError, UserError, SpecError, ...
+    harness.run(path_or_dict, seed=None, base_dir=None, figures=True, model=None, device=None) -> Evidence
+    harness.write_report(evidence, out_dir=None, reports_root=None) -> Path   (report.md, .html, evidence.json)
+    harness.claim_table(evidence) -> str
+    harness.load_hypothesis(path_or_dict, base_dir=None) -> LoadedHypothesis   (validation only)
+    harness.load_model(path_or_hf_name, device=None) -> LoadedModel
+    harness.Evidence, harness.ClaimResult, harness.Verdict
+    harness.errors: HarnessError, UserError, SpecError, ... and ExitCode
+
+Everything else (harness.claims, harness.engine, harness.mech, ...) is internal:
+docs/architecture.md says where things live and how to add a claim kind.
 """
 
 from __future__ import annotations
@@ -15,20 +20,23 @@ from importlib import import_module
 from typing import Any
 
 from . import errors
-from .errors import HarnessError, SpecError, UserError
+from .errors import ExitCode, HarnessError, SpecError, UserError
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "run": ("harness.runner", "run"),
-    "load_hypothesis": ("harness.spec", "load"),
-    "load_model": ("harness.models", "load_model"),
-    "Evidence": ("harness.evidence", "Evidence"),
-    "ClaimResult": ("harness.evidence", "ClaimResult"),
+    "run": ("harness.engine.runner", "run"),
+    "write_report": ("harness.report.writer", "write_report"),
+    "claim_table": ("harness.report.markdown", "claim_table"),
+    "load_hypothesis": ("harness.hypothesis.loading", "load"),
+    "load_model": ("harness.model.loading", "load_model"),
+    "Evidence": ("harness.evidence.result", "Evidence"),
+    "ClaimResult": ("harness.evidence.result", "ClaimResult"),
+    "Verdict": ("harness.evidence.verdicts", "Verdict"),
 }
 
-__all__ = ["run", "load_hypothesis", "load_model", "Evidence", "ClaimResult", "errors",
-           "HarnessError", "SpecError", "UserError", "__version__"]
+__all__ = ["run", "write_report", "claim_table", "load_hypothesis", "load_model", "Evidence", "ClaimResult",
+           "Verdict", "errors", "ExitCode", "HarnessError", "SpecError", "UserError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,25 +1,46 @@
 """Command line: `harness validate`, `harness run`, `harness sweep`, `harness report`,
 `harness weights`, `harness roles`, `harness scan`, `harness selftest`.
 
-Exit codes: 0 every claim passed (or every file valid), 1 a claim failed or
-was inconclusive, 2 bad input (the message says file:line, field, what is
-allowed; no traceback), 3 a sanity check failed (the run stops, no report),
-4 (sweep) a job failed: the combined report names it and keeps the others.
-Heavy imports (torch, TransformerLens) happen only inside the commands that
-need a model.  Those that load or build one (run, sweep, weights, scan, roles,
-selftest) take `--device` (devices.resolve_device), checked before any model loads.
+Exit codes (errors.ExitCode): 0 every claim passed (or every file valid), 1 a
+claim failed or was inconclusive, 2 bad input (the message says file:line,
+field, what is allowed; no traceback), 3 a sanity check failed (the run stops,
+no report), 4 (sweep) a job failed: the combined report names it and keeps the
+others.  Every command calls the library; heavy imports (torch,
+TransformerLens, matplotlib) happen inside the library functions that need them, so
+`harness --help` and `harness validate` stay fast.  Those that
+load or build one (run, sweep, weights, scan, roles, selftest) take `--device`
+(model.devices.resolve_device), checked before any model loads.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
-from .errors import HarnessError, UserError
+from .engine.provenance import command_line
+from .engine.runner import run
+from .errors import ExitCode, HarnessError, SanityCheckError, SpecError, UserError
+from .hypothesis.loading import load, load_all
+from .model.devices import check_form, resolve_device
+from .model.loading import load_model
+from .report import writer
+from .report.markdown import claim_table
+from .report.writer import check_new, default_folder, write_report
+from .spec.vocabulary import WEIGHT_PROCESSING
+from .sweep import document as sweep_document
+from .sweep import executors
+from .sweep import report as sweep_report
+from .sweep.document import exit_code
+from .sweep.executors import EXECUTORS
+from .sweep.run import sweep
+from .tools.roles_table import role_table
+from .tools.scan import scan
+from .tools.selftest import render, selftest
+from .tools.weights_table import composition_tables
 
-EXIT_OK, EXIT_CLAIMS, EXIT_INPUT, EXIT_SANITY = 0, 1, 2, 3
 DEVICE_HELP = "cpu, cuda, cuda:N or mps; default: best available, or $HARNESS_DEVICE"
 
 
@@ -53,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--reports", type=Path, default=Path("reports"),
                     help="parent folder of the new report folder (default: reports/)")
     sw.add_argument("--seed", type=int, help="override the files' seed")
-    sw.add_argument("--executor", choices=("inprocess", "ray"), default="inprocess",
+    sw.add_argument("--executor", choices=EXECUTORS, default="inprocess",
                     help="where jobs run (default inprocess; ray needs the harness[ray] extra)")
     sw.add_argument("--ray-address", help="join this Ray cluster (default: start a local instance)")
     _add_device(sw)
@@ -65,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("weights", help="composition-score matrices of a model, with the rotation null")
     w.add_argument("model", help="model directory, or hf:NAME")
-    w.add_argument("--processing", choices=("folded", "raw"), default="folded",
+    w.add_argument("--processing", choices=WEIGHT_PROCESSING, default="folded",
                    help="weight processing (default folded: LayerNorm folded, writers centred)")
     w.add_argument("--draws", type=int, default=1000, help="null draws per pair (default 1000)")
     w.add_argument("--alpha", type=float, default=0.01,
@@ -79,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--n-prompts", type=int, default=200)
     sc.add_argument("--segment-length", type=int, default=20)
     sc.add_argument("--metric", choices=("logprob",), default="logprob")
-    sc.add_argument("--processing", choices=("folded", "raw"), default="folded")
+    sc.add_argument("--processing", choices=WEIGHT_PROCESSING, default="folded")
     sc.add_argument("--draws", type=int, default=1000, help="composition null draws per edge")
     sc.add_argument("--top", type=int, default=15, help="rows to print")
     sc.add_argument("--budget-mb", type=int, default=32, help="memory budget of a patching chunk (MiB)")
@@ -102,66 +123,50 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,
+        "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan, "sweep": cmd_sweep}
     try:
-        commands = {"validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,
-                    "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan,
-                    "sweep": cmd_sweep}
         return commands[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    except HarnessError as exc:
+        return ExitCode.INPUT
+    except SanityCheckError as exc:
         print(f"harness: sanity check failed: {exc}", file=sys.stderr)
-        return EXIT_SANITY
+        return ExitCode.SANITY
+    except HarnessError as exc:
+        print(f"harness: error: {exc}", file=sys.stderr)
+        return ExitCode.SANITY
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from . import spec
-    from .errors import SpecError
-
     bad = 0
     for f in args.files:
         try:
-            h = spec.load(f)
+            h = load(f)
             print(f"{f}: ok ({len(h.spec.claims)} claims)")
         except SpecError as exc:
             bad += 1
             print(str(exc), file=sys.stderr)
-    return EXIT_INPUT if bad else EXIT_OK
+    return ExitCode.INPUT if bad else ExitCode.OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import spec
-    from .errors import SpecError
-
     if args.out is not None and len(args.files) != 1:
         raise UserError("--out takes one hypothesis file; use --reports for several")
-    if args.out is not None and args.out.exists():
-        raise UserError(f"{args.out} already exists; runs never overwrite a report")
-    problems = []
-    for f in args.files:  # validate everything before loading any model
-        try:
-            spec.load(f)
-        except SpecError as exc:
-            problems += exc.problems
-    if problems:
-        raise SpecError(problems)
-
-    from .devices import resolve_device
-    from .runner import run
-
+    if args.out is not None:
+        check_new(args.out)
+    load_all(args.files)  # every file is valid before any model loads
     device = resolve_device(args.device)  # a bad device stops the command before any model loads
-
-    code = EXIT_OK
-    command = "harness " + " ".join(sys.argv[1:]) if argv_is_cli() else None
+    code: int = ExitCode.OK
     for f in args.files:
-        ev = run(f, seed=args.seed, command=command, device=device)
-        folder = ev.write(out_dir=args.out, reports_root=args.reports)
+        ev = run(f, seed=args.seed, command=command_line(), device=device)
+        folder = write_report(ev, out_dir=args.out, reports_root=args.reports)
         c = ev.counts()
         print(f"\n{ev.hypothesis['name']} ({f})\n")
-        print(ev.table())
+        print(claim_table(ev))
         print(f"\n{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive")
         print(f"report: {folder / 'report.md'} (and report.html, evidence.json, figures/)")
         code = max(code, ev.exit_code)
@@ -169,17 +174,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from . import executors
-    from .sweep_run import exit_code, sweep
-
-    if args.device is not None:  # fail fast on a bad name; in-process, also on an unavailable device
-        from .devices import check_form, resolve_device
-
-        check_form(args.device) if args.executor == "ray" else resolve_device(args.device)
+    if args.device is not None and args.executor == "ray":
+        check_form(args.device)  # the workers resolve it where they run
+    elif args.device is not None:
+        resolve_device(args.device)  # fail fast on a bad or unavailable device
     executor = executors.make(args.executor, args.ray_address, args.device)
-    command = "harness " + " ".join(sys.argv[1:]) if argv_is_cli() else "harness.cli.main"
 
-    def progress(r: dict) -> None:
+    def progress(r: dict[str, Any]) -> None:
         head = f"[{r['index'] + 1}/{r['total']}] {r['hypothesis']} on {r['model']}"
         if r["status"] == "ok":
             c = r["evidence"]["counts"]
@@ -191,7 +192,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     doc, folder = sweep(args.files, args.models, executor, args.seed, args.device, args.out, args.reports,
-                        command, progress)
+                        command_line(), progress)
     c = doc["counts"]
     print(f"{c['jobs']} jobs ({c['ok']} ran, {c['failed']} failed); claims: {c['PASS']} pass, "
           f"{c['FAIL']} fail, {c['INCONCLUSIVE']} inconclusive")
@@ -199,33 +200,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return exit_code(doc)
 
 
-def argv_is_cli() -> bool:
-    return Path(sys.argv[0]).name in ("harness", "__main__.py")
-
-
 def cmd_scan(args: argparse.Namespace) -> int:
-    from .devices import resolve_device
-    from .errors import OutputExistsError
-    from .report import default_folder
-    from .scan import scan
-
     device = resolve_device(args.device)
     if args.n_prompts < 2 or args.draws < 99 or args.top < 1 or args.budget_mb < 1:
         raise UserError("--n-prompts >= 2, --draws >= 99, --top >= 1 and --budget-mb >= 1 are required")
-    out = args.out or default_folder("scan", Path("reports"))
-    if out.exists():
-        raise OutputExistsError(f"{out} already exists; choose another --out")
+    out = check_new(args.out) if args.out is not None else default_folder("scan", Path("reports"))
     _, table = scan(args.model, out, args.n_prompts, args.segment_length, args.seed, args.metric,
                     args.processing, args.draws, args.top, args.budget_mb, device=device)
     print(table)
     print(f"\nwrote {out / 'scan.json'}, {out / 'signature.png'} and {out / 'starter.yaml'}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from .devices import resolve_device
-    from .selftest import render, selftest
-
     device = resolve_device(args.device)
     if args.null_seeds < 1:
         raise UserError("--null-seeds must be at least 1")
@@ -233,23 +220,21 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         raise UserError(f"{args.out} exists and is not an empty folder")
     res = selftest(args.out, args.null_seeds, device)
     print(render(res))
-    return EXIT_OK if res.passed else EXIT_CLAIMS
+    return ExitCode.OK if res.passed else ExitCode.CLAIMS
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import rerender
-
-    folder = rerender(args.evidence, args.out)
-    stem = "sweep" if (folder / "sweep.md").exists() else "report"  # a sweep folder has no report.md
+    if sweep_document.is_sweep(writer.read_json(args.evidence, "evidence")):
+        folder = sweep_report.rerender(args.evidence, args.out)
+        stem = "sweep"
+    else:
+        folder = writer.rerender(args.evidence, args.out)
+        stem = "report"
     print(f"report: {folder / (stem + '.md')} and {folder / (stem + '.html')}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
-    from .devices import resolve_device
-    from .models import load_model
-    from .weights_table import composition_tables
-
     device = resolve_device(args.device)
     if args.draws < 99:
         raise UserError("--draws must be at least 99")
@@ -257,32 +242,13 @@ def cmd_weights(args: argparse.Namespace) -> int:
         raise UserError("--alpha must lie in (0, 1)")
     m = load_model(args.model, device=device)
     print(composition_tables(m.bridge, args.processing, args.draws, args.alpha, args.seed))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_roles(args: argparse.Namespace) -> int:
-    import torch
-    from tabulate import tabulate
-
-    from . import data, roles
-    from .devices import of, resolve_device
-    from .interventions import pattern_hook
-    from .models import load_model
-
     m = load_model(args.model, device=resolve_device(args.device))
-    ds = data.repeated_tokens(args.n_prompts, args.segment_length, m.d_vocab, args.seed, args.split)
-    ds = ds.to(of(m.bridge))
-    with torch.no_grad():
-        _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))
-    rows = []
-    for layer in range(m.n_layers):
-        pat = cache[pattern_hook(layer)]
-        for head in range(m.n_heads):
-            rows.append([f"L{layer}H{head}"] + [
-                float(torch.nanmean(roles.role_scores(pat[:, head], ds.clean, r))) for r in roles.ROLES])
-    print(f"{ds.description}\n")
-    print(tabulate(rows, headers=["head", *roles.ROLES], floatfmt=".3f"))
-    return EXIT_OK
+    print(role_table(m, args.n_prompts, args.segment_length, args.seed, args.split))
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -1,7 +1,23 @@
-"""Typed exceptions.  `UserError` subclasses are the user's mistakes: the CLI
-prints their message (no traceback) and exits 2."""
+"""Typed exceptions and the exit codes they map to.
+
+`UserError` subclasses are the user's mistakes: the CLI prints their message
+(no traceback) and exits `ExitCode.INPUT` (2).  `SanityCheckError` is a check
+that must hold on every run: exit `ExitCode.SANITY` (3), no report.
+"""
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit codes of every `harness` command (documented in the README)."""
+
+    OK = 0  # every claim passed (validate: every file valid; tables: printed)
+    CLAIMS = 1  # a claim failed or was inconclusive
+    INPUT = 2  # bad input: file:line: field: message, nothing written
+    SANITY = 3  # a sanity check failed: the run stopped, no report
+    JOB_FAILED = 4  # (sweep) a job failed; the others are kept
 
 
 class HarnessError(Exception):
@@ -32,8 +48,9 @@ class DataError(UserError):
     """A dataset that is malformed (e.g. clean/corrupted length mismatch)."""
 
 
-class SanityCheckError(HarnessError):
-    """A check that must hold on every run failed (hook never fired, ...)."""
+class UnsupportedError(UserError):
+    """A request the harness understands but cannot carry out (e.g. edge patching
+    from an MLP sender)."""
 
 
 class OutputExistsError(UserError):
@@ -42,3 +59,11 @@ class OutputExistsError(UserError):
 
 class DeviceError(UserError):
     """A device name that is malformed or not available on this machine."""
+
+
+class EvidenceFormatError(UserError):
+    """An evidence.json or sweep.json document that does not match its format."""
+
+
+class SanityCheckError(HarnessError):
+    """A check that must hold on every run failed (hook never fired, ...)."""

@@ -13,22 +13,28 @@ reads its verdict from that run; models are loaded once per session.  PASS ->
 passed; FAIL -> failed with a short evidence summary; INCONCLUSIVE -> failed by
 default, or xfail / skip with `--harness-inconclusive` (ini:
 `harness_inconclusive`).  Schema errors are collection errors with file:line.
-Markers per claim kind: role, ablation, composition, edge, circuit
-(e.g. `-m "not circuit"`).  Options: `--harness-report DIR` (write each file's
+One marker per registered claim kind (role, copying, composition, ablation,
+edge, circuit; e.g. `-m "not circuit"`).  Options: `--harness-report DIR` (write each file's
 report under DIR), `--harness-seed N`, `--harness-device DEVICE` (ini:
 `harness_device`; cpu, cuda, cuda:N or mps; default: $HARNESS_DEVICE or the best
-available, as devices.resolve_device; the command-line option wins over the ini).
+available, as model.devices.resolve_device; the command-line option wins over the ini).
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
-KINDS = ("role", "ablation", "composition", "edge", "circuit")
+from .claims import registry
+from .engine.runner import run
+from .errors import HarnessError, SpecError
+from .evidence.result import ClaimResult, Evidence
+from .hypothesis.loading import load
+from .report.writer import write_report
+
 _KEY = re.compile(rb"^harness\s*:", re.MULTILINE)
 
 
@@ -60,11 +66,11 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
-    for kind in KINDS:
-        config.addinivalue_line("markers", f"{kind}: a harness {kind} claim")
+    for kind in registry.kinds().values():
+        config.addinivalue_line("markers", f"{kind.name}: a harness {kind.name} claim ({kind.summary})")
 
 
-def pytest_collect_file(file_path: Path, parent: Any) -> Optional["HypothesisFile"]:
+def pytest_collect_file(file_path: Path, parent: Any) -> HypothesisFile | None:
     if is_hypothesis_file(file_path):
         return HypothesisFile.from_parent(parent, path=file_path)
     return None
@@ -79,27 +85,24 @@ class ClaimNotPassed(Exception):
 
 
 class HypothesisFile(pytest.File):
-    def collect(self):
-        from .errors import SpecError
-        from .spec import load
+    _evidence: Evidence | None = None
+    _error: str | None = None
 
+    def collect(self) -> Any:
         try:
             loaded = load(self.path)
         except SpecError as exc:
             raise self.CollectError(str(exc)) from None
         self._evidence = None
-        self._error: Optional[str] = None
+        self._error = None
         for claim in loaded.spec.claims:
             item = ClaimItem.from_parent(self, name=claim.id, claim_kind=claim.kind)
             item.add_marker(getattr(pytest.mark, claim.kind))
             yield item
 
-    def evidence(self) -> Any:
+    def evidence(self) -> Evidence:
         """Run the file once; every item reads its verdict from this."""
         if self._evidence is None and self._error is None:
-            from .errors import HarnessError
-            from .runner import run
-
             config = self.config
             try:
                 self._evidence = run(self.path, seed=config.getoption("harness_seed"),
@@ -109,17 +112,17 @@ class HypothesisFile(pytest.File):
             else:
                 out = config.getoption("harness_report")
                 if out:
-                    folder = self._evidence.write(reports_root=out)
+                    folder = write_report(self._evidence, reports_root=out)
                     config.stash.setdefault(_REPORTS, []).append(str(folder))
-        if self._error is not None:
-            raise HypothesisError(self._error)
+        if self._error is not None or self._evidence is None:
+            raise HypothesisError(self._error or "the file did not run")
         return self._evidence
 
 
-_REPORTS = pytest.StashKey[list]()
+_REPORTS = pytest.StashKey[list[str]]()
 
 
-def device(config: Any) -> Optional[str]:
+def device(config: Any) -> str | None:
     """--harness-device, else the ini `harness_device`, else None (resolved by run())."""
     return config.getoption("harness_device") or config.getini("harness_device") or None
 
@@ -130,9 +133,10 @@ class ClaimItem(pytest.Item):
         self.claim_kind = claim_kind
 
     def runtest(self) -> None:
-        ev = self.parent.evidence()
-        result = next(c for c in ev.claims if c.id == self.name)
-        self.user_properties += [("verdict", result.verdict), ("value", result.key_number()),
+        if not isinstance(self.parent, HypothesisFile):
+            raise TypeError("a harness claim item belongs to a hypothesis file")
+        result = self.parent.evidence().claim(self.name)
+        self.user_properties += [("verdict", result.verdict), ("value", key_number(result)),
                                  ("expectation", result.expectation)]
         if result.verdict == "PASS":
             return
@@ -145,21 +149,27 @@ class ClaimItem(pytest.Item):
                 pytest.skip(f"INCONCLUSIVE: {result.rule}")
         raise ClaimNotPassed(summary(result))
 
-    def repr_failure(self, excinfo: Any, style: Any = None) -> str:
+    def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
         if isinstance(excinfo.value, (ClaimNotPassed, HypothesisError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
 
-    def reportinfo(self) -> tuple:
+    def reportinfo(self) -> tuple[Any, None, str]:
         return self.path, None, f"{self.path.name}::{self.name} ({self.claim_kind})"
 
 
-def summary(r: Any) -> str:
+def key_number(r: ClaimResult) -> str:
+    return registry.get(r.kind).key_number(r)
+
+
+def summary(r: ClaimResult) -> str:
     """The failure message: what was claimed, what was measured, and the rule."""
     lines = [f"{r.verdict}: {r.id} ({r.kind}, {r.evidence} evidence)",
              f"  expected: {r.expectation}",
-             f"  measured: {r.key_number()} {r.unit}"]
-    p = r.details.get("p_adjusted", r.details.get("binomial_p_value"))
+             f"  measured: {key_number(r)} {r.unit}"]
+    p = getattr(r.details, "p_adjusted", None)
+    if p is None:
+        p = getattr(r.details, "binomial_p_value", None)
     if p is not None:
         lines.append(f"  p-value: {p:.3g}")
     lines.append(f"  rule: {r.rule}")

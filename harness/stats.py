@@ -5,13 +5,16 @@
 * `sign_flip_pvalue`: two-sided sign-flip permutation test of mean(d) = 0,
   p = (1 + #{|mean(s * d)| >= |mean(d)|}) / (1 + n_perm), s uniform signs.
 * `summary`: median and interquartile range of per-prompt values.
+* `benjamini_hochberg`: BH-adjusted p-values (step-up, monotone, capped at 1).
+* `clopper_pearson`: exact binomial confidence interval of a rate.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +28,7 @@ class Interval:
     method: str
 
 
-def bootstrap_ci(samples: Sequence[np.ndarray], statistic: Callable[..., np.ndarray],
+def bootstrap_ci(samples: Sequence[np.ndarray], statistic: Callable[..., Any],
                  n_resamples: int, confidence: float, seed: int) -> Interval:
     """BCa interval of `statistic(*samples)`, resampling the prompts (paired).
 
@@ -34,13 +37,13 @@ def bootstrap_ci(samples: Sequence[np.ndarray], statistic: Callable[..., np.ndar
     """
     from scipy import stats
 
-    samples = [np.asarray(s, dtype=np.float64) for s in samples]
-    est = float(statistic(*samples, axis=-1))
-    if len(samples[0]) < 2:
+    arrays = [np.asarray(s, dtype=np.float64) for s in samples]
+    est = float(statistic(*arrays, axis=-1))
+    if len(arrays[0]) < 2:
         return Interval(est, float("nan"), float("nan"), confidence, "none (fewer than 2 prompts)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DegenerateDataWarning and BCa's own warnings
-        res = stats.bootstrap(samples, statistic, n_resamples=n_resamples, paired=True,
+        res = stats.bootstrap(arrays, statistic, n_resamples=n_resamples, paired=True,
                               vectorized=True, confidence_level=confidence, method="BCa",
                               rng=np.random.default_rng(seed))
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
@@ -60,7 +63,8 @@ def mean_ci(x: np.ndarray, n_resamples: int, confidence: float, seed: int) -> In
 
 def ratio_of_means(num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarray:
     """sum(num) / sum(den) along `axis` (the ratio of means)."""
-    return np.sum(num, axis=axis) / np.sum(den, axis=axis)
+    out: np.ndarray = np.sum(num, axis=axis) / np.sum(den, axis=axis)
+    return out
 
 
 def sign_flip_pvalue(d: np.ndarray, n_perm: int, seed: int) -> float:
@@ -79,8 +83,31 @@ def sign_flip_pvalue(d: np.ndarray, n_perm: int, seed: int) -> float:
     return (1 + count) / (1 + n_perm)
 
 
-def summary(x: np.ndarray) -> dict:
-    """Median and interquartile range of per-prompt values."""
+def summary(x: np.ndarray) -> dict[str, float]:
+    """Median, quartiles and interquartile range of per-prompt values:
+    {median, q1, q3, iqr}."""
     x = np.asarray(x, dtype=np.float64)
     q1, med, q3 = np.percentile(x, [25, 50, 75])
     return {"median": float(med), "q1": float(q1), "q3": float(q3), "iqr": float(q3 - q1)}
+
+
+def benjamini_hochberg(p: Sequence[float]) -> list[float]:
+    """BH-adjusted p-values in input order: p_(i) * n / i for the i-th smallest,
+    made monotone from the top (step-up) and capped at 1."""
+    n = len(p)
+    if n == 0:
+        return []
+    order = np.argsort(p)
+    ranked = np.asarray(p, dtype=np.float64)[order] * n / np.arange(1, n + 1)
+    adj = np.minimum.accumulate(ranked[::-1])[::-1].clip(max=1.0)
+    out = np.empty(n)
+    out[order] = adj
+    return [float(x) for x in out]
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) confidence interval of the rate k / n."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
+    return float(ci.low), float(ci.high)

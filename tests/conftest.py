@@ -32,7 +32,7 @@ def demo_evidence():
 
 @pytest.fixture(scope="session")
 def fixture_model():
-    from harness.runner import load_model_cached
+    from harness.engine.runner import load_model_cached
 
     return load_model_cached(str(FIXTURE), "cpu")
 
@@ -49,8 +49,8 @@ def save_native(bridge, cfg: dict, out: Path) -> Path:
 
 
 def tiny_config(**over) -> dict:
-    cfg = dict(d_model=8, d_head=3, n_heads=2, n_layers=2, n_ctx=12, d_vocab=7,
-               attn_only=True, normalization_type="LN", seed=0)
+    cfg = {"d_model": 8, "d_head": 3, "n_heads": 2, "n_layers": 2, "n_ctx": 12, "d_vocab": 7,
+               "attn_only": True, "normalization_type": "LN", "seed": 0}
     cfg.update(over)
     return cfg
 

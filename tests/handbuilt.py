@@ -26,8 +26,8 @@ V = 6
 
 
 def config() -> dict:
-    return dict(d_model=2 * V, d_head=V, n_heads=2, n_layers=2, n_ctx=16, d_vocab=V,
-                attn_only=True, normalization_type=None, seed=0)
+    return {"d_model": 2 * V, "d_head": V, "n_heads": 2, "n_layers": 2, "n_ctx": 16, "d_vocab": V,
+                "attn_only": True, "normalization_type": None, "seed": 0}
 
 
 def build(redundant: bool = False, gain: float = 8.0):
@@ -55,7 +55,7 @@ def build(redundant: bool = False, gain: float = 8.0):
 def dataset(n: int = 40, seq: int = 10, seed: int = 0):
     """Clean prompts repeat one token often; corrupted prompts replace the early half.
     The scored position is the last one; the answer is the clean prompt's majority token."""
-    from harness.data import Dataset
+    from harness.model.data import Dataset
 
     g = torch.Generator().manual_seed(seed)
     major = torch.randint(0, V, (n,), generator=g)

@@ -24,13 +24,13 @@ def forward(sd, cfg, tokens, z_edit=None, want_z=False, input_edit=None, final_e
     zs = {}
     for layer in range(cfg["n_layers"]):
         p = f"blocks.{layer}."
-        ln = lambda r: layer_norm(r, sd.get(p + "ln1.weight"), sd.get(p + "ln1.bias"), eps)  # noqa: E731
-        h = ln(x)
+        h = layer_norm(x, sd.get(p + "ln1.weight"), sd.get(p + "ln1.bias"), eps)
         q, k, v = ((h @ sd[p + f"attn.{w}.weight"].T + sd[p + f"attn.{w}.bias"]).view(n, s, H, dh)
                    for w in "qkv")
         edits = input_edit(layer, x) if input_edit is not None else {}
         for (head, w), resid in edits.items():
-            lin = (ln(resid) @ sd[p + f"attn.{w}.weight"].T + sd[p + f"attn.{w}.bias"]).view(n, s, H, dh)
+            normed = layer_norm(resid, sd.get(p + "ln1.weight"), sd.get(p + "ln1.bias"), eps)
+            lin = (normed @ sd[p + f"attn.{w}.weight"].T + sd[p + f"attn.{w}.bias"]).view(n, s, H, dh)
             {"q": q, "k": k, "v": v}[w][:, :, head] = lin[:, :, head]
         scores = torch.einsum("nqhd,nkhd->nhqk", q, k) / math.sqrt(dh)
         mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)

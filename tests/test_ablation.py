@@ -4,10 +4,10 @@ and zero-ablating every head against a closed form."""
 import pytest
 import torch
 
-from harness import data
-from harness import interventions as iv
 from harness.errors import SanityCheckError
-from harness.names import Head
+from harness.mech import hooks as iv
+from harness.model import data
+from harness.spec.names import Head, hook_z
 
 from . import oracle
 from .conftest import tiny_config
@@ -21,10 +21,10 @@ def setup(tiny_native):
     bridge, _ = tiny_native
     ds = data.repeated_tokens(6, 4, CFG["d_vocab"], seed=0)
     layers = [0, 1]
-    clean = iv.cache_hooks(bridge, ds.clean, [iv.z_hook(l) for l in layers])
-    corrupt = iv.cache_hooks(bridge, ds.corrupted, [iv.z_hook(l) for l in layers])
+    clean = iv.cache_hooks(bridge, ds.clean, [hook_z(l) for l in layers])
+    corrupt = iv.cache_hooks(bridge, ds.corrupted, [hook_z(l) for l in layers])
     sd = bridge.state_dict()
-    return bridge, ds, sd, {l: clean[iv.z_hook(l)] for l in layers}, {l: corrupt[iv.z_hook(l)] for l in layers}
+    return bridge, ds, sd, {l: clean[hook_z(l)] for l in layers}, {l: corrupt[hook_z(l)] for l in layers}
 
 
 def test_bridge_matches_oracle(setup):
@@ -66,7 +66,8 @@ def test_zero_ablating_every_head_closed_form(setup):
     all_heads = [Head(l, h) for l in range(2) for h in range(2)]
     got = iv.run_plan(bridge, ds.clean, iv.ablation_plan(all_heads, "zero", clean_z, corrupt_z))
     s = ds.seq_len
-    x = sd["embed.weight"][ds.clean] + sd["pos_embed.weight"][:s] + sd["blocks.0.attn.o.bias"] + sd["blocks.1.attn.o.bias"]
+    x = (sd["embed.weight"][ds.clean] + sd["pos_embed.weight"][:s] + sd["blocks.0.attn.o.bias"]
+         + sd["blocks.1.attn.o.bias"])
     x = oracle.layer_norm(x, sd["ln_final.weight"], sd["ln_final.bias"], 1e-5)
     assert torch.allclose(got, x @ sd["unembed.weight"].T + sd["unembed.bias"], atol=1e-10)
 
@@ -99,7 +100,7 @@ def test_hook_that_never_fires_is_an_error(setup):
             return bridge(tokens)
 
     plan = iv.Plan()
-    plan.add(iv.z_hook(1), lambda z, hook: z)
+    plan.add(hook_z(1), lambda z, hook: z)
     with pytest.raises(SanityCheckError, match=r"never fired: blocks\.1\.attn\.hook_z"):
         iv.run_plan(SkipsHooks(), ds.clean, plan)
 
@@ -117,7 +118,7 @@ def test_model_left_unchanged_after_error(setup):
     with torch.no_grad():
         before = bridge(ds.clean)
     plan = iv.Plan()
-    plan.add(iv.z_hook(0), lambda z, hook: (_ for _ in ()).throw(RuntimeError("boom")))
+    plan.add(hook_z(0), lambda z, hook: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         iv.run_plan(bridge, ds.clean, plan)
     with torch.no_grad():

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from harness import batched_edges, data, metrics
-from harness import patching as P
-from harness.interventions import cache_hooks
+from harness.mech import batched_edges
+from harness.mech import patching as P
+from harness.mech.hooks import cache_hooks
+from harness.model import data, metrics
 
 from .conftest import tiny_config
 
@@ -58,7 +59,7 @@ def test_fixture_all_edges_noising(fixture_model):
 
 def test_gpt2_with_mlps_denoising(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from harness.models import load_model
+    from harness.model.loading import load_model
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=30, n_positions=16, n_embd=16, n_layer=2, n_head=4)

@@ -5,8 +5,12 @@ import numpy as np
 import pytest
 
 import harness
-from harness import causal
-from harness.spec import EdgeClaim, Stats
+from harness import stats
+from harness.claims import edge as edge_kind
+from harness.claims.edge import EdgeClaim, EdgeEffect, classify
+from harness.claims.effects import Change, NormalizedEffect
+from harness.evidence.details import Summary
+from harness.spec.settings import Stats
 
 from . import handbuilt as hb
 from .conftest import save_native
@@ -56,14 +60,15 @@ def test_edge_that_carries_everything_and_edges_that_carry_nothing(model_dirs, t
     assert by_id["denoise"].value == pytest.approx(1.0, abs=1e-9)
     for quiet in ("L0H0->L1H0.q", "L0H0->L1H0.k", "L0H1->L1H0.v", "L0H0->logits"):
         assert by_id[quiet].value == pytest.approx(0.0, abs=1e-12)
-        assert by_id[quiet].details["use"] == "unused"
-    classes = {r["edge"]: r["class"] for r in ev.weights_vs_use}
+        assert by_id[quiet].details.use == "unused"
+    classes = {r.edge: r.classification for r in ev.weights_vs_use}
     assert classes["L0H0 -> L1H0.v"] == "route used"
     assert classes["L0H1 -> L1H0.v"] == "no route"  # a silent head composes with nothing
-    folder = ev.write(out_dir=tmp_path / "report")  # undefined scores render as "undefined"
+    folder = harness.write_report(ev, out_dir=tmp_path / "report")  # undefined scores render as "undefined"
     assert "| L0H1 -> L1H0.v | undefined" in (folder / "report.md").read_text()
-    from harness.report import validate_evidence
     import json
+
+    from harness.report.writer import validate_evidence
 
     assert validate_evidence(json.loads((folder / "evidence.json").read_text())) == []
 
@@ -79,7 +84,7 @@ def test_redundant_heads(model_dirs, tmp_path):
     assert single0.value < 0.01 and single1.value < 0.01 and joint.value > 1.5  # nats
     # DESIGN.md: the normalised effect of the joint zero-ablation is small (the corrupted run is
     # confidently wrong, the ablated run merely uniform), which is why the raw drop is shown too
-    assert joint.details["normalized"] < 0.2
+    assert joint.details.normalized < 0.2
 
 
 def test_circuit_faithfulness_and_random_comparison(model_dirs, tmp_path):
@@ -92,9 +97,9 @@ def test_circuit_faithfulness_and_random_comparison(model_dirs, tmp_path):
     right, wrong = ev.claims
     assert right.verdict == "PASS" and right.value == pytest.approx(1.0, abs=1e-9)
     # of the 6 two-head circuits only {L0H0, L1H0} is faithful: random ones beat it 1/6 of the time
-    assert right.details["beaten"] >= 40
+    assert right.details.beaten >= 40
     assert wrong.verdict == "FAIL" and wrong.value == pytest.approx(0.0, abs=1e-9)
-    assert any(ch["name"] == "identity interventions reproduce the base run" for ch in ev.sanity_checks)
+    assert any(ch.name == "identity interventions reproduce the base run" for ch in ev.sanity_checks)
 
 
 def test_circuit_of_every_head_has_no_random_comparison(model_dirs, tmp_path):
@@ -114,14 +119,14 @@ def test_sensitivity_reports_each_type(model_dirs, tmp_path):
                                     {"id": "a", "kind": "ablation", "heads": ["L0H0"], "at_least": 0.5,
                                      "sensitivity": True}], tmp_path)
     edge_claim, ablation = ev.claims
-    assert set(edge_claim.details["sensitivity"]["by_type"]) == {"zero", "mean", "resample"}
-    assert edge_claim.details["sensitivity"]["agrees"] is True  # used under every replacement
+    assert set(edge_claim.details.sensitivity.by_type) == {"zero", "mean", "resample"}
+    assert edge_claim.details.sensitivity.agrees is True  # used under every replacement
     # mean-ablating the copier removes a quarter of the gap, resampling it all of it:
     # the verdict depends on the ablation type and the flag says so
-    sens = ablation.details["sensitivity"]["by_type"]
-    assert (sens["mean"]["verdict"], sens["zero"]["verdict"], sens["resample"]["verdict"]) == ("FAIL", "FAIL", "PASS")
-    assert sens["resample"]["value"] == pytest.approx(1.0, abs=1e-9)
-    assert ablation.details["sensitivity"]["agrees"] is False
+    sens = ablation.details.sensitivity.by_type
+    assert (sens["mean"].verdict, sens["zero"].verdict, sens["resample"].verdict) == ("FAIL", "FAIL", "PASS")
+    assert sens["resample"].value == pytest.approx(1.0, abs=1e-9)
+    assert ablation.details.sensitivity.agrees is False
 
 
 def test_undefined_effect_is_inconclusive(model_dirs, tmp_path):
@@ -153,26 +158,29 @@ def test_undefined_effect_is_inconclusive(model_dirs, tmp_path):
 ])
 def test_edge_verdict_rules(expect, lo, hi, p, use, verdict):
     claim = EdgeClaim(id="e", kind="edge", edge="L0H0 -> L1H0.k", expect=expect)
-    details = {"normalized": (lo + hi) / 2, "normalized_ci": [lo, hi], "change_mean": 0.0}
-    r = causal.evaluate_edge(claim, "L0H0 -> L1H0.k", details, p, Stats(), "nats")
-    assert (r.details["use"], r.verdict) == (use, verdict)
+    summary = Summary(median=0.0, q1=0.0, q3=0.0, iqr=0.0)
+    norm = NormalizedEffect(stats.Interval((lo + hi) / 2, lo, hi, 0.95, "given"), 0, 1.0, 1.0, summary, [0.0],
+                            "", np.ones(1, dtype=bool))
+    effect = EdgeEffect(Change(stats.Interval(0.0, 0.0, 0.0, 0.95, "given"), summary, 1), norm, p, 0.0, 0.0, 0.0)
+    r = edge_kind.KIND.evaluate(claim, effect, p, Stats(), "nats")
+    assert (r.details.use, r.verdict) == (use, verdict)
 
 
 def test_classification_table():
-    assert causal.classify(True, "used") == "route used"
-    assert causal.classify(True, "unused") == "route present, unused"
-    assert causal.classify(False, "used") == "used without a weight route"
-    assert causal.classify(False, "unused") == "no route"
+    assert classify(True, "used") == "route used"
+    assert classify(True, "unused") == "route present, unused"
+    assert classify(False, "used") == "used without a weight route"
+    assert classify(False, "unused") == "no route"
 
 
 def test_demo_edges_on_the_fixture(demo_evidence):
     """The demo's four edge claims give three of the four weights-vs-use classes."""
     ev = demo_evidence
-    classes = {r["edge"]: r["class"] for r in ev.weights_vs_use}
+    classes = {r.edge: r.classification for r in ev.weights_vs_use}
     assert classes == {"L0H7 -> L1H5.k": "route used", "L0H7 -> L1H5.q": "no route",
                        "L0H7 -> L1H5.v": "no route", "L0H3 -> L1H5.k": "route present, unused"}
     k_edge = next(c for c in ev.claims if c.id == "prev-token-feeds-induction-keys")
     assert k_edge.ci[0] > 0.1 and k_edge.verdict == "PASS"
     circuit = next(c for c in ev.claims if c.kind == "circuit")
-    assert circuit.verdict == "PASS" and circuit.details["beaten"] > 80
-    assert np.isfinite(circuit.details["binomial_p_value"])
+    assert circuit.verdict == "PASS" and circuit.details.beaten > 80
+    assert np.isfinite(circuit.details.binomial_p_value)

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from harness import data
 from harness.cli import main
-from harness.devices import ENV, resolve_device
 from harness.errors import DeviceError, UserError
+from harness.model import data
+from harness.model.devices import ENV, resolve_device
 
 from .conftest import FIXTURE, HYPOTHESES
 from .test_cli import harness_cli
@@ -94,8 +94,9 @@ def test_every_model_command_checks_device_first(argv, tmp_path, capsys, monkeyp
 
 def test_run_records_device_in_provenance(demo_evidence):
     """demo_evidence is harness.run(..., device="cpu")."""
-    from harness.report import to_json, validate_evidence
-    from harness.report_markdown import render_markdown
+    from harness.evidence.document import to_json
+    from harness.report.markdown import render_markdown
+    from harness.report.writer import validate_evidence
 
     assert demo_evidence.provenance["device"] == "cpu"
     doc = json.loads(to_json(demo_evidence.to_dict()))
@@ -107,7 +108,7 @@ def test_run_records_device_in_provenance(demo_evidence):
 
 def test_check_form_accepts_devices_this_machine_lacks_and_refuses_bad_names():
     """A Ray driver checks only the name: the workers resolve the device where they run."""
-    from harness.devices import check_form
+    from harness.model.devices import check_form
 
     assert [check_form(x) for x in ("cuda", " CUDA:1 ", "mps", "auto", "cpu")] == \
         ["cuda", "cuda:1", "mps", "auto", "cpu"]

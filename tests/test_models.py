@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.errors import ModelLoadError
-from harness.models import directory_hash, load_model
+from harness.model.loading import directory_hash, load_model
 
 from .conftest import FIXTURE
 

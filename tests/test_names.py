@@ -1,7 +1,7 @@
 import pytest
 
-from harness import names
 from harness.errors import ComponentNameError
+from harness.spec import names
 
 
 @pytest.mark.parametrize("text", ["L1H6", "L0H3", "L12H0", "L1H6.q", "L1H6.k", "L1H6.v",

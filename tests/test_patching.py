@@ -5,9 +5,10 @@ parity where it supports the model."""
 import pytest
 import torch
 
-from harness import data, metrics, names
-from harness import patching as P
-from harness.interventions import cache_hooks
+from harness.mech import patching as P
+from harness.mech.hooks import cache_hooks
+from harness.model import data, metrics
+from harness.spec import names
 
 from . import oracle
 from .conftest import tiny_config
@@ -90,7 +91,7 @@ def test_transformer_lens_direct_path_parity(tmp_path):
     transformers = pytest.importorskip("transformers")
     from transformer_lens.patching import get_act_patch_direct_path
 
-    from harness.models import load_model
+    from harness.model.loading import load_model
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=30, n_positions=16, n_embd=16, n_layer=2, n_head=4)

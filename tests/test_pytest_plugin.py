@@ -5,6 +5,8 @@ import xml.etree.ElementTree as ET
 import pytest
 import yaml
 
+import harness
+
 from .conftest import FIXTURE, HYPOTHESES
 
 BASE = {"harness": 1, "name": "plugin-test", "model": str(FIXTURE),
@@ -19,7 +21,7 @@ def import_everything_first(demo_evidence, tmp_path_factory):
     """pytester's in-process runs drop the modules first imported inside them; C
     extensions (torch) re-imported that way crash at garbage collection.  A full
     run with a written report, here in the outer process, imports everything first."""
-    demo_evidence.write(out_dir=tmp_path_factory.mktemp("warm") / "r")
+    harness.write_report(demo_evidence, out_dir=tmp_path_factory.mktemp("warm") / "r")
 
 
 def write(pytester, name, claims, **extra):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import harness
-from harness import report
+from harness.evidence.document import to_json
+from harness.report import writer as report
 
 from .conftest import HYPOTHESES, ROOT
 
@@ -21,7 +22,7 @@ FIGURES = {"attention.png", "composition.png", "effects.png", "signature.png"}
 
 @pytest.fixture(scope="module")
 def demo_folder(tmp_path_factory, demo_evidence):
-    return demo_evidence, demo_evidence.write(out_dir=tmp_path_factory.mktemp("r") / "demo")
+    return demo_evidence, harness.write_report(demo_evidence, out_dir=tmp_path_factory.mktemp("r") / "demo")
 
 
 def test_folder_contents(demo_folder):
@@ -40,7 +41,7 @@ def test_evidence_validates_against_schema(demo_folder, tmp_path):
     _, folder = demo_folder
     assert report.validate_evidence(json.loads((folder / "evidence.json").read_text())) == []
     ev = harness.run(HYPOTHESES / "induction-false-claims.yaml")
-    assert report.validate_evidence(json.loads(report.to_json(ev.to_dict()))) == []
+    assert report.validate_evidence(json.loads(to_json(ev.to_dict()))) == []
     broken = json.loads((folder / "evidence.json").read_text())
     broken["claims"][0]["verdict"] = "MAYBE"
     del broken["model"]["sha256"]
@@ -79,7 +80,7 @@ def test_interrupted_write_leaves_nothing(demo_folder, tmp_path, monkeypatch):
 
     monkeypatch.setattr(report, "render_files", boom)
     with pytest.raises(KeyboardInterrupt):
-        ev.write(reports_root=tmp_path)
+        harness.write_report(ev, reports_root=tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from harness import roles
-from harness.interventions import pattern_hook
+from harness.mech import roles
+from harness.spec.names import hook_pattern as pattern_hook
 
 TOKENS = torch.tensor([[0, 1, 2, 1, 2, 3]])
 
@@ -78,7 +78,7 @@ def test_undefined_score_is_nan():
 
 
 def test_fixture_heads_match_model_card(fixture_model):
-    from harness import data
+    from harness.model import data
 
     ds = data.repeated_tokens(50, 20, fixture_model.d_vocab, seed=5)
     _, cache = fixture_model.bridge.run_with_cache(ds.clean)

@@ -58,7 +58,7 @@ def test_evidence_document(demo):
     assert d["settings"]["weight_processing"].startswith("folded")
     assert all(ch["passed"] for ch in d["sanity_checks"])
     assert d["baseline"]["gap"]["mean"] > 3  # nats: the fixture really does induction
-    assert demo.exit_code == 0 and "prev-token-L0H7" in demo.table()
+    assert demo.exit_code == 0 and "prev-token-L0H7" in harness.claim_table(demo)
 
 
 def test_dict_hypothesis_with_base_dir():
@@ -78,14 +78,14 @@ def test_undefined_normalised_effect_is_inconclusive():
     ev = harness.run(d, base_dir=HYPOTHESES)
     (c,) = ev.claims
     assert c.verdict == "INCONCLUSIVE" and c.value is None and "undefined" in c.rule
-    assert c.details["drop_mean"] > 1  # the raw change is still shown
-    assert not ev.sanity_checks[0]["passed"]
+    assert c.details.drop_mean > 1  # the raw change is still shown
+    assert not ev.sanity_checks[0].passed
 
 
 def test_jsonl_data_and_logit_diff(tmp_path):
     import json
 
-    from harness import data
+    from harness.model import data
 
     ds = data.repeated_tokens(12, 10, 128, seed=9)
     with open(tmp_path / "p.jsonl", "w") as f:
@@ -117,4 +117,4 @@ def test_role_claim_on_hf_model(tmp_path):
     ev = harness.run(d, base_dir=tmp_path)
     assert ev.claims[0].verdict == "FAIL"  # a random model has no induction head
     assert ev.model["kind"] == "transformers"
-    assert ev.sanity_checks[1]["name"] == "identity interventions reproduce the base run"
+    assert ev.sanity_checks[1].name == "identity interventions reproduce the base run"

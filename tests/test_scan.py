@@ -4,7 +4,7 @@ import json
 
 import harness
 from harness.cli import main
-from harness.scan import scan
+from harness.tools.scan import scan
 
 from .conftest import FIXTURE
 
@@ -24,7 +24,7 @@ def test_scan_fixture(tmp_path):
     doc = json.loads((tmp_path / "s" / "scan.json").read_text())
     assert len(doc["edges"]) == 257
     ev = harness.run(tmp_path / "s" / "starter.yaml")  # held-out split: the routes still hold
-    assert any(c.details.get("edge") == "L0H7 -> L1H5.k" for c in ev.claims)
+    assert any(getattr(c.details, "edge", None) == "L0H7 -> L1H5.k" for c in ev.claims)
     assert all(c.verdict == "PASS" for c in ev.claims), [(c.id, c.verdict) for c in ev.claims]
 
 

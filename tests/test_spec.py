@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from harness import spec
 from harness.errors import SpecError
+from harness.hypothesis import loading as spec
 
 from .conftest import HYPOTHESES
 
@@ -76,8 +76,8 @@ CASES = [
     ("impossible role threshold", ("at_least: 0.5\n  - id: b", "at_least: 1.5\n  - id: b"), 8, "an attention score lies in [0, 1]; threshold 1.5 is impossible"),
     ("two bounds", ("    at_least: 0.5\n  - id: b", "    at_least: 0.5\n    at_most: 0.9\n  - id: b"), 8, "give exactly one of at_least / at_most"),
     ("no bound", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n"), 13, "claims[1]: give exactly one of at_least / at_most"),
-    ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, ablation, composition, edge, circuit"),
-    ("unknown claim key", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    effect: 0.5\n"), 16, "claims[1].effect: unknown key; allowed keys: at_least, at_most, id, kind, heads"),
+    ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, copying, composition, ablation, edge, circuit"),
+    ("unknown claim key", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    effect: 0.5\n"), 16, "claims[1].effect: unknown key; allowed keys: id, kind, heads, ablation, measure, freeze_patterns, sensitivity, at_least, at_most, description"),
     ("unknown ablation type", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    ablation: knockout\n"), 16, "claims[1].ablation: Input should be 'zero', 'mean' or 'resample'"),
     ("duplicate claim id", ("- id: b", "- id: a"), 13, "claims[1].id: claim id 'a' is used twice"),
     ("missing claim field", ("    role: previous_token\n", ""), 8, "claims[0].role: required field is missing"),
@@ -147,7 +147,7 @@ def test_dict_input_resolves_against_base_dir(tmp_path):
 
 
 def test_validation_does_not_import_torch():
-    code = ("import sys; from harness import spec; spec.load(sys.argv[1]); "
+    code = ("import sys; from harness.hypothesis import loading as spec; spec.load(sys.argv[1]); "
             "bad = [m for m in ('torch', 'transformer_lens') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code, str(HYPOTHESES / "induction.yaml")],
                          capture_output=True, text=True, check=True)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from harness import stats
-from harness.evidence import FAIL, INCONCLUSIVE, PASS, threshold_verdict
+from harness.evidence.verdicts import FAIL, INCONCLUSIVE, PASS, threshold_verdict
 
 
 def test_mean_ci_covers_and_is_seeded():

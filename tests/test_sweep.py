@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from harness import cli, executors, sweep_models
+from harness import cli
 from harness.errors import UserError
-from harness.report import validate_document
-from harness.sweep_report import holds_from
+from harness.report.writer import validate_evidence
+from harness.sweep import executors
+from harness.sweep import models as sweep_models
+from harness.sweep.document import problems as sweep_problems
+from harness.sweep.report import holds_from
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS = ROOT / "fixtures" / "induction-2l-checkpoints"
@@ -130,9 +132,9 @@ def test_a_broken_model_fails_one_job_and_keeps_the_others(swept):
     for j in doc["jobs"]:
         if j["status"] == "ok":
             ev = json.loads((out / j["report"] / "evidence.json").read_text())
-            assert validate_document(ev, "evidence") == []
+            assert validate_evidence(ev) == []
             assert [c["verdict"] for c in ev["claims"]] == [c["verdict"] for c in j["claims"]]
-    assert validate_document(doc, "sweep") == []
+    assert sweep_problems(doc) == []
 
 
 def test_sweep_numbers_equal_a_direct_run_on_the_checkpoint(swept, tmp_path):
@@ -164,7 +166,7 @@ def _comparable(j):
 def test_ray_local_instance_gives_the_in_process_results(swept, tmp_path):
     import ray
 
-    from harness.sweep_run import sweep
+    from harness.sweep.run import sweep
 
     _, doc, _, bad = swept
     models = [str(CHECKPOINTS / "step-00250"), str(CHECKPOINTS / "step-03000"), str(bad)]
@@ -261,7 +263,7 @@ def test_training_script_saves_loadable_checkpoints(tmp_path, monkeypatch):
 
     import torch
 
-    from harness.models import load_model
+    from harness.model.loading import load_model
 
     spec = importlib.util.spec_from_file_location("train_induction", ROOT / "fixtures" / "train_induction.py")
     train = importlib.util.module_from_spec(spec)
@@ -317,7 +319,7 @@ def test_two_series_render_side_by_side(swept):
     """The same jobs presented as two seeds: columns and holds-from rows per series."""
     import copy
 
-    from harness.sweep_report import render_sweep
+    from harness.sweep.report import render_sweep
 
     _, doc, _, _ = swept
     two = copy.deepcopy(doc)
@@ -326,12 +328,12 @@ def test_two_series_render_side_by_side(swept):
     two["models"] = ckpt + twins
     two["jobs"] = [j for j in two["jobs"] if j["status"] == "ok"]
     two["jobs"] += [dict(copy.deepcopy(j), model="seed1/" + j["model"]) for j in two["jobs"]]
-    assert validate_document(two, "sweep") == []
+    assert sweep_problems(two) == []
     md = render_sweep(two)["sweep.md"].decode()
     assert "induction-2l seed 0 @250" in md and "induction-2l seed 1 @3000" in md
     rows = holds_from(two, "induction-small")
     assert {r[1] for r in rows} == {"induction-2l seed 0", "induction-2l seed 1"}
     by_series = {}
-    for claim, series, start, *_ in rows:
+    for claim, _series, start, *_ in rows:
         by_series.setdefault(claim, set()).add(start.split("@")[-1])
     assert all(len(v) == 1 for v in by_series.values())  # identical jobs: identical onsets

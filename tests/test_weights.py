@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from harness import weights as W
-from harness.models import load_model
+from harness import stats
+from harness.mech import weights as W
+from harness.model.loading import load_model
+from harness.spec.names import Head, HeadInput
 
 from .conftest import FIXTURE, tiny_config
 
@@ -74,10 +76,11 @@ def aligned_k_route(seed: int = 0):
 def test_aligned_route_is_significant_and_others_are_not(processing):
     hw = W.head_weights(aligned_k_route(), processing)
     scores = W.all_scores(hw, "k")
-    claimed = W.composition(hw, (0, 0), (1, 0), "k", 2000, seed=1, all_mode_scores=scores)
+    claimed = W.composition(hw, Head(0, 0), HeadInput(Head(1, 0), "k"), 2000, seed=1, all_mode_scores=scores)
     assert claimed.p_value < 0.001 and claimed.percentile == 100.0
     assert claimed.fraction_of_max > 0.9  # nearly as aligned as the spectra allow
-    others = [W.composition(hw, (0, s), (1, r), "k", 2000, seed=2 + 4 * s + r, all_mode_scores=scores)
+    others = [W.composition(hw, Head(0, s), HeadInput(Head(1, r), "k"), 2000, seed=2 + 4 * s + r,
+                            all_mode_scores=scores)
               for s in range(4) for r in range(4) if (s, r) != (0, 0)]
     assert all(o.p_value > 0.001 for o in others)
     assert min(o.p_value for o in others if o.sender != "L0H0") > 0.01
@@ -97,7 +100,7 @@ def test_random_models_give_calibrated_p_values(processing):
             scores = W.all_scores(hw, mode)
             for s in range(4):
                 for r in range(4):
-                    res = W.composition(hw, (0, s), (1, r), mode, 400, seed=seed * 97 + s * 4 + r,
+                    res = W.composition(hw, Head(0, s), HeadInput(Head(1, r), mode), 400, seed=seed * 97 + s * 4 + r,
                                         all_mode_scores=scores)
                     pvals.append(res.p_value)
     pvals = np.array(pvals)  # 384 p-values
@@ -180,7 +183,7 @@ def test_basis_freedom(processing):
         before_out = b(toks)
     hw0 = W.head_weights(b, processing)
     before = {m: W.all_scores(hw0, m) for m in W.MODES}
-    copy0 = [W.copying_score(hw0, 1, h)[0] for h in range(8)]
+    copy0 = [W.copying_score(hw0, 1, h).value for h in range(8)]
     change_head_bases(b)
     hw1 = W.head_weights(b, processing)
     assert not torch.allclose(hw0.W_V, hw1.W_V)  # the weights really changed
@@ -188,7 +191,7 @@ def test_basis_freedom(processing):
         assert torch.allclose(b(toks), before_out, atol=1e-9)
     for m in W.MODES:
         np.testing.assert_allclose(W.all_scores(hw1, m), before[m], atol=1e-9)
-    np.testing.assert_allclose([W.copying_score(hw1, 1, h)[0] for h in range(8)], copy0, atol=1e-9)
+    np.testing.assert_allclose([W.copying_score(hw1, 1, h).value for h in range(8)], copy0, atol=1e-9)
 
 
 def test_copying_score_matches_full_vocab_eigenvalues():
@@ -199,7 +202,7 @@ def test_copying_score_matches_full_vocab_eigenvalues():
             full = (hw.W_E @ hw.W_V[layer, h] @ hw.W_O[layer, h] @ hw.W_U).numpy()
             lam = np.linalg.eigvals(full)
             expected = lam.sum().real / np.abs(lam).sum()
-            assert W.copying_score(hw, layer, h)[0] == pytest.approx(expected, abs=1e-9)
+            assert W.copying_score(hw, layer, h).value == pytest.approx(expected, abs=1e-9)
 
 
 def test_copying_score_hand_built():
@@ -213,21 +216,21 @@ def test_copying_score_hand_built():
         a.v.weight.copy_(torch.eye(6, dtype=torch.float64))
         a.o.weight.copy_(torch.eye(6, dtype=torch.float64))
     hw = W.head_weights(b, "raw")
-    assert W.copying_score(hw, 0, 0)[0] == pytest.approx(1.0, abs=1e-12)
+    assert W.copying_score(hw, 0, 0).value == pytest.approx(1.0, abs=1e-12)
     with torch.no_grad():
         a.o.weight.mul_(-1)
-    assert W.copying_score(W.head_weights(b, "raw"), 0, 0)[0] == pytest.approx(-1.0, abs=1e-12)
+    assert W.copying_score(W.head_weights(b, "raw"), 0, 0).value == pytest.approx(-1.0, abs=1e-12)
     with torch.no_grad():
         a.o.weight.zero_()
-    assert W.copying_score(W.head_weights(b, "raw"), 0, 0)[0] is None
+    assert W.copying_score(W.head_weights(b, "raw"), 0, 0).value is None
 
 
 def test_benjamini_hochberg_matches_scipy():
     from scipy.stats import false_discovery_control
 
     p = np.random.default_rng(0).uniform(size=40) ** 2
-    np.testing.assert_allclose(W.benjamini_hochberg(list(p)), false_discovery_control(p), atol=1e-12)
-    assert W.benjamini_hochberg([]) == []
+    np.testing.assert_allclose(stats.benjamini_hochberg(list(p)), false_discovery_control(p), atol=1e-12)
+    assert stats.benjamini_hochberg([]) == []
 
 
 def test_head_weights_do_not_modify_the_model():

@@ -1,0 +1,183 @@
+"""The claim-kind protocol.
+
+A claim kind is one module that defines a schema (a `ClaimSpec` subclass), a
+typed details model (a `Details` subclass) and a `ClaimKind` subclass saying
+
+* `hooks(claim, n_layers)`: the activations it needs cached in the clean and
+  corrupted base runs;
+* `needs_weights(claim)`: whether it reads the head weights (`Context.weights`);
+* `interventions(claim, n_layers, n_heads)`: the intervention paths it uses,
+  which the identity sanity check runs with a run's own activations;
+* `measure(claims, ctx)`: the results of all of the file's claims of this kind
+  at once (so a kind can correct its own p-values for multiple testing);
+* `render(result, unit)`: the Markdown lines that show its details;
+* `key_number(result)`, `reference_lines(result, plan)`: the number in the claim
+  table and the lines it is judged against in sweep plots;
+* `shown_heads(claim)`, `edges(claim)`: what the report's figures draw for it.
+
+Registering an instance (`claims.registry.register`) is all it takes for the
+schema, the runner, the reports, sweeps and the pytest plugin to handle it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from ..evidence.details import Details, WeightsVsUseRow
+from ..evidence.result import ClaimResult
+from ..evidence.verdicts import EvidenceType, Verdict
+from ..mech.runs import Runs
+from ..mech.weights import HeadWeights, head_weights
+from ..spec import names
+from ..spec.fields import ClaimSpec
+from ..spec.settings import Stats
+from ..streams import Stream, derive_seed
+
+S = TypeVar("S", bound=ClaimSpec)
+D = TypeVar("D", bound=Details)
+
+
+# ---------------------------------------------------------------- intervention paths
+@dataclass(frozen=True)
+class HeadAblationPath:
+    """Heads ablated on the clean prompts (checked with resample-ablation from
+    the clean run itself)."""
+
+    heads: tuple[names.Head, ...]
+
+
+@dataclass(frozen=True)
+class EdgePatchPath:
+    """An edge patched in one direction (checked with its base run as both base
+    and source), with every attention pattern frozen or not."""
+
+    edge: names.Edge
+    direction: str
+    freeze_patterns: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"edge {self.edge} ({self.direction}{', frozen patterns' if self.freeze_patterns else ''})"
+
+
+@dataclass(frozen=True)
+class FrozenPatternsPath:
+    """Every attention pattern held at the clean run's values."""
+
+
+InterventionPath = HeadAblationPath | EdgePatchPath | FrozenPatternsPath
+
+
+# ---------------------------------------------------------------- what measure() gets
+@dataclass
+class Context:
+    """Everything a kind's `measure` reads: the base runs, the file's settings,
+    and lazily the head weights.  Kinds add weights-vs-use rows here."""
+
+    runs: Runs
+    stats: Stats
+    seed: int
+    unit: str  # of the metric: nats or logits
+    processing: str  # weight processing for weight evidence: folded or raw
+    weights_vs_use: list[WeightsVsUseRow] = field(default_factory=list)
+    _weights: HeadWeights | None = None
+
+    def weights(self) -> HeadWeights:
+        """The head weights (mech.weights.HeadWeights), read once per run."""
+        if self._weights is None:
+            self._weights = head_weights(self.runs.bridge, self.processing)
+        return self._weights
+
+    def claim_seed(self, index: int) -> int:
+        """The seed of claim `index` (its position in the file): Stream.CLAIM."""
+        return derive_seed(self.seed, Stream.CLAIM, index)
+
+
+Indexed = tuple[int, S]  # (position in the file, claim)
+
+
+# ---------------------------------------------------------------- the protocol
+class ClaimKind(ABC, Generic[S, D]):
+    """Base class of a claim kind; subclasses set the class attributes and `measure`."""
+
+    name: ClassVar[str]  # the `kind:` value in files and evidence.json
+    spec: type[S]  # the schema of one claim
+    details: type[D]  # the typed details of one result
+    evidence: ClassVar[EvidenceType]  # weights, observational or causal
+    summary: ClassVar[str] = ""  # one line for docs and `--help` texts
+
+    def matches(self, raw: dict[str, Any]) -> bool:
+        """Whether a claim mapping from a file is of this kind (aliases override this)."""
+        return raw.get("kind") == self.name
+
+    def hooks(self, claim: S, n_layers: int) -> list[str]:
+        return []
+
+    def needs_weights(self, claim: S) -> bool:
+        return False
+
+    def interventions(self, claim: S, n_layers: int, n_heads: int) -> list[InterventionPath]:
+        return []
+
+    @abstractmethod
+    def measure(self, claims: Sequence[Indexed[S]], ctx: Context) -> dict[int, ClaimResult]:
+        """The result of each claim, keyed by its position in the file."""
+
+    def render(self, result: ClaimResult, unit: str) -> list[str]:
+        """Markdown bullet lines under the claim's expectation, value and rule."""
+        return []
+
+    def key_number(self, result: ClaimResult) -> str:
+        """The number shown in the claim table: `value [low, high]`, or `(exact)`."""
+        if result.value is None:
+            return "undefined"
+        ci = f" [{result.ci[0]:.3f}, {result.ci[1]:.3f}]" if result.ci else " (exact)"
+        return f"{result.value:.3f}{ci}"
+
+    def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[float | None, str]]:
+        """(y, label) lines a sweep plot draws beside the claim's number; `plan` is the
+        claim as planned (`at_least`, `at_most`, `expect`).  Default: its bound."""
+        for key in ("at_least", "at_most"):
+            if plan.get(key) is not None:
+                return [(plan[key], key.replace("_", " "))]
+        return []
+
+    def shown_heads(self, claim: S) -> list[names.Head]:
+        """Heads whose attention pattern the report draws for this claim."""
+        return []
+
+    def edges(self, claim: S) -> list[names.Edge]:
+        """Edges the claim names (the composition and signature figures mark them)."""
+        return []
+
+    def claimed_edges(self, result: ClaimResult) -> list[str]:
+        """The same, read from a result (reports are drawn from evidence.json alone)."""
+        return []
+
+    # helpers for subclasses
+    def details_of(self, result: ClaimResult) -> D:
+        """The result's details, as this kind's type."""
+        if not isinstance(result.details, self.details):
+            raise TypeError(f"claim {result.id!r}: details are {type(result.details).__name__}, "
+                            f"not {self.details.__name__}")
+        return result.details
+
+    def result(self, claim: ClaimSpec, *, expectation: str, verdict: Verdict, value: float | None,
+               ci: list[float] | None, unit: str, rule: str, details: Details,
+               per_prompt: list[float] | None = None) -> ClaimResult:
+        """A ClaimResult of this kind for `claim`."""
+        return ClaimResult(id=claim.id, kind=self.name, expectation=expectation, verdict=verdict, value=value,
+                           ci=ci, unit=unit, rule=rule, details=details, evidence=self.evidence,
+                           description=claim.description, per_prompt=per_prompt)
+
+
+def component_names(claim: ClaimSpec) -> Iterator[tuple[str, names.Component | names.Edge]]:
+    """(field, parsed name) for every component or edge a claim names."""
+    for key in type(claim).model_fields:
+        value = getattr(claim, key)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, (names.Head, names.HeadInput, names.Mlp, names.Embed, names.Logits, names.Edge)):
+                yield key, item

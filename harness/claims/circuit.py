@@ -1,0 +1,198 @@
+"""Claim kind `circuit`: keeping only these heads (ablating every other head)
+recovers at least a fraction of the clean behaviour, and more than random
+circuits of the same size (causal evidence, node level).
+
+    faithfulness F = sum(m_C - m_empty) / sum(m_full - m_empty)
+
+over prompts with m_full - m_empty >= min_prompt_gap (defined when that mean gap
+is >= min_gap; claims.effects), with m_full the clean run, m_C the run with
+every head outside C ablated and m_empty the run with every head ablated.  For
+`at_least` claims it is compared with N random circuits of the same size (never
+C itself): k = #{F_random < F}, one-sided binomial test of H0: P(beat) <= beat_rate.
+PASS needs the bound met and p < alpha; FAIL when the bound fails or
+k / N <= beat_rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import comb
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from .. import stats
+from ..evidence.details import CI, Details, Num, Summary, optional
+from ..evidence.format import fmt
+from ..evidence.result import ClaimResult
+from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_verdict
+from ..mech.runs import Runs
+from ..progress import progress
+from ..spec import names
+from ..spec.fields import BoundedClaim, HeadList
+from ..spec.names import hook_z
+from ..spec.settings import Stats
+from ..spec.vocabulary import Ablation
+from . import effects
+from .base import ClaimKind, Context, HeadAblationPath, Indexed, InterventionPath
+
+UNIT = "faithfulness"
+
+
+class CircuitClaim(BoundedClaim):
+    """Keeping only these heads recovers at least (or at most) a fraction of the behaviour."""
+
+    kind: Literal["circuit"]
+    heads: HeadList
+    ablation: Ablation = "resample"
+    random_circuits: int = Field(100, ge=20, le=100_000)
+    beat_rate: float = Field(0.5, ge=0.0, lt=1.0)
+
+
+class CircuitDetails(Details):
+    heads: list[str]
+    ablation: str
+    full_metric_mean: float
+    circuit_metric_mean: float
+    empty_metric_mean: float
+    n_prompts: int
+    random_circuits: int  # random circuits compared (0: no comparison)
+    beat_rate: float
+    confidence: float
+    n_excluded_small_gap: int
+    gap_mean: float  # of m_full - m_empty over all prompts
+    kept_gap_mean: Num
+    faithfulness: Num = optional()
+    faithfulness_ci: CI | None = optional()
+    faithfulness_summary: Summary | None = optional()
+    faithfulness_ci_method: str | None = optional()
+    random_faithfulness_summary: Summary | None = optional()
+    random_faithfulness_max: Num = optional()
+    beaten: int | None = optional()
+    binomial_p_value: Num = optional()
+    alpha: float | None = optional()
+
+
+def random_faithfulness(runs: Runs, claim: CircuitClaim, m_empty: np.ndarray, kept: np.ndarray,
+                        seed: int) -> np.ndarray | None:
+    """Faithfulness of `claim.random_circuits` random circuits of the claim's size (never
+    the claimed one), over the kept prompts; None when no other circuit of that size exists."""
+    every = names.Head.every(runs.n_layers, runs.n_heads)
+    size = len(claim.heads)
+    if comb(len(every), size) <= 1:
+        return None
+    gap = runs.m_clean - m_empty
+    rng = np.random.default_rng(seed)
+    claimed = sorted(every.index(h) for h in claim.heads)
+    out = []
+    for _ in progress(range(claim.random_circuits), f"random circuits ({claim.id})"):
+        pick = claimed
+        while pick == claimed:
+            pick = sorted(rng.choice(len(every), size=size, replace=False).tolist())
+        chosen = set(pick)
+        m_r = runs.ablated([h for j, h in enumerate(every) if j not in chosen], claim.ablation)
+        out.append(float((m_r - m_empty)[kept].sum() / gap[kept].sum()))
+    return np.asarray(out)
+
+
+class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
+    name = "circuit"
+    spec = CircuitClaim
+    details = CircuitDetails
+    evidence = "causal"
+    summary = "keeping only these heads recovers the behaviour (faithfulness) better than random circuits"
+
+    def hooks(self, claim: CircuitClaim, n_layers: int) -> list[str]:
+        return [hook_z(layer) for layer in range(n_layers)]
+
+    def interventions(self, claim: CircuitClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
+        return [HeadAblationPath(tuple(names.Head.every(n_layers, n_heads)))]
+
+    def measure(self, claims: Sequence[Indexed[CircuitClaim]], ctx: Context) -> dict[int, ClaimResult]:
+        runs, st = ctx.runs, ctx.stats
+        every = names.Head.every(runs.n_layers, runs.n_heads)
+        out = {}
+        for i, c in claims:
+            seed = ctx.claim_seed(i)
+            keep = set(c.heads)
+            m_circuit = runs.ablated([h for h in every if h not in keep], c.ablation)
+            m_empty = runs.ablated(every, c.ablation)
+            kept = (runs.m_clean - m_empty) >= st.min_prompt_gap
+            random_f = None
+            if c.at_least is not None and kept.sum() > 0:
+                random_f = random_faithfulness(runs, c, m_empty, kept, seed)
+            out[i] = self.evaluate(c, runs.m_clean, m_circuit, m_empty, random_f, st, seed, ctx.unit)
+        return out
+
+    def evaluate(self, claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndarray, m_empty: np.ndarray,
+                 random_f: np.ndarray | None, st: Stats, seed: int, unit: str) -> ClaimResult:
+        """random_f: faithfulness of random circuits of the same size (never the claimed
+        one; over the same kept prompts), or None when no other circuit of that size exists.
+        The random comparison applies to at_least claims only."""
+        from scipy.stats import binomtest
+
+        compare = claim.at_least is not None
+        expectation = (f"keep {len(claim.heads)} heads ({claim.ablation} elsewhere): faithfulness "
+                       f"{claim.bound_text()}"
+                       + (f", beats random circuits (rate > {claim.beat_rate:g})" if compare else ""))
+        num, gap = m_circuit - m_empty, m_full - m_empty
+        # the "gap" of a circuit is full minus empty: same rules as a normalised effect
+        norm = effects.normalized_effect(num, gap, st, seed, unit)
+        iv = norm.interval
+        details = CircuitDetails(
+            heads=[str(h) for h in claim.heads], ablation=claim.ablation, full_metric_mean=float(m_full.mean()),
+            circuit_metric_mean=float(m_circuit.mean()), empty_metric_mean=float(m_empty.mean()),
+            n_prompts=int(len(num)), random_circuits=0 if random_f is None else int(len(random_f)),
+            beat_rate=claim.beat_rate, confidence=st.confidence, n_excluded_small_gap=norm.n_excluded_small_gap,
+            gap_mean=norm.gap_mean, kept_gap_mean=norm.kept_gap_mean, faithfulness=iv.estimate if iv else None,
+            faithfulness_ci=[iv.low, iv.high] if iv else None, faithfulness_summary=norm.summary,
+            faithfulness_ci_method=iv.method if iv else None)
+        if iv is None:
+            return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE, value=None, ci=None, unit=UNIT,
+                               details=details, rule="faithfulness undefined: "
+                                                     + norm.reason.replace("clean-corrupted", "full-empty"))
+        f_verdict, f_rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
+
+        def done(verdict: Verdict, rule: str) -> ClaimResult:
+            return self.result(claim, expectation=expectation, verdict=verdict, value=iv.estimate,
+                               ci=[iv.low, iv.high], unit=UNIT, rule=rule, details=details,
+                               per_prompt=norm.per_prompt)
+
+        if not compare:
+            return done(f_verdict, f"faithfulness {f_rule}")
+        if random_f is None or len(random_f) == 0:
+            return done(FAIL if f_verdict == FAIL else INCONCLUSIVE,
+                        f"faithfulness {f_rule}; no other circuit of {len(claim.heads)} heads exists, so the "
+                        "random-circuit comparison is undefined")
+        k = int(np.sum(random_f < iv.estimate))
+        test = binomtest(k, len(random_f), claim.beat_rate, alternative="greater")
+        details.random_faithfulness_summary = Summary(**stats.summary(random_f))
+        details.random_faithfulness_max = float(np.max(random_f))
+        details.beaten = k
+        details.binomial_p_value = float(test.pvalue)
+        details.alpha = st.alpha
+        better = test.pvalue < st.alpha
+        worse = k / len(random_f) <= claim.beat_rate
+        if f_verdict == PASS and better:
+            verdict = PASS
+        elif f_verdict == FAIL or worse:
+            verdict = FAIL
+        else:
+            verdict = INCONCLUSIVE
+        return done(verdict, f"faithfulness {f_rule}; beats {k}/{len(random_f)} random circuits, binomial p = "
+                             f"{test.pvalue:.3g} ({'<' if better else '>='} alpha {st.alpha:g})")
+
+    def render(self, result: ClaimResult, unit: str) -> list[str]:
+        d = self.details_of(result)
+        out = [f"- metric: full {fmt(d.full_metric_mean)}, circuit {fmt(d.circuit_metric_mean)}, empty "
+               f"{fmt(d.empty_metric_mean)} {unit}; heads kept: {', '.join(d.heads)}"]
+        if d.beaten is not None and d.random_faithfulness_summary is not None and d.binomial_p_value is not None:
+            rs = d.random_faithfulness_summary
+            out.append(f"- {d.random_circuits} random circuits of the same size: faithfulness median "
+                       f"{fmt(rs.median)}, IQR {fmt(rs.iqr)}, max {fmt(d.random_faithfulness_max)}; "
+                       f"beaten {d.beaten}, binomial p = {d.binomial_p_value:.3g}")
+        return out
+
+
+KIND = CircuitKind()

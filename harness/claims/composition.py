@@ -1,0 +1,170 @@
+"""Claim kind `composition`: the sender's OV composes with the receiver's q, k
+or v input beyond chance (weight evidence; it proposes a route and never shows
+the route is used).
+
+    C = ||X Y||_F / (||X||_F ||Y||_F),  X = OV_sender,  Y = QK (q), QK^T (k), OV (v) of the receiver
+
+against a rotation null that keeps both spectra (mech.weights).  The one-sided
+p-values of a file's composition claims are Benjamini-Hochberg adjusted
+together: "composes" when p_adj < composition_alpha, "does_not_compose" when
+p_adj >= composition_alpha.
+
+`route_evidence` is the same computation for any list of head -> head-input
+edges (the weights side of the weights-vs-use table and the signature plot).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from pydantic import field_validator
+
+from .. import stats
+from ..evidence.details import Details, Num
+from ..evidence.format import fmt
+from ..evidence.result import ClaimResult
+from ..evidence.verdicts import FAIL, PASS
+from ..mech import weights
+from ..spec import names
+from ..spec.fields import ClaimSpec, EdgeName
+from ..spec.settings import Stats
+from ..streams import Stream, derive_seed
+from .base import ClaimKind, Context, Indexed
+
+UNIT = "composition score"
+
+
+class CompositionClaim(ClaimSpec):
+    """A head -> head-input edge composes (or does not) in the weights."""
+
+    kind: Literal["composition"]
+    edge: EdgeName
+    expect: Literal["composes", "does_not_compose"] = "composes"
+
+    @field_validator("edge")
+    @classmethod
+    def _head_route(cls, e: names.Edge) -> names.Edge:
+        if not names.is_head_route(e):
+            raise ValueError(f"a composition edge goes from a head to a later head's .q, .k or .v input, "
+                             f"e.g. 'L0H3 -> L1H6.k'; got {str(e)!r}")
+        return e
+
+
+class CompositionDetails(Details):
+    """Every field of mech.weights.CompositionResult, then the multiple-testing fields."""
+
+    sender: str
+    receiver: str
+    mode: str
+    score: Num  # C (None: a zero matrix, no route)
+    p_value: float
+    null_mean: float
+    null_std: float
+    null_q95: float
+    null_q99: float
+    n_draws: int
+    ratio_to_isotropic: Num  # C * sqrt(null_dim)
+    fraction_of_max: Num  # C / c_max
+    c_max: float
+    percentile: Num  # among all cross-layer pairs of this mode, in [0, 100]
+    rank_sender: int
+    rank_receiver: int
+    processing: str
+    null_dim: int
+    edge: str
+    p_adjusted: float
+    alpha: float
+    correction: str
+    n_tested: int
+
+
+@dataclass(frozen=True)
+class RouteEvidence:
+    """Composition of one head -> head-input edge, with its BH-adjusted p-value."""
+
+    result: weights.CompositionResult
+    p_adjusted: float
+
+
+def route_evidence(hw: weights.HeadWeights, edges: Sequence[names.Edge], st: Stats, seed: int,
+                   stream: Stream) -> list[RouteEvidence]:
+    """Composition evidence for head -> head-input edges; p-values BH-adjusted over them.
+    Edge k's null is drawn from derive_seed(seed, stream, k)."""
+    extend = weights.draws_needed(len(edges), st.composition_alpha)
+    mode_scores: dict[str, Any] = {}
+    results = []
+    for k, e in enumerate(edges):
+        sender, receiver = e.sender, e.receiver
+        if not isinstance(sender, names.Head) or not isinstance(receiver, names.HeadInput):
+            raise ValueError(f"{e} is not a head -> head-input edge")
+        if receiver.which not in mode_scores:
+            mode_scores[receiver.which] = weights.all_scores(hw, receiver.which)
+        results.append(weights.composition(hw, sender, receiver, st.null_draws, derive_seed(seed, stream, k),
+                                           mode_scores[receiver.which], extend, st.composition_alpha))
+    adjusted = stats.benjamini_hochberg([r.p_value for r in results])
+    return [RouteEvidence(r, p) for r, p in zip(results, adjusted, strict=True)]
+
+
+class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
+    name = "composition"
+    spec = CompositionClaim
+    details = CompositionDetails
+    evidence = "weights"
+    summary = "a head's OV composes with a later head's q, k or v input (rotation null)"
+
+    def needs_weights(self, claim: CompositionClaim) -> bool:
+        return True
+
+    def edges(self, claim: CompositionClaim) -> list[names.Edge]:
+        return [claim.edge]
+
+    def claimed_edges(self, result: ClaimResult) -> list[str]:
+        return [self.details_of(result).edge]
+
+    def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> dict[int, ClaimResult]:
+        found = route_evidence(ctx.weights(), [c.edge for _, c in claims], ctx.stats, ctx.seed,
+                               Stream.COMPOSITION_CLAIMS)
+        return {i: self.evaluate(c, r, ctx.stats.composition_alpha, len(claims))
+                for (i, c), r in zip(claims, found, strict=True)}
+
+    def evaluate(self, claim: CompositionClaim, route: RouteEvidence, alpha: float, n_tested: int) -> ClaimResult:
+        r, p_adjusted = route.result, route.p_adjusted
+        composes = p_adjusted < alpha
+        want = claim.expect == "composes"
+        verdict = PASS if composes == want else FAIL
+        expectation = (f"{claim.edge} {'composes' if want else 'does not compose'} "
+                       f"({r.mode.upper()}-composition)")
+        details = CompositionDetails(**asdict(r), edge=str(claim.edge), p_adjusted=p_adjusted, alpha=alpha,
+                                     correction="Benjamini-Hochberg", n_tested=n_tested)
+        if math.isnan(r.score):
+            return self.result(claim, expectation=expectation, verdict=verdict, value=None, ci=None, unit=UNIT,
+                               details=details, rule="no route: the sender's OV or the receiver's matrix is zero "
+                                                     "(score undefined, p = 1)")
+        rule = (f"C = {r.score:.3f} vs null mean {r.null_mean:.3f} (99th pct {r.null_q99:.3f}); "
+                f"p = {r.p_value:.4g}, BH-adjusted over {n_tested} composition claim(s) p = {p_adjusted:.4g} "
+                f"{'<' if composes else '>='} alpha {alpha:g}")
+        return self.result(claim, expectation=expectation, verdict=verdict, value=r.score, ci=None, unit=UNIT,
+                           rule=rule, details=details)
+
+    def key_number(self, result: ClaimResult) -> str:
+        if result.value is None:
+            return "undefined"
+        return f"{result.value:.3f} (p_adj {self.details_of(result).p_adjusted:.3g})"
+
+    def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
+        return [(self.details_of(result).null_q99, "null 99th pct")]
+
+    def render(self, result: ClaimResult, unit: str) -> list[str]:
+        d = self.details_of(result)
+        return [f"- null (random relative orientation, spectra kept, {d.n_draws} draws): mean "
+                f"{fmt(d.null_mean)}, sd {fmt(d.null_std)}, 95th pct {fmt(d.null_q95)}, 99th pct {fmt(d.null_q99)}",
+                f"- C·sqrt({d.null_dim}) = {fmt(d.ratio_to_isotropic, 2)} (1 = isotropic baseline); "
+                f"C / C_max = {fmt(d.fraction_of_max)} (C_max = {fmt(d.c_max)}); percentile among all cross-layer "
+                f"{d.mode.upper()} pairs: {fmt(d.percentile, 1)}; ranks {d.rank_sender} / {d.rank_receiver}; "
+                f"weights {d.processing}"]
+
+
+KIND = CompositionKind()

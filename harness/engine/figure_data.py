@@ -1,0 +1,128 @@
+"""The data behind the report's figures, collected during a run and stored in
+evidence.json (`figures_data`), so `harness report` can redraw every figure
+from the JSON alone.
+
+* attention:   for each head a claim shows (ClaimKind.shown_heads), its pattern
+               on the first clean prompt, with the prompt's tokens.
+* composition: for each mode (q/k/v) read by a head input that a claim names
+               (ClaimKind.edges), the cross-layer score matrix and each cell's
+               own null 99th percentile (per-cell, uncorrected: a guide to the
+               eye; claims use BH).  Cell (i, j) draws from Stream.COMPOSITION_FIGURE.
+* signature:   for every head input a claim names, every earlier head as a
+               candidate sender: composition score (x), BH-adjusted null p over
+               the candidates (Stream.SIGNATURE_NULL), and the noising edge
+               effect with its CI (y, resample replacement,
+               Stream.SIGNATURE_EFFECT); claimed edges are marked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..claims import effects
+from ..claims.composition import route_evidence
+from ..claims.registry import kind_of
+from ..mech import weights
+from ..mech.runs import Runs
+from ..spec import names
+from ..spec.fields import ClaimSpec
+from ..spec.names import hook_pattern, hook_resid_pre, hook_z
+from ..spec.settings import Stats
+from ..streams import Stream, derive_seed
+
+
+def _clean(x: Any) -> Any:
+    """NaN -> None for JSON."""
+    if isinstance(x, float):
+        return None if x != x else x
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+def named_edges(claims: Sequence[ClaimSpec]) -> list[names.Edge]:
+    return [e for c in claims for e in kind_of(c).edges(c)]
+
+
+def receivers(claims: Sequence[ClaimSpec]) -> list[names.HeadInput]:
+    """Head inputs the claims name, in first-mention order."""
+    out: list[names.HeadInput] = []
+    for e in named_edges(claims):
+        if isinstance(e.receiver, names.HeadInput) and e.receiver not in out:
+            out.append(e.receiver)
+    return out
+
+
+def hooks_needed(claims: Sequence[ClaimSpec]) -> list[str]:
+    """What the signature plot reads: every candidate sender's output and the receiver's residual."""
+    out = []
+    for r in receivers(claims):
+        out += [hook_z(layer) for layer in range(r.head.layer)] + [hook_resid_pre(r.head.layer)]
+    return out
+
+
+def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], tokens: Any) -> list[dict[str, Any]]:
+    out, seen = [], set()
+    for c in claims:
+        for h in kind_of(c).shown_heads(c):
+            if h in seen:
+                continue
+            seen.add(h)
+            pat = clean[hook_pattern(h.layer)][0, h.head].cpu().double().numpy()
+            out.append({"head": str(h), "tokens": tokens[0].tolist(), "pattern": np.round(pat, 5).tolist()})
+    return out
+
+
+def composition(hw: weights.HeadWeights, claims: Sequence[ClaimSpec], st: Stats, seed: int,
+                progress: Callable[..., Any]) -> dict[str, Any]:
+    out = {}
+    L, H = hw.n_layers, hw.n_heads
+    senders = names.Head.every(L - 1, H)
+    targets = [h for h in names.Head.every(L, H) if h.layer >= 1]
+    for m, mode in enumerate(sorted({r.which for r in receivers(claims)})):
+        scores = weights.all_scores(hw, mode)
+        q99 = np.full((len(senders), len(targets)), np.nan)
+        val = np.full_like(q99, np.nan)
+        for i, s in progress(list(enumerate(senders)), f"composition null ({mode})"):
+            X = weights.sender_matrix(hw, s.layer, s.head)
+            for j, r in enumerate(targets):
+                if r.layer <= s.layer:
+                    continue
+                val[i, j] = scores[s.layer, s.head, r.layer, r.head]
+                null = weights.null_scores(X, weights.receiver_matrix(hw, r.layer, r.head, mode), st.null_draws,
+                                           derive_seed(seed, Stream.COMPOSITION_FIGURE, m, i, j), hw.null_dim)
+                q99[i, j] = np.quantile(null, 0.99)
+        out[mode] = {"senders": [str(s) for s in senders],
+                     "receivers": [str(names.HeadInput(r, mode)) for r in targets],
+                     "scores": _clean(np.round(val, 6).tolist()), "null_q99": _clean(np.round(q99, 6).tolist())}
+    return out
+
+
+def signature(hw: weights.HeadWeights, claims: Sequence[ClaimSpec], runs: Runs, st: Stats, seed: int, unit: str,
+              progress: Callable[..., Any]) -> dict[str, Any]:
+    claimed = {str(e) for e in named_edges(claims)}
+    candidates = [names.Edge(h, r) for r in receivers(claims) for h in names.Head.every(r.head.layer, hw.n_heads)]
+    if not candidates:
+        return {}
+    comp = route_evidence(hw, candidates, st, seed, Stream.SIGNATURE_NULL)
+    effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
+    points = []
+    for e, r in progress(list(zip(candidates, comp, strict=True)), "signature edges"):
+        eff = noising_effect(runs, e, st, effect_seed, unit)
+        points.append({"edge": str(e), "composition": _clean(r.result.score), "null_q99": r.result.null_q99,
+                       "composition_p_adjusted": r.p_adjusted,
+                       "composes": bool(r.p_adjusted < st.composition_alpha),
+                       "effect": None if eff is None else eff.estimate,
+                       "effect_ci": None if eff is None else [eff.low, eff.high], "claimed": str(e) in claimed})
+    return {"points": points, "min_effect": st.min_effect, "tolerance": st.tolerance,
+            "composition_alpha": st.composition_alpha,
+            "note": "noising, resample replacement; composition p BH-adjusted over these candidates"}
+
+
+def noising_effect(runs: Runs, edge: names.Edge, st: Stats, seed: int, unit: str) -> Any | None:
+    """The normalised effect (stats.Interval) of noising `edge` with resample replacement, or None."""
+    d = runs.m_clean - runs.patched(edge, "noising", "resample")
+    return effects.normalized_effect(d, runs.m_clean - runs.m_corrupt, st, seed, unit).interval

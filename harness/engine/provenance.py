@@ -1,0 +1,51 @@
+"""Provenance of runs and sweeps: package versions, the host, the command line,
+timestamps, and how paths are shown in reports."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+PACKAGES = ("harness", "torch", "transformer-lens", "transformers", "numpy", "scipy", "pydantic", "pyyaml",
+            "safetensors", "matplotlib", "markdown", "jsonschema")
+
+
+def versions() -> dict[str, str]:
+    """The installed version of every package a result depends on."""
+    out = {}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def host() -> dict[str, str]:
+    return {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine()}
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def command_line() -> str:
+    """The command as the user typed it: `harness ARGS` when run from the CLI, else argv."""
+    if Path(sys.argv[0]).name in ("harness", "__main__.py"):
+        return "harness " + " ".join(sys.argv[1:])
+    return " ".join(sys.argv)
+
+
+def shown_path(path: str | None) -> str | None:
+    """A path as reports show it: relative to the working directory when inside it."""
+    if path is None or path.startswith("hf:"):
+        return path
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)

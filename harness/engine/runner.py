@@ -1,0 +1,129 @@
+"""Orchestration: hypothesis -> model -> data -> measurements -> Evidence.
+
+Data flows one way: the file is validated (hypothesis.loading), the names its
+claims use are checked against the loaded model, the dataset is built, the
+claims are measured (engine.measure) and the Evidence is assembled with its
+provenance.  Rendering and writing are `harness.report`'s job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..claims.base import component_names
+from ..errors import ComponentNameError, SpecError
+from ..evidence.result import Evidence
+from ..hypothesis.loading import LoadedHypothesis, load
+from ..model import data
+from ..model.cache import ModelCache
+from ..model.devices import of, resolve_device
+from ..model.loading import LoadedModel, load_model
+from ..spec import names
+from ..spec.settings import GeneratorData
+from . import provenance
+from .measure import measure_all
+
+MODELS = ModelCache(capacity=None)  # every model a process names, loaded once (the pytest plugin reuses them)
+
+
+def load_model_cached(source: str, device: str | None = None) -> LoadedModel:
+    """`MODELS.get(source, device)`: one load per (source, resolved device) per process."""
+    return MODELS.get(source, device)
+
+
+def build_dataset(h: LoadedHypothesis, model: LoadedModel) -> data.Dataset:
+    """The file's prompts for this model (model.data.Dataset)."""
+    d = h.spec.data
+    if isinstance(d, GeneratorData):
+        if d.segment_length * 2 + int(d.bos) > model.n_ctx:
+            raise SpecError([f"{h.where('data.segment_length')}: prompts of length "
+                             f"{d.segment_length * 2 + int(d.bos)} exceed the model's context "
+                             f"{model.n_ctx}"])
+        return data.repeated_tokens(d.n_prompts, d.segment_length, model.d_vocab, d.seed, d.split,
+                                    d.bos, d.vocab_min, d.vocab_max,
+                                    d.bos_token if d.bos_token is not None else model.bos_token)
+    return data.load_jsonl(h.resolve(d.file), model.d_vocab, d.limit)
+
+
+def check_names(h: LoadedHypothesis, model: LoadedModel) -> None:
+    """Every component a claim names must exist in the loaded model."""
+    problems = []
+    for i, c in enumerate(h.spec.claims):
+        for key, name in component_names(c):
+            try:
+                names.check_in_model(name, model.n_layers, model.n_heads, model.has_mlp)
+            except ComponentNameError as exc:
+                problems.append(f"{h.where(f'claims[{i}].{key}')}: ({c.id}) {exc}")
+    if problems:
+        raise SpecError(list(dict.fromkeys(problems)))
+
+
+def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
+        base_dir: str | Path | None = None, command: str | None = None,
+        figures: bool = True, model: LoadedModel | str | None = None,
+        device: str | None = None) -> Evidence:
+    """Run every claim of a hypothesis (file path or dict) and return the Evidence.
+
+    `seed` overrides the file's `seed` (bootstrap and permutation streams).
+    `figures=False` skips collecting the figures' data (figures_data stays empty: no
+    attention, composition-matrix or signature data); verdicts and numbers are unchanged.
+    `model` replaces the file's `model:` — a model directory / `hf:NAME` (loaded
+    here, not cached) or an already loaded `LoadedModel` (sweeps run many files on
+    one checkpoint).  `device` is where a model loaded here is placed: `cpu`, `cuda`,
+    `cuda:N` or `mps`; None means $HARNESS_DEVICE or the best available
+    (model.devices.resolve_device; a bad or unavailable name raises DeviceError).  An
+    already loaded model runs where it is.  The data is moved to the model's device,
+    and provenance["device"] records the device the model ran on (e.g. "cpu").
+    `command` is recorded in the provenance (default: this process's command line).
+    """
+    started = provenance.now()
+    h = load(hypothesis, base_dir=base_dir)
+    s = h.spec
+    seed = s.seed if seed is None else seed
+    device = resolve_device(device)
+    if isinstance(model, LoadedModel):
+        loaded = model
+    elif model is not None:
+        loaded = load_model(model, device=device)
+    else:
+        loaded = MODELS.get(s.model if s.model.startswith("hf:") else str(h.resolve(s.model)), device)
+    check_names(h, loaded)
+    ds = build_dataset(h, loaded)
+    if s.metric == "logit_diff" and ds.wrong is None:
+        raise SpecError([f"{h.where('metric')}: logit_diff needs 'wrong' tokens in the data"])
+    m = measure_all(loaded, ds, s.claims, s.metric, s.stats, s.weight_processing, seed, figures)
+    cfg = loaded.bridge.cfg
+    return Evidence(
+        hypothesis={"name": s.name, "description": s.description, "file": provenance.shown_path(h.path),
+                    "sha256": h.sha256},
+        model={"source": provenance.shown_path(loaded.source), "kind": loaded.kind, "sha256": loaded.sha256,
+               "n_layers": loaded.n_layers, "n_heads": loaded.n_heads, "d_model": int(cfg.d_model),
+               "d_head": int(cfg.d_head), "d_vocab": loaded.d_vocab, "n_ctx": loaded.n_ctx,
+               "attn_only": not loaded.has_mlp,
+               "normalization": str(getattr(cfg, "normalization_type", None))},
+        data={"description": ds.description, "n_prompts": ds.n, "seq_len": ds.seq_len,
+              "bos_at_position_0": ds.has_bos, "scored_positions_per_prompt": int(ds.positions.shape[1])},
+        settings={"metric": s.metric, "seed": seed, "stats": s.stats.model_dump(),
+                  "weight_processing": processing_text(s.weight_processing),
+                  "mean_ablation_reference": "clean prompts of the dataset, per position",
+                  "resample_ablation_source": "the paired corrupted prompt"},
+        baseline=m.baseline,
+        sanity_checks=m.sanity_checks,
+        claims=m.claims,
+        weights_vs_use=m.weights_vs_use,
+        figures_data=m.figures_data,
+        provenance={"versions": provenance.versions(), "command": command or provenance.command_line(),
+                    "started": started, "finished": provenance.now(), "device": str(of(loaded.bridge)),
+                    "host": provenance.host()},
+    )
+
+
+def processing_text(p: str) -> str:
+    """The weight processing in words, as `settings.weight_processing` records it."""
+    if p == "raw":
+        return "raw: weights as stored (no LayerNorm folding, no centring)"
+    return ("folded: LayerNorm weights folded into W_Q/W_K/W_V and W_U, reading weights "
+            "centred (LN removes the mean), writing weights W_O and W_E centred, as "
+            "TransformerLens process_weights(fold_ln, center_writing_weights); used for "
+            "composition and copying scores only, runs use the model as loaded")

@@ -1,0 +1,94 @@
+"""Claim results and the evidence document of one run (plain data).
+
+`Evidence.to_dict()` is the evidence.json document (docs/evidence-json.md);
+`evidence.document` reads it back and validates it.  Rendering lives in
+`harness.report`; the claim table and the Markdown need the claim kinds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ExitCode
+from .details import Details, SanityCheck, WeightsVsUseRow
+from .verdicts import EvidenceType, Verdict
+
+SCHEMA_VERSION = 2  # of evidence.json; docs/evidence-json.md lists the changes
+
+
+@dataclass(kw_only=True)
+class ClaimResult:
+    """One claim's verdict with the numbers that decided it."""
+
+    id: str
+    kind: str
+    expectation: str  # the claim in words, e.g. "previous_token score of L0H3 >= 0.5"
+    verdict: Verdict
+    value: float | None  # the deciding number (None if undefined)
+    ci: list[float] | None  # [low, high]; None for exact or undefined numbers
+    unit: str
+    rule: str  # how the verdict was reached, with the numbers
+    details: Details  # the kind's typed details
+    evidence: EvidenceType
+    description: str = ""
+    per_prompt: list[float] | None = None  # the claim's number prompt by prompt (None: exact)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "expectation": self.expectation,
+                "verdict": self.verdict, "value": self.value, "ci": self.ci, "unit": self.unit,
+                "rule": self.rule, "description": self.description, "details": self.details.to_dict(),
+                "evidence": self.evidence, "per_prompt": self.per_prompt}
+
+
+@dataclass(kw_only=True)
+class Evidence:
+    """Everything a run found; `to_dict()` is the evidence.json document."""
+
+    hypothesis: dict[str, Any]
+    model: dict[str, Any]
+    data: dict[str, Any]
+    settings: dict[str, Any]
+    baseline: dict[str, Any]
+    sanity_checks: list[SanityCheck]
+    claims: list[ClaimResult]
+    provenance: dict[str, Any]
+    weights_vs_use: list[WeightsVsUseRow] = field(default_factory=list)
+    figures_data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.verdict == Verdict.PASS for c in self.claims)
+
+    @property
+    def exit_code(self) -> int:
+        return ExitCode.OK if self.passed else ExitCode.CLAIMS
+
+    def claim(self, claim_id: str) -> ClaimResult:
+        """The result of the claim with this id (KeyError if there is none)."""
+        for c in self.claims:
+            if c.id == claim_id:
+                return c
+        raise KeyError(claim_id)
+
+    def counts(self) -> dict[str, int]:
+        out = {v.value: 0 for v in Verdict}
+        for c in self.claims:
+            out[c.verdict.value] += 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "hypothesis": self.hypothesis,
+            "model": self.model,
+            "data": self.data,
+            "settings": self.settings,
+            "baseline": self.baseline,
+            "sanity_checks": [c.to_dict() for c in self.sanity_checks],
+            "claims": [c.to_dict() for c in self.claims],
+            "weights_vs_use": [r.to_dict() for r in self.weights_vs_use],
+            "figures_data": self.figures_data,
+            "counts": self.counts(),
+            "provenance": self.provenance,
+        }

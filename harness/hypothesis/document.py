@@ -1,0 +1,112 @@
+"""The hypothesis document (pydantic).  The top-level keys are defined here;
+`claims` accepts every registered claim kind (claims.registry), each validated
+by its own schema.  Defaults live in the models only; docs/hypothesis-format.md
+documents every key.  Imports no torch.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, Discriminator, Field, Tag, create_model, field_validator, model_validator
+
+from ..claims import registry
+from ..claims.base import ClaimKind
+from ..spec.fields import ClaimSpec
+from ..spec.settings import FileData, GeneratorData, Stats, Strict
+from ..spec.vocabulary import Metric, Processing
+
+FORMAT_VERSION = 1
+DATA_KINDS: dict[str, type[BaseModel]] = {"generator": GeneratorData, "file": FileData}
+
+
+def claim_tag(kind: str) -> str:
+    """The union tag of a claim kind.  Tags appear in pydantic error locations and
+    are spelled so that they never collide with a key of the file."""
+    return f"kind={kind}"
+
+
+def data_tag(kind: str) -> str:
+    return f"data={kind}"
+
+
+def _data_tag(v: Any) -> str | None:
+    if not isinstance(v, dict):
+        return data_tag("file") if isinstance(v, FileData) else data_tag("generator")
+    return data_tag("generator") if "generator" in v else data_tag("file")
+
+
+Data = Annotated[
+    Annotated[GeneratorData, Tag(data_tag("generator"))] | Annotated[FileData, Tag(data_tag("file"))],
+    Discriminator(_data_tag),
+]
+
+
+class Hypothesis(Strict):
+    """A hypothesis file.  `document_model()` is the class that validates files:
+    this one with `claims` narrowed to the registered kinds."""
+
+    harness: Literal[1]
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    model: str = Field(min_length=1)
+    data: Data
+    metric: Metric = "logprob"
+    weight_processing: Processing = "folded"
+    seed: int = 0
+    stats: Stats = Stats()
+    claims: list[ClaimSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _claims_fit_settings(self) -> Hypothesis:
+        for c in self.claims:
+            problem = c.check_settings(self.stats)
+            if problem:
+                raise ValueError(problem)
+        return self
+
+    @field_validator("harness", mode="before")
+    @classmethod
+    def _version_is_int(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML `true` would otherwise pass as 1
+            raise ValueError(f"Input should be 1 (the format version), got {v!r}")
+        return v
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _data_kind(cls, v: Any) -> Any:
+        if isinstance(v, dict) and ("generator" in v) == ("file" in v):
+            raise ValueError("give exactly one of 'generator' (built-in) or 'file' (JSONL)")
+        if v is not None and not isinstance(v, (dict, BaseModel)):
+            raise ValueError("data is a mapping with 'generator: repeated_tokens' or 'file: PATH'")
+        return v
+
+
+def _claim_tag(v: Any) -> str | None:
+    if isinstance(v, ClaimSpec):
+        return claim_tag(v.kind)
+    kind = registry.for_mapping(v)
+    return claim_tag(kind.name) if kind is not None else None
+
+
+@lru_cache(maxsize=8)
+def _build(kinds: tuple[ClaimKind[Any, Any], ...]) -> type[Hypothesis]:
+    members = tuple(Annotated[k.spec, Tag(claim_tag(k.name))] for k in kinds)
+    union: Any = Union[members]  # noqa: UP007 (a Union built at run time from the registered kinds)
+    claim: Any = Annotated[union, Discriminator(_claim_tag, custom_error_type="claim_kind",
+                                                custom_error_message="unknown claim kind")]
+    model: type[Hypothesis] = create_model("Hypothesis", __base__=Hypothesis, __module__=__name__,
+                                           claims=(list[claim], Field(min_length=1)))
+    return model
+
+
+def document_model() -> type[Hypothesis]:
+    """The model that validates hypothesis files with the kinds registered now."""
+    return _build(tuple(registry.kinds().values()))
+
+
+def tags() -> dict[str, type[BaseModel]]:
+    """{union tag: model} of every claim kind and data source (for error messages)."""
+    out: dict[str, type[BaseModel]] = {claim_tag(k.name): k.spec for k in registry.kinds().values()}
+    return out | {data_tag(k): m for k, m in DATA_KINDS.items()}

@@ -1,0 +1,116 @@
+"""Interventions as data, applied inside `run_plan`, which always leaves the
+model as it found it (TransformerLens removes the hooks on exit, even on error)
+and checks that every hook fired.
+
+Head ablation acts on `blocks.L.attn.hook_z` (the head's attention-weighted
+values, before W_O), replacing only that head's slice:
+
+* zero:     z_h <- 0                       (b_O is shared by all heads and kept)
+* mean:     z_h[n, p] <- mean_m z_h^ref[m, p]   per position over the reference
+            prompts (the clean prompts of the dataset; fixed length required)
+* resample: z_h[n, p] <- z_h^corrupted[n, p]    (the paired corrupted prompt)
+
+The head's output is then z_h W_O^h, so its contribution to every later
+reader changes; every other head is untouched.  Tokens are moved to the
+model's device before a forward; replacement values come from caches on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SanityCheckError
+from ..model.devices import of
+from ..spec.names import Head, hook_z
+from ..spec.vocabulary import ABLATIONS
+
+
+@dataclass
+class Plan:
+    """A list of (hook name, function) pairs to apply during one forward."""
+
+    hooks: list[tuple[str, Callable]] = field(default_factory=list)
+
+    def add(self, name: str, fn: Callable) -> None:
+        self.hooks.append((name, fn))
+
+
+def run_plan(bridge: Any, tokens: Any, plan: Plan) -> Any:
+    """Forward `tokens` (moved to the model's device) with the plan's hooks; raise if
+    any hook never fired."""
+    import torch
+
+    unknown = [name for name, _ in plan.hooks if name not in bridge.hook_dict]
+    if unknown:
+        raise SanityCheckError(f"the model has no hook named {', '.join(unknown)}")
+    fired = [0] * len(plan.hooks)
+
+    def counting(i: int, fn: Callable) -> Callable:
+        def wrapped(x, hook):
+            fired[i] += 1
+            return fn(x, hook)
+        return wrapped
+
+    hooks = [(name, counting(i, fn)) for i, (name, fn) in enumerate(plan.hooks)]
+    try:
+        with torch.no_grad():
+            logits = bridge.run_with_hooks(tokens.to(of(bridge)), fwd_hooks=hooks)
+    except ValueError as exc:
+        if "Cannot add hook" in str(exc):  # TransformerLens refuses gated hooks
+            raise SanityCheckError(str(exc)) from None
+        raise
+    silent = [plan.hooks[i][0] for i, n in enumerate(fired) if n == 0]
+    if silent:
+        raise SanityCheckError(f"hook(s) never fired: {', '.join(silent)}; the intervention "
+                               "did not happen (is this hook supported by the model?)")
+    return logits
+
+
+def cache_hooks(bridge: Any, tokens: Any, names: list[str]) -> dict:
+    """One clean forward caching the named hooks; returns {name: tensor} (and 'logits'),
+    on the model's device (the tokens are moved there)."""
+    import torch
+
+    names = list(dict.fromkeys(names))
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache(tokens.to(of(bridge)), names_filter=lambda n: n in names)
+    missing = [n for n in names if n not in cache]
+    if missing:
+        raise SanityCheckError(f"hook(s) never fired while caching: {', '.join(missing)}")
+    out = {n: cache[n] for n in names}
+    out["logits"] = logits
+    return out
+
+
+def ablation_plan(heads: list[Head], kind: str, clean_z: dict, corrupted_z: dict) -> Plan:
+    """Plan that ablates `heads` jointly.
+
+    clean_z / corrupted_z: {layer: z [n, seq, n_heads, d_head]} from the clean
+    and corrupted runs (the reference distributions for mean and resample).
+    """
+    if kind not in ABLATIONS:
+        raise ValueError(f"unknown ablation {kind!r}; allowed: {', '.join(ABLATIONS)}")
+    plan = Plan()
+    by_layer: dict[int, list[int]] = {}
+    for h in heads:
+        by_layer.setdefault(h.layer, []).append(h.head)
+    for layer, idx in sorted(by_layer.items()):
+        if kind == "zero":
+            source = None
+        elif kind == "mean":
+            source = clean_z[layer].mean(dim=0, keepdim=True)
+        else:
+            source = corrupted_z[layer]
+
+        def fn(z, hook, idx=idx, source=source):
+            z = z.clone()
+            if source is None:
+                z[:, :, idx, :] = 0.0
+            else:
+                z[:, :, idx, :] = source[:, :, idx, :].to(z.dtype).expand(z.shape[0], -1, -1, -1)
+            return z
+
+        plan.add(hook_z(layer), fn)
+    return plan

@@ -1,0 +1,40 @@
+"""Per-prompt metrics read from logits at the scored positions.
+
+* `logprob`:    m_n = mean_i log softmax(logits[n, p_i])[answer_i]   (nats; higher is better)
+* `logit_diff`: m_n = mean_i (logits[n, p_i, answer_i] - logits[n, p_i, wrong_i])
+
+Both are oriented so that higher means "more of the clean behaviour".
+Values are returned in float64, one per prompt, on the logits' device (on the
+CPU for MPS logits, which have no float64: devices.wide); positions, answers and
+wrong tokens are moved to the logits' device first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import DataError
+from ..spec.vocabulary import METRICS, UNITS
+from .devices import wide
+
+__all__ = ["METRICS", "UNITS", "per_prompt"]
+
+
+def per_prompt(logits: Any, positions: Any, answers: Any, metric: str, wrong: Any = None) -> Any:
+    """logits [n, seq, vocab] -> metric per prompt [n] (float64)."""
+    import torch
+
+    idx = positions.to(logits.device).unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    at = wide(logits.gather(1, idx))  # [n, k, vocab]
+    answers = answers.to(at.device)
+    wrong = None if wrong is None else wrong.to(at.device)
+    if metric == "logprob":
+        lp = torch.log_softmax(at, dim=-1)
+        return lp.gather(-1, answers.unsqueeze(-1)).squeeze(-1).mean(-1)
+    if metric == "logit_diff":
+        if wrong is None:
+            raise DataError("metric logit_diff needs 'wrong' answer tokens in the data")
+        good = at.gather(-1, answers.unsqueeze(-1)).squeeze(-1)
+        bad = at.gather(-1, wrong.unsqueeze(-1)).squeeze(-1)
+        return (good - bad).mean(-1)
+    raise DataError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")

@@ -1,0 +1,65 @@
+"""Settings blocks of a hypothesis file (pydantic models): the data source and
+the statistics.  Defaults live here only; docs/hypothesis-format.md documents
+every key.  Imports no torch."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+
+class Strict(BaseModel):
+    """Every model of the format: unknown keys are errors; values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GeneratorData(Strict):
+    """Built-in generator: `[BOS] + S + S` with S uniformly random tokens.
+    The corrupted prompt replaces the first S by fresh random tokens."""
+
+    generator: Literal["repeated_tokens"]
+    n_prompts: int = Field(200, ge=2, le=100_000)
+    segment_length: int = Field(20, ge=2)
+    bos: StrictBool = True
+    bos_token: int | None = Field(None, ge=0)
+    seed: int = 0
+    split: Literal["test", "explore"] = "test"
+    vocab_min: int = Field(1, ge=0)
+    vocab_max: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _range(self) -> GeneratorData:
+        if self.vocab_max is not None and self.vocab_max <= self.vocab_min:
+            raise ValueError("vocab_max must be greater than vocab_min")
+        return self
+
+
+class FileData(Strict):
+    """A JSONL file of token-id prompts (see docs/data-format.md)."""
+
+    file: str
+    limit: int | None = Field(None, ge=2)
+
+
+class Stats(Strict):
+    """Statistics settings shared by every claim of a file."""
+
+    bootstrap: int = Field(2000, ge=100, le=1_000_000)
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    permutations: int = Field(10_000, ge=100, le=1_000_000)
+    min_gap: float = Field(0.5, ge=0.0)
+    min_prompt_gap: float = Field(0.1, ge=0.0)
+    composition_alpha: float = Field(0.01, gt=0.0, lt=1.0)
+    null_draws: int = Field(1000, ge=99, le=1_000_000)
+    alpha: float = Field(0.05, gt=0.0, lt=1.0)
+    min_effect: float = Field(0.1, gt=0.0)
+    tolerance: float = Field(0.05, gt=0.0)
+
+    @model_validator(mode="after")
+    def _zones_apart(self) -> Stats:
+        if self.tolerance >= self.min_effect:
+            raise ValueError(f"tolerance {self.tolerance:g} must be below min_effect {self.min_effect:g}, "
+                             "or 'used' and 'unused' overlap")
+        return self

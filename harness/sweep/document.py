@@ -1,0 +1,87 @@
+"""The sweep document (sweep.json, docs/sweep-json.md): what it keeps of each
+job, its counts and exit code, and its validation against the shipped schema
+(sweep.schema.json).  Plain data: the runner builds it, the report renders it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ..claims import registry
+from ..errors import ExitCode
+from ..evidence import document
+from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS
+from ..hypothesis.loading import LoadedHypothesis
+
+SCHEMA_VERSION = 2  # of sweep.json; docs/sweep-json.md lists the changes
+SCHEMA_FILE = Path(__file__).with_name("sweep.schema.json")
+
+
+def folder_name(text: str) -> str:
+    """`text` as a safe file or folder name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
+
+
+def claim_plan(h: LoadedHypothesis) -> list[dict[str, Any]]:
+    """The claims of a file as the sweep report lists them, with their fixed bounds."""
+    out = []
+    for c in h.spec.claims:
+        d = c.model_dump()
+        out.append({"id": c.id, "kind": c.kind,
+                    "at_least": d.get("at_least"), "at_most": d.get("at_most"), "expect": d.get("expect")})
+    return out
+
+
+def plan_of(doc: dict[str, Any], hypothesis: str) -> list[dict[str, Any]]:
+    """The planned claims (id, kind, bounds) of the file called `hypothesis`."""
+    return next(h for h in doc["hypotheses"] if h["name"] == hypothesis)["claims"]
+
+
+def job_summary(result: dict[str, Any], plans: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What sweep.json keeps of one job's result (the full evidence stays in runs/)."""
+    if result["status"] != "ok":
+        return {"status": "failed", "error": result["error"], "seconds": result.get("seconds"),
+                "host": result.get("host")}
+    doc = result["evidence"]
+    ev = document.load(doc, registry.kinds())
+    claims = []
+    for c in ev.claims:
+        lines = registry.get(c.kind).reference_lines(c, plans[c.id])
+        claims.append({"id": c.id, "kind": c.kind, "evidence": c.evidence, "verdict": c.verdict, "value": c.value,
+                       "ci": c.ci, "unit": c.unit, "rule": c.rule,
+                       "reference": [{"y": y, "label": label} for y, label in lines if y is not None]})
+    return {"status": "ok", "seconds": result.get("seconds"), "host": result.get("host"),
+            "model_sha256": ev.model["sha256"], "device": ev.provenance.get("device"),
+            "counts": ev.counts(), "baseline_gap": ev.baseline["gap"], "claims": claims,
+            "weights_vs_use": [{"edge": w.edge, "class": w.classification, "composes": w.composes, "use": w.use,
+                                "composition": w.composition, "effect": w.effect, "effect_ci": w.effect_ci}
+                               for w in ev.weights_vs_use]}
+
+
+def counts(jobs: list[dict[str, Any]]) -> dict[str, int]:
+    out = {"jobs": len(jobs), "ok": 0, "failed": 0, PASS.value: 0, FAIL.value: 0, INCONCLUSIVE.value: 0}
+    for j in jobs:
+        out[j["status"]] += 1
+        for c in j.get("claims", []):
+            out[c["verdict"]] += 1
+    return out
+
+
+def exit_code(doc: dict[str, Any]) -> int:
+    c = doc["counts"]
+    if c["failed"]:
+        return ExitCode.JOB_FAILED
+    return ExitCode.OK if c[FAIL] == 0 and c[INCONCLUSIVE] == 0 else ExitCode.CLAIMS
+
+
+def problems(doc: Any) -> list[str]:
+    """Everything wrong with a sweep document's shape ([] when valid)."""
+    import json
+
+    return document.json_schema_problems(doc, json.loads(SCHEMA_FILE.read_text()))
+
+
+def is_sweep(doc: Any) -> bool | None:
+    """Whether a JSON document is a sweep document (it has `jobs`)."""
+    return isinstance(doc, dict) and "jobs" in doc

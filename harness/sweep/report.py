@@ -1,0 +1,246 @@
+"""The combined sweep report (sweep.md, sweep.html, figures/), rendered from
+the sweep document alone.
+
+"Holds from": for each claim and series (run, seed), the first model in step
+order from which the claim PASSes on that model and on every later one; a
+failed job counts as not PASS.  "never" when the last model does not PASS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from ..errors import UserError
+from ..report.html import mark_cells, render_html
+from ..report.writer import check_new, read_json, replace_files, write_folder
+from . import document
+from . import figures as sweep_figures
+from .document import folder_name, plan_of
+
+ERROR_CELL = "job failed"
+
+
+def column_names(doc: dict) -> dict[str, str]:
+    """Short column header per model: 'step N' (with the series when there are several)."""
+    models = doc["models"]
+    several = len({m["series"] for m in models if m["series"]}) > 1
+    out = {}
+    for m in models:
+        if m["step"] is None:
+            out[m["label"]] = m["label"]
+        else:
+            out[m["label"]] = f"{m['series']} @{m['step']}" if several else f"step {m['step']}"
+    if len(set(out.values())) < len(out):  # two models at one step in one series: labels
+        out = {m["label"]: m["label"] for m in models}
+    return out
+
+
+def _jobs(doc: dict, hypothesis: str) -> dict[str, dict]:
+    return {j["model"]: j for j in doc["jobs"] if j["hypothesis"] == hypothesis}
+
+
+def verdict_rows(doc: dict, hypothesis: str) -> list[list[str]]:
+    """One row per claim: id, kind, then the verdict on each model (model order)."""
+    plan = plan_of(doc, hypothesis)
+    jobs = _jobs(doc, hypothesis)
+    rows = []
+    for c in plan:
+        row = [c["id"], c["kind"]]
+        for m in doc["models"]:
+            j = jobs.get(m["label"])
+            if j is None or j["status"] != "ok":
+                row.append(ERROR_CELL)
+            else:
+                row.append(next(x["verdict"] for x in j["claims"] if x["id"] == c["id"]))
+        rows.append(row)
+    return rows
+
+
+def holds_from(doc: dict, hypothesis: str) -> list[list[str]]:
+    """Rows: claim, series, holds from, first PASS, verdict sequence (P/F/I/E)."""
+    plan = plan_of(doc, hypothesis)
+    jobs = _jobs(doc, hypothesis)
+    series: dict[str, list[dict]] = {}
+    for m in doc["models"]:
+        series.setdefault(m["series"], []).append(m)
+    rows = []
+    for c in plan:
+        for s, models in series.items():
+            verdicts = []
+            for m in models:
+                j = jobs.get(m["label"])
+                ok = j is not None and j["status"] == "ok"
+                verdicts.append(next(x["verdict"] for x in j["claims"] if x["id"] == c["id"])
+                                if j is not None and ok else "ERROR")
+            start: int | None = None
+            for i in range(len(verdicts) - 1, -1, -1):
+                if verdicts[i] != "PASS":
+                    break
+                start = i
+            first = next((i for i, v in enumerate(verdicts) if v == "PASS"), None)
+            rows.append([c["id"], s or "-",
+                         "never" if start is None else _within(models[start]),
+                         "never" if first is None else _within(models[first]),
+                         " ".join(v[0] for v in verdicts)])
+    return rows
+
+
+def _within(model: dict) -> str:
+    """A model's name within its series row: its step, else its label."""
+    return model["label"] if model["step"] is None else f"step {model['step']}"
+
+
+def _cell(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def render_markdown(doc: dict, figures: set[str]) -> str:
+    c = doc["counts"]
+    s = doc["settings"]
+    names = column_names(doc)
+    hyp_names = ", ".join(h["name"] for h in doc["hypotheses"])
+    out = [f"# Sweep: {hyp_names} over {len(doc['models'])} models", ""]
+    out.append(f"{c['jobs']} jobs: {c['ok']} ran, {c['failed']} failed. Claims over all jobs: "
+               f"{c['PASS']} PASS, {c['FAIL']} FAIL, {c['INCONCLUSIVE']} INCONCLUSIVE. "
+               f"Executor `{s['executor']}`"
+               + (f" at `{s['ray_address']}`" if s.get("ray_address") else "")
+               + f", device `{s['device']}`, seed "
+               + ("from each file" if s["seed"] is None else f"`{s['seed']}`") + ".")
+    out += ["", "Each model runs every claim of the file on the same prompts and seed. A verdict "
+            "table reads left to right along training; each column header links to that job's "
+            "full evidence report. Weight evidence proposes routes; only the causal claims show a "
+            "route is used.", ""]
+    failed = [j for j in doc["jobs"] if j["status"] != "ok"]
+    if failed:
+        out += ["## Failed jobs", "", "These jobs did not produce evidence; every other job's result is kept.", ""]
+        failures = [(j["hypothesis"], j["model"], j["error"]["type"], j["error"]["where"],
+                     j["error"]["message"].splitlines()[0] if j["error"]["message"] else "") for j in failed]
+        out += [tabulate(failures, headers=["hypothesis", "model", "error", "while", "message"],
+                         tablefmt="github"), ""]
+    for h in doc["hypotheses"]:
+        name = h["name"]
+        jobs = _jobs(doc, name)
+        out += [f"## {name} (`{h['file']}`)", "", "### Verdicts per model", ""]
+        headers = ["claim", "kind"]
+        for m in doc["models"]:  # each column's header links to that job's own report
+            j = jobs.get(m["label"])
+            report = j.get("report") if j else None
+            headers.append(f"[{names[m['label']]}]({report}/report.md)" if report else names[m["label"]])
+        out += [tabulate(verdict_rows(doc, name), headers=headers, tablefmt="github"), ""]
+        out += ["### When each claim starts to hold", "",
+                "*Holds from*: the first model from which the claim passes on it and on every later "
+                "model of the series. Sequence: P pass, F fail, I inconclusive, E job failed.", ""]
+        out += [tabulate(holds_from(doc, name), headers=["claim", "series", "holds from", "first PASS",
+                                                          "sequence"], tablefmt="github"), ""]
+        for key, title in (("claims", "Key numbers"), ("together", "Evidence together")):
+            fname = f"{folder_name(name)}-{key}.png"
+            if fname in figures:
+                out += [f"### {title}", "", f"![{name}: {title.lower()}](figures/{fname})", ""]
+        out += _weights_vs_use(doc, name, names)
+        out += _numbers(doc, name, names)
+    out += ["## Models", ""]
+    rows: list[tuple[Any, ...]] = []
+    for i, m in enumerate(doc["models"], 1):
+        shas = {j.get("model_sha256") for j in doc["jobs"] if j["model"] == m["label"] and j.get("model_sha256")}
+        rows.append((i, m["label"], m["series"] or "-", "-" if m["step"] is None else m["step"], m["source"],
+                     next(iter(shas))[:12] if shas else "-"))
+    out += [tabulate(rows, headers=["#", "model", "series", "step", "source", "sha256"], tablefmt="github"), ""]
+    p = doc["provenance"]
+    out += ["## Provenance", "", f"- command: `{p['command']}`", f"- started {p['started']}, finished {p['finished']}",
+            "- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()), ""]
+    return "\n".join(out)
+
+
+def _weights_vs_use(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
+    jobs = _jobs(doc, hypothesis)
+    edges: list[str] = []
+    for j in jobs.values():
+        for row in j.get("weights_vs_use", []):
+            if row["edge"] not in edges:
+                edges.append(row["edge"])
+    if not edges:
+        return []
+    rows = []
+    for e in edges:
+        row = [e]
+        for m in doc["models"]:
+            found = (jobs.get(m["label"]) or {}).get("weights_vs_use", [])
+            w = next((w for w in found if w["edge"] == e), None)
+            row.append(w["class"] if w else "-")
+        rows.append(row)
+    return ["### Weights vs use over training", "",
+            "Per edge named by both a composition and an edge claim (or an edge claim alone): "
+            "whether the weights propose the route (composition) and whether the model uses it "
+            "(edge patching). *route present, unused* and *used without a weight route* mark where "
+            "the two kinds of evidence diverge.", "",
+            tabulate(rows, headers=["edge"] + [names[m["label"]] for m in doc["models"]], tablefmt="github"), ""]
+
+
+def _numbers(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
+    plan = plan_of(doc, hypothesis)
+    jobs = _jobs(doc, hypothesis)
+    rows = []
+    for c in plan:
+        row = [c["id"]]
+        for m in doc["models"]:
+            j = jobs.get(m["label"])
+            x = next((x for x in (j or {}).get("claims", []) if x["id"] == c["id"]), None)
+            if x is None:
+                row.append("-")
+            elif x["ci"]:
+                row.append(f"{_cell(x['value'])} [{_cell(x['ci'][0])}, {_cell(x['ci'][1])}]")
+            else:
+                row.append(_cell(x["value"]))
+        rows.append(row)
+    gap = ["clean - corrupted gap (nats)"]
+    for m in doc["models"]:
+        j = jobs.get(m["label"])
+        gap.append(_cell(j["baseline_gap"]["mean"]) if j and j["status"] == "ok" else "-")
+    return ["### Key numbers (95% CI)", "",
+            tabulate(rows + [gap], headers=["claim"] + [names[m["label"]] for m in doc["models"]],
+                     tablefmt="github"), ""]
+
+
+def render_sweep(doc: dict) -> dict[str, bytes]:
+    """{relative path: bytes} of sweep.md, sweep.html and figures/*.png."""
+    figures: dict[str, bytes] = {}
+    for h in doc["hypotheses"]:
+        for key, fn in (("claims", sweep_figures.claims), ("together", sweep_figures.together)):
+            png = fn(doc, h["name"])
+            if png is not None:
+                figures[f"{folder_name(h['name'])}-{key}.png"] = png
+    md = render_markdown(doc, set(figures))
+    title = "sweep: " + ", ".join(h["name"] for h in doc["hypotheses"])
+    page = render_html(md, figures, title).replace("/report.md\"", "/report.html\"")
+    page = mark_cells(page, ERROR_CELL, "FAIL")
+    files = {f"figures/{k}": v for k, v in figures.items()}
+    files["sweep.md"] = md.encode()
+    files["sweep.html"] = page.encode()
+    return files
+
+
+def rerender(sweep_json: Path, out_dir: Path | None = None) -> Path:
+    """`harness report` on a sweep.json: sweep.md, sweep.html and figures from the JSON alone.
+
+    Without `out_dir` the files beside sweep.json are replaced; with it, a new
+    folder gets copies of the JSON and of the per-job reports it links to."""
+    doc: Any = read_json(sweep_json, "sweep")
+    problems = document.problems(doc)
+    if problems:
+        raise UserError(f"{sweep_json}: not a valid sweep document:\n" + "\n".join(problems[:10]))
+    files = render_sweep(doc)
+    if out_dir is None:
+        replace_files(sweep_json.parent, files)
+        return sweep_json.parent
+    check_new(out_dir)
+    files[sweep_json.name] = sweep_json.read_bytes()
+    runs = sweep_json.parent / "runs"
+    if runs.is_dir():  # the per-job reports the sweep report links to
+        for f in runs.rglob("*"):
+            if f.is_file():
+                files[str(f.relative_to(sweep_json.parent))] = f.read_bytes()
+    write_folder(out_dir, files)
+    return out_dir

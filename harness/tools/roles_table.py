@@ -1,0 +1,32 @@
+"""`harness roles`: every head's attention-role scores, for choosing a hypothesis.
+
+For each head and role (mech.roles), the mean over prompts of the per-prompt
+role score on generated repeated-token prompts (the `explore` split by
+default, so the `test` split stays held out for hypotheses)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tabulate import tabulate
+
+from ..mech import roles
+from ..model import data
+from ..model.devices import of
+from ..model.loading import LoadedModel
+from ..spec import names
+from ..spec.names import hook_pattern
+
+
+def role_table(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, split: str) -> str:
+    """The printable table (with the data's description above it)."""
+    import torch
+
+    ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, split).to(of(m.bridge))
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))
+    rows: list[list[Any]] = []
+    for h in names.Head.every(m.n_layers, m.n_heads):
+        pat = cache[hook_pattern(h.layer)][:, h.head]
+        rows.append([str(h)] + [float(torch.nanmean(roles.role_scores(pat, ds.clean, r))) for r in roles.ROLES])
+    return f"{ds.description}\n\n" + tabulate(rows, headers=["head", *roles.ROLES], floatfmt=".3f")

@@ -1,0 +1,142 @@
+"""The shape of the package (docs/architecture.md): no import cycles, data flowing
+one way through the layers, in-package imports at module top, no heavy imports on
+the light paths."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+PACKAGE = ROOT / "harness"
+# bottom to top: a module may import from its own layer and the layers below it
+LAYERS = [
+    ("harness.errors", "harness.progress", "harness.streams", "harness.stats"),
+    ("harness.spec",),
+    ("harness.evidence",),
+    ("harness.model",),
+    ("harness.mech",),
+    ("harness.claims",),
+    ("harness.hypothesis",),
+    ("harness.engine",),
+    ("harness.report",),
+    ("harness.sweep", "harness.tools"),
+    ("harness.cli", "harness.pytest_plugin", "harness.__main__", "harness"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def layer(module: str) -> int:
+    best = max((p for group in LAYERS for p in group if module == p or module.startswith(p + ".")), key=len)
+    return next(i for i, group in enumerate(LAYERS) if best in group)
+
+
+def imports(module: str) -> list[tuple[str, int, bool]]:
+    """(imported harness module, line, at module top) for every import statement in `module`."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    top = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            if t in MODULES and t != module:
+                out.append((t, node.lineno, id(node) in top))
+    return out
+
+
+GRAPH = {m: sorted({t for t, _, _ in imports(m)}) for m in MODULES}
+
+
+def test_the_layers_cover_every_module():
+    for m in MODULES:
+        assert layer(m) >= 0, m
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components over every import (top-level or not)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_a_cycle_would_be_found(monkeypatch):
+    """The detector is not vacuous: a back edge from the data model to the runner is a cycle."""
+    monkeypatch.setitem(GRAPH, "harness.evidence.result", GRAPH["harness.evidence.result"] + ["harness.engine.runner"])
+    with pytest.raises(AssertionError):
+        test_no_import_cycles()
+
+
+def test_data_flows_one_way():
+    upward = [f"{m} imports {t} (line {line})" for m in MODULES for t, line, _ in imports(m) if layer(t) > layer(m)]
+    assert upward == []
+
+
+def test_in_package_imports_are_at_module_top():
+    inside = [f"{m}:{line} imports {t}" for m in MODULES for t, line, at_top in imports(m) if not at_top]
+    assert inside == []
+
+
+def test_light_paths_import_no_torch():
+    """`import harness`, the CLI module and the hypothesis loader stay free of torch,
+    TransformerLens and matplotlib (`harness validate` and `--help` must be fast)."""
+    code = ("import sys, harness, harness.cli, harness.pytest_plugin; "
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformer_lens', 'matplotlib'}); "
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def test_no_reference_to_documents_outside_the_repository():
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md"]:
+        assert "DESIGN.md" not in path.read_text(), path

@@ -82,7 +82,7 @@ def test_redundant_heads(model_dirs, tmp_path):
     single0, single1, joint = ev.claims
     assert [c.verdict for c in ev.claims] == ["PASS"] * 3, [c.rule for c in ev.claims]
     assert single0.value < 0.01 and single1.value < 0.01 and joint.value > 1.5  # nats
-    # DESIGN.md: the normalised effect of the joint zero-ablation is small (the corrupted run is
+    # the normalised effect of the joint zero-ablation is small (the corrupted run is
     # confidently wrong, the ablated run merely uniform), which is why the raw drop is shown too
     assert joint.details.normalized < 0.2
 

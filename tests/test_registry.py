@@ -45,6 +45,13 @@ def test_builtin_kinds_and_their_protocol():
     with pytest.raises(HarnessError, match="built-in"):
         registry.unregister("edge")
 
+    class Mislabelled(toy_kind.EntropyKind):
+        name = "entropy2"  # its schema still says attention_entropy
+
+    with pytest.raises(HarnessError, match="must declare kind: Literal\\['entropy2'\\]"):
+        registry.register(Mislabelled())
+    assert "entropy2" not in registry.names()
+
 
 def test_unregistered_kind_is_a_schema_error():
     with pytest.raises(SpecError, match="unknown claim kind 'attention_entropy'; allowed: role, copying"):

@@ -10,7 +10,7 @@ call (see docs/architecture.md).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, get_args
 
 from ..errors import HarnessError
 from . import ablation, circuit, composition, copying, edge, role
@@ -54,6 +54,9 @@ def register(kind: ClaimKind[Any, Any]) -> None:
     """Add a kind.  Its name must be new; its schema's `kind` must be that name."""
     if kind.name in _KINDS:
         raise HarnessError(f"a claim kind called {kind.name!r} is already registered")
+    if kind.name not in get_args(kind.spec.model_fields["kind"].annotation):
+        raise HarnessError(f"claim kind {kind.name!r}: its schema {kind.spec.__name__} must declare "
+                           f"kind: Literal[{kind.name!r}]")
     _KINDS[kind.name] = kind
 
 

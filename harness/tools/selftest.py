@@ -31,6 +31,7 @@ import yaml
 from ..claims import composition
 from ..engine.runner import run
 from ..evidence.verdicts import PASS, Verdict
+from ..mech.batched_edges import all_edges
 from ..model.devices import resolve_device
 from ..report.markdown import key_number
 from ..stats import clopper_pearson
@@ -79,19 +80,15 @@ def null_rates(root: Path, seeds: range, alpha_used: float, alpha_comp: float,
     for seed in seeds:
         path = constructed.save(constructed.build("null", seed), "null", seed, root / "models" / f"null-fpr-{seed}")
         claims = []
-        for l in range(1):
-            for s in range(2):
-                for r in range(2):
-                    for x in "qkv":
-                        e = f"L{l}H{s} -> L{l + 1}H{r}.{x}"
-                        claims += [{"id": f"edge {e}", "kind": "edge", "edge": e, "expect": "used"},
-                                   {"id": f"comp {e}", "kind": "composition", "edge": e, "expect": "composes"}]
+        for edge in all_edges(2, 2, embed=False, logits=False):  # every L0 head -> L1 head input
+            e = str(edge)
+            claims += [{"id": f"edge {e}", "kind": "edge", "edge": e, "expect": "used"},
+                       {"id": f"comp {e}", "kind": "composition", "edge": e, "expect": "composes"}]
         ev = run({"harness": 1, "name": f"null-{seed}", "model": str(path), "seed": seed,
-                          "data": {"generator": "repeated_tokens", "n_prompts": 60, "segment_length": 10,
-                                   "seed": seed},
-                          "stats": {"alpha": alpha_used, "composition_alpha": alpha_comp,
-                                    "bootstrap": 500, "permutations": 1000},
-                          "claims": claims}, figures=False, device=device)
+                  "data": {"generator": "repeated_tokens", "n_prompts": 60, "segment_length": 10, "seed": seed},
+                  "stats": {"alpha": alpha_used, "composition_alpha": alpha_comp, "bootstrap": 500,
+                            "permutations": 1000},
+                  "claims": claims}, figures=False, device=device)
         for c in ev.claims:
             if c.kind == "edge":
                 n += 1

@@ -19,12 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SanityCheckError
 from ..model.devices import of
 from ..spec.names import Head, hook_z
 from ..spec.vocabulary import ABLATIONS
+
+if TYPE_CHECKING:
+    from jaxtyping import Float, Int
+    from torch import Tensor
+
+Cache = dict[str, "Tensor"]  # hook name -> activations of one run (and "logits")
 
 
 @dataclass
@@ -37,7 +43,7 @@ class Plan:
         self.hooks.append((name, fn))
 
 
-def run_plan(bridge: Any, tokens: Any, plan: Plan) -> Any:
+def run_plan(bridge: Any, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Tensor, "n pos vocab"]:
     """Forward `tokens` (moved to the model's device) with the plan's hooks; raise if
     any hook never fired."""
     import torch
@@ -68,7 +74,7 @@ def run_plan(bridge: Any, tokens: Any, plan: Plan) -> Any:
     return logits
 
 
-def cache_hooks(bridge: Any, tokens: Any, names: list[str]) -> dict:
+def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str]) -> Cache:
     """One clean forward caching the named hooks; returns {name: tensor} (and 'logits'),
     on the model's device (the tokens are moved there)."""
     import torch
@@ -84,7 +90,8 @@ def cache_hooks(bridge: Any, tokens: Any, names: list[str]) -> dict:
     return out
 
 
-def ablation_plan(heads: list[Head], kind: str, clean_z: dict, corrupted_z: dict) -> Plan:
+def ablation_plan(heads: list[Head], kind: str, clean_z: dict[int, Float[Tensor, "n pos head d_head"]],
+                  corrupted_z: dict[int, Float[Tensor, "n pos head d_head"]]) -> Plan:
     """Plan that ablates `heads` jointly.
 
     clean_z / corrupted_z: {layer: z [n, seq, n_heads, d_head]} from the clean

@@ -31,14 +31,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UnsupportedError
 from ..model.devices import like, of, wide
 from ..spec import names
 from ..spec.names import hook_input, hook_pattern, hook_resid_post, hook_resid_pre, hook_z
 from ..spec.vocabulary import REPLACEMENTS
-from .hooks import Plan, run_plan
+from .hooks import Cache, Plan, run_plan
+
+if TYPE_CHECKING:
+    from jaxtyping import Float
+    from torch import Tensor
+
+    Residual = Float[Tensor, "n pos d_model"]
 
 
 def cache_names(edges: list[names.Edge], n_layers: int) -> list[str]:
@@ -62,7 +68,7 @@ def cache_names(edges: list[names.Edge], n_layers: int) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def sender_output(bridge: Any, cache: dict, sender: Any) -> Any:
+def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
     """The sender's write into the residual stream [n, pos, d_model] (float64)."""
     if isinstance(sender, names.Head):
         z = wide(cache[hook_z(sender.layer)][:, :, sender.head])
@@ -70,8 +76,8 @@ def sender_output(bridge: Any, cache: dict, sender: Any) -> Any:
     return wide(cache[names.HOOK_EMBED] + cache[names.HOOK_POS_EMBED])
 
 
-def replacement_output(bridge: Any, base: dict, source: dict, clean: dict, sender: Any,
-                       replacement: str) -> Any:
+def replacement_output(bridge: Any, base: Cache, source: Cache, clean: Cache, sender: names.Sender,
+                       replacement: str) -> Residual:
     if replacement == "resample":
         return sender_output(bridge, source, sender)
     if replacement == "mean":
@@ -82,7 +88,7 @@ def replacement_output(bridge: Any, base: dict, source: dict, clean: dict, sende
     raise ValueError(f"unknown replacement {replacement!r}; allowed: {', '.join(REPLACEMENTS)}")
 
 
-def patched_residual(bridge: Any, edge: names.Edge, base: dict, new_out: Any) -> Any:
+def patched_residual(bridge: Any, edge: names.Edge, base: Cache, new_out: Residual) -> Residual:
     """r' = (the receiver's base residual) - out_A(base) + out_A(replacement)."""
     r = edge.receiver
     key = (hook_resid_pre(r.head.layer) if isinstance(r, names.HeadInput)
@@ -110,7 +116,7 @@ def _ln(module: Any, x: Any, device: Any) -> Any:
         return wide(module(x.to(dtype).to(device)))
 
 
-def receiver_input(bridge: Any, head: names.Head, which: str, resid: Any) -> Any:
+def receiver_input(bridge: Any, head: names.Head, which: str, resid: Residual) -> Float[Tensor, "n pos d_head"]:
     """x = LN1(resid) W_x + b_x for one head: [n, pos, d_head] (float64)."""
     h = _ln(bridge.blocks[head.layer].ln1, resid, of(bridge))
     W = wide(getattr(bridge, f"W_{which.upper()}")[head.layer, head.head]).to(h.device)
@@ -123,10 +129,10 @@ class EdgePatch:
     """Everything one patched forward needs, computed from the two caches."""
 
     edge: names.Edge
-    resid: Any  # patched residual seen by the receiver [n, pos, d]
+    resid: Residual  # the patched residual the receiver sees
 
 
-def prepare(bridge: Any, edge: names.Edge, base: dict, source: dict, clean: dict,
+def prepare(bridge: Any, edge: names.Edge, base: Cache, source: Cache, clean: Cache,
             replacement: str) -> EdgePatch:
     new_out = replacement_output(bridge, base, source, clean, edge.sender, replacement)
     return EdgePatch(edge, patched_residual(bridge, edge, base, new_out))
@@ -165,7 +171,7 @@ def fast_logits(bridge: Any, tokens: Any, patch: EdgePatch, extra: Plan | None =
     return run_plan(bridge, tokens, plan)
 
 
-def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: dict) -> Any:
+def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: Cache) -> Float[Tensor, "n pos vocab"]:
     """Reference: recompute the receiver head's attention by hand, replace its z.
 
     q, k, v of head B are computed from LN1 of the base residual, except the
@@ -199,7 +205,7 @@ def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: dict) -> Any:
     return wide(run_plan(bridge, tokens, plan))
 
 
-def freeze_patterns_plan(patterns: dict[int, Any]) -> Plan:
+def freeze_patterns_plan(patterns: dict[int, Float[Tensor, "n head query key"]]) -> Plan:
     """Hooks that hold every layer's attention pattern at the given (base-run) values."""
     plan = Plan()
     for layer, pat in sorted(patterns.items()):

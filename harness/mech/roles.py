@@ -19,13 +19,19 @@ float64 on the pattern's device (the CPU for MPS patterns: devices.wide).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..model.devices import wide
 from ..spec.vocabulary import ATTENTION_ROLES as ROLES
 
+__all__ = ["ROLES", "role_scores", "target_mask"]
 
-def target_mask(tokens: Any, role: str) -> Any:
+if TYPE_CHECKING:
+    from jaxtyping import Float, Int
+    from torch import Tensor
+
+
+def target_mask(tokens: Int[Tensor, "n pos"], role: str) -> Float[Tensor, "n query key"]:
     """0/1 mask [n, seq, seq] (query, key) of what the role attends to (float64,
     on the tokens' device; an MPS caller passes CPU tokens)."""
     import torch
@@ -50,7 +56,7 @@ def target_mask(tokens: Any, role: str) -> Any:
     return m.to(torch.float64)
 
 
-def role_scores(pattern: Any, tokens: Any, role: str) -> Any:
+def role_scores(pattern: Float[Tensor, "n query key"], tokens: Int[Tensor, "n pos"], role: str) -> Float[Tensor, " n"]:
     """Per-prompt role score for one head: pattern [n, q, k] -> [n] float64 (NaN if undefined)."""
     import torch
 

@@ -14,24 +14,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..spec import names
 from ..spec.names import hook_pattern, hook_z
 from . import hooks, patching
+from .hooks import Cache
+
+if TYPE_CHECKING:
+    from jaxtyping import Float
+    from torch import Tensor
+
+PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) prompt by prompt
 
 
 @dataclass
 class Runs:
     bridge: Any  # the TransformerBridge
     ds: Any  # model.data.Dataset, on the model's device
-    clean: dict[str, Any]  # cached activations of the clean run (+ "logits")
-    corrupt: dict[str, Any]  # the same for the corrupted run
-    metric: Callable[[Any], np.ndarray]  # logits -> metric per prompt
-    m_clean: np.ndarray
-    m_corrupt: np.ndarray
+    clean: Cache  # cached activations of the clean run (+ "logits")
+    corrupt: Cache  # the same for the corrupted run
+    metric: Callable[[Float[Tensor, "n pos vocab"]], PerPrompt]  # logits -> metric per prompt
+    m_clean: PerPrompt
+    m_corrupt: PerPrompt
 
     @property
     def n_layers(self) -> int:
@@ -41,21 +48,21 @@ class Runs:
     def n_heads(self) -> int:
         return int(self.bridge.cfg.n_heads)
 
-    def z(self, run: dict[str, Any]) -> dict[int, Any]:
+    def z(self, run: Cache) -> dict[int, Float[Tensor, "n pos head d_head"]]:
         """{layer: hook_z activations} of the layers cached in `run`."""
         return {layer: run[hook_z(layer)] for layer in range(self.n_layers) if hook_z(layer) in run}
 
-    def patterns(self, run: dict[str, Any]) -> dict[int, Any]:
+    def patterns(self, run: Cache) -> dict[int, Float[Tensor, "n head query key"]]:
         return {layer: run[hook_pattern(layer)] for layer in range(self.n_layers)}
 
-    def ablated(self, heads: list[names.Head], kind: str, freeze: bool = False) -> np.ndarray:
+    def ablated(self, heads: list[names.Head], kind: str, freeze: bool = False) -> PerPrompt:
         """Metric of the clean prompts with `heads` ablated jointly (`kind`: zero, mean, resample)."""
         plan = hooks.ablation_plan(heads, kind, self.z(self.clean), self.z(self.corrupt))
         if freeze:
             plan.hooks += patching.freeze_patterns_plan(self.patterns(self.clean)).hooks
         return self.metric(hooks.run_plan(self.bridge, self.ds.clean, plan))
 
-    def patched(self, edge: names.Edge, direction: str, replacement: str, freeze: bool = False) -> np.ndarray:
+    def patched(self, edge: names.Edge, direction: str, replacement: str, freeze: bool = False) -> PerPrompt:
         """Metric with `edge` patched: noising runs the clean prompts with the sender's
         replacement output (resample: from the corrupted run) where the receiver reads it;
         denoising runs the corrupted prompts with the clean output there."""

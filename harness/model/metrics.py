@@ -11,7 +11,7 @@ wrong tokens are moved to the logits' device first.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import DataError
 from ..spec.vocabulary import METRICS, UNITS
@@ -19,8 +19,13 @@ from .devices import wide
 
 __all__ = ["METRICS", "UNITS", "per_prompt"]
 
+if TYPE_CHECKING:
+    from jaxtyping import Float, Int
+    from torch import Tensor
 
-def per_prompt(logits: Any, positions: Any, answers: Any, metric: str, wrong: Any = None) -> Any:
+
+def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k"], answers: Int[Tensor, "n k"],
+               metric: str, wrong: Int[Tensor, "n k"] | None = None) -> Float[Tensor, " n"]:
     """logits [n, seq, vocab] -> metric per prompt [n] (float64)."""
     import torch
 

@@ -63,6 +63,30 @@ def test_rerender_round_trip(demo_folder, tmp_path):
     assert (copy / "figures" / "signature.png").read_bytes() == (folder / "figures" / "signature.png").read_bytes()
 
 
+def test_version_1_documents_are_read(demo_folder, tmp_path):
+    """schema_version 1 wrote copying claims as kind `role`: they read back as `copying`,
+    and the report re-renders exactly as from the version 2 document."""
+    _, folder = demo_folder
+    doc = json.loads((folder / "evidence.json").read_text())
+    old = json.loads(json.dumps(doc))
+    old["schema_version"] = 1
+    copying = [c for c in old["claims"] if c["kind"] == "copying"]
+    assert len(copying) == 1
+    copying[0]["kind"] = "role"
+    assert report.validate_evidence(old) == []
+    assert report.load_evidence(old).claim("L1H5-copies").kind == "copying"
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "evidence.json").write_text(json.dumps(old))
+    out = report.rerender(tmp_path / "v1" / "evidence.json", tmp_path / "again")
+    assert (out / "report.md").read_text() == (folder / "report.md").read_text()
+    bad = json.loads(json.dumps(doc))
+    bad["claims"][0]["details"]["n_undefined"] = "many"
+    bad["claims"][1]["evidence"] = "causal"
+    problems = report.validate_evidence(bad)
+    assert any(p.startswith("claims/0/details/n_undefined") for p in problems)
+    assert any("claims/1/evidence: a role claim is observational evidence" in p for p in problems)
+
+
 def test_report_command_errors(tmp_path):
     from harness.cli import main
 

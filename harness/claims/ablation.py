@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import StrictBool
 
 from .. import stats
-from ..evidence.details import CI, Details, Num, Sensitivity, Summary, optional
+from ..evidence.details import CI, Num, Sensitivity, Summary, optional
 from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE, threshold_verdict
@@ -43,7 +43,7 @@ class AblationClaim(BoundedClaim):
     sensitivity: StrictBool = False
 
 
-class AblationDetails(Details):
+class AblationDetails(effects.NormalizedFields):
     ablation: str
     heads: list[str]
     measure: str
@@ -58,13 +58,6 @@ class AblationDetails(Details):
     drop_summary: Summary
     ci_method: str  # of the drop CI
     confidence: float
-    n_excluded_small_gap: int
-    gap_mean: float
-    kept_gap_mean: Num
-    normalized: Num = optional()
-    normalized_ci: CI | None = optional()
-    normalized_summary: Summary | None = optional()
-    normalized_ci_method: str | None = optional()
     sensitivity: Sensitivity | None = optional()
 
 
@@ -117,10 +110,7 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
             corrupted_metric_mean=float(m_corrupt.mean()), drop_mean=drop.interval.estimate,
             drop_ci=[drop.interval.low, drop.interval.high],
             drop_p_value=stats.sign_flip_pvalue(d, st.permutations, seed), drop_summary=drop.summary,
-            ci_method=drop.interval.method, confidence=st.confidence,
-            n_excluded_small_gap=norm.n_excluded_small_gap, gap_mean=norm.gap_mean, kept_gap_mean=norm.kept_gap_mean,
-            normalized=niv.estimate if niv else None, normalized_ci=[niv.low, niv.high] if niv else None,
-            normalized_summary=norm.summary, normalized_ci_method=niv.method if niv else None)
+            ci_method=drop.interval.method, confidence=st.confidence, **effects.effect_fields(norm))
         raw = f"raw drop {drop.interval.estimate:.3f} {unit}"
         if claim.measure == "delta":
             verdict, rule = threshold_verdict(drop.interval.low, drop.interval.high, claim.at_least, claim.at_most)

@@ -144,10 +144,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             heads=[str(h) for h in claim.heads], ablation=claim.ablation, full_metric_mean=float(m_full.mean()),
             circuit_metric_mean=float(m_circuit.mean()), empty_metric_mean=float(m_empty.mean()),
             n_prompts=int(len(num)), random_circuits=0 if random_f is None else int(len(random_f)),
-            beat_rate=claim.beat_rate, confidence=st.confidence, n_excluded_small_gap=norm.n_excluded_small_gap,
-            gap_mean=norm.gap_mean, kept_gap_mean=norm.kept_gap_mean, faithfulness=iv.estimate if iv else None,
-            faithfulness_ci=[iv.low, iv.high] if iv else None, faithfulness_summary=norm.summary,
-            faithfulness_ci_method=iv.method if iv else None)
+            beat_rate=claim.beat_rate, confidence=st.confidence, **effects.effect_fields(norm, "faithfulness"))
         if iv is None:
             return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE, value=None, ci=None, unit=UNIT,
                                details=details, rule="faithfulness undefined: "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import field_validator
@@ -53,27 +53,9 @@ class CompositionClaim(ClaimSpec):
         return e
 
 
-class CompositionDetails(Details):
+class CompositionDetails(weights.CompositionResult, Details):
     """Every field of mech.weights.CompositionResult, then the multiple-testing fields."""
 
-    sender: str
-    receiver: str
-    mode: str
-    score: Num  # C (None: a zero matrix, no route)
-    p_value: float
-    null_mean: float
-    null_std: float
-    null_q95: float
-    null_q99: float
-    n_draws: int
-    ratio_to_isotropic: Num  # C * sqrt(null_dim)
-    fraction_of_max: Num  # C / c_max
-    c_max: float
-    percentile: Num  # among all cross-layer pairs of this mode, in [0, 100]
-    rank_sender: int
-    rank_receiver: int
-    processing: str
-    null_dim: int
     edge: str
     p_adjusted: float
     alpha: float
@@ -137,16 +119,17 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
         verdict = PASS if composes == want else FAIL
         expectation = (f"{claim.edge} {'composes' if want else 'does not compose'} "
                        f"({r.mode.upper()}-composition)")
-        details = CompositionDetails(**asdict(r), edge=str(claim.edge), p_adjusted=p_adjusted, alpha=alpha,
+        details = CompositionDetails(**r.model_dump(), edge=str(claim.edge), p_adjusted=p_adjusted, alpha=alpha,
                                      correction="Benjamini-Hochberg", n_tested=n_tested)
-        if math.isnan(r.score):
+        score = r.score
+        if score is None or math.isnan(score):
             return self.result(claim, expectation=expectation, verdict=verdict, value=None, ci=None, unit=UNIT,
                                details=details, rule="no route: the sender's OV or the receiver's matrix is zero "
                                                      "(score undefined, p = 1)")
-        rule = (f"C = {r.score:.3f} vs null mean {r.null_mean:.3f} (99th pct {r.null_q99:.3f}); "
+        rule = (f"C = {score:.3f} vs null mean {r.null_mean:.3f} (99th pct {r.null_q99:.3f}); "
                 f"p = {r.p_value:.4g}, BH-adjusted over {n_tested} composition claim(s) p = {p_adjusted:.4g} "
                 f"{'<' if composes else '>='} alpha {alpha:g}")
-        return self.result(claim, expectation=expectation, verdict=verdict, value=r.score, ci=None, unit=UNIT,
+        return self.result(claim, expectation=expectation, verdict=verdict, value=score, ci=None, unit=UNIT,
                            rule=rule, details=details)
 
     def key_number(self, result: ClaimResult) -> str:

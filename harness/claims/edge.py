@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, field_validator, model_validator
 
 from .. import stats
-from ..evidence.details import CI, Details, Num, Sensitivity, Summary, WeightsVsUseRow, optional
+from ..evidence.details import CI, Num, Sensitivity, Summary, WeightsVsUseRow, optional
 from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict
@@ -107,7 +107,7 @@ class EdgeClaim(ClaimSpec):
         return None
 
 
-class EdgeDetails(Details):
+class EdgeDetails(effects.NormalizedFields):
     direction: str
     replacement: str
     freeze_patterns: bool
@@ -120,13 +120,6 @@ class EdgeDetails(Details):
     change_summary: Summary
     ci_method: str  # of the change CI
     confidence: float
-    n_excluded_small_gap: int
-    gap_mean: float
-    kept_gap_mean: Num
-    normalized: Num = optional()
-    normalized_ci: CI | None = optional()
-    normalized_summary: Summary | None = optional()
-    normalized_ci_method: str | None = optional()
     undefined_reason: str  # why the normalized effect is undefined; "" when defined
     p_value: float  # sign-flip p-value over the kept prompts, before adjustment
     edge: str
@@ -242,12 +235,9 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
             n_prompts=ch.n_prompts, clean_metric_mean=effect.clean_mean, patched_metric_mean=effect.patched_mean,
             corrupted_metric_mean=effect.corrupted_mean, change_mean=ch.interval.estimate,
             change_ci=[ch.interval.low, ch.interval.high], change_summary=ch.summary, ci_method=ch.interval.method,
-            confidence=st.confidence, n_excluded_small_gap=norm.n_excluded_small_gap, gap_mean=norm.gap_mean,
-            kept_gap_mean=norm.kept_gap_mean, normalized=niv.estimate if niv else None,
-            normalized_ci=[niv.low, niv.high] if niv else None, normalized_summary=norm.summary,
-            normalized_ci_method=niv.method if niv else None, undefined_reason=norm.reason, p_value=effect.p_value,
-            edge=str(claim.edge), p_adjusted=p_adj, alpha=st.alpha, min_effect=min_effect, tolerance=tol,
-            correction=CORRECTION, use=use)
+            confidence=st.confidence, **effects.effect_fields(norm), undefined_reason=norm.reason,
+            p_value=effect.p_value, edge=str(claim.edge), p_adjusted=p_adj, alpha=st.alpha, min_effect=min_effect,
+            tolerance=tol, correction=CORRECTION, use=use)
         raw = f"raw change {ch.interval.estimate:.3f} {unit}"
         if niv is None:
             return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE, value=None, ci=None,

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .. import stats
-from ..evidence.details import Sensitivity, Summary, Variant
+from ..evidence.details import CI, Details, Num, Sensitivity, Summary, Variant, optional
 from ..evidence.format import fmt
 from ..evidence.result import ClaimResult
 from ..progress import progress
@@ -41,6 +42,28 @@ class NormalizedEffect:
     per_prompt: list[float] | None  # d_n / g_n over the kept prompts
     reason: str  # why it is undefined; "" when defined
     kept: np.ndarray  # bool mask of the kept prompts
+
+
+class NormalizedFields(Details):
+    """The details keys of a normalised effect (ablation and edge claims)."""
+
+    n_excluded_small_gap: int  # prompts with g_n < min_prompt_gap, left out of the ratio
+    gap_mean: float  # mean gap over all prompts: the number compared with min_gap
+    kept_gap_mean: Num
+    normalized: Num = optional()
+    normalized_ci: CI | None = optional()
+    normalized_summary: Summary | None = optional()
+    normalized_ci_method: str | None = optional()
+
+
+def effect_fields(norm: NormalizedEffect, name: str = "normalized") -> dict[str, Any]:
+    """A normalised effect as details keys: `name`, `name_ci`, `name_summary`,
+    `name_ci_method` (absent while undefined) and the gap keys."""
+    iv = norm.interval
+    return {"n_excluded_small_gap": norm.n_excluded_small_gap, "gap_mean": norm.gap_mean,
+            "kept_gap_mean": norm.kept_gap_mean, name: iv.estimate if iv else None,
+            f"{name}_ci": [iv.low, iv.high] if iv else None, f"{name}_summary": norm.summary,
+            f"{name}_ci_method": iv.method if iv else None}
 
 
 def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int, unit: str) -> NormalizedEffect:

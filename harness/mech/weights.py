@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from ..evidence.details import Num, Record
 from ..spec.names import Head, HeadInput
 from ..spec.vocabulary import MODES
 from ..spec.vocabulary import WEIGHT_PROCESSING as PROCESSING
@@ -213,22 +214,24 @@ def null_scores(X: Any, Y: Any, n_draws: int, seed: int, null_dim: int | None = 
     return (num / (torch.linalg.norm(Sx) * torch.linalg.norm(Sy))).numpy()
 
 
-@dataclass
-class CompositionResult:
+class CompositionResult(Record):
+    """Score, null and context numbers of one sender -> receiver.{q,k,v} pair (a record
+    of the evidence: a composition claim's details extend it)."""
+
     sender: str
     receiver: str  # e.g. "L1H5.k"
     mode: str
-    score: float
+    score: Num  # C; NaN (null in JSON) when a matrix is zero: no route
     p_value: float
     null_mean: float
     null_std: float
     null_q95: float
     null_q99: float
     n_draws: int
-    ratio_to_isotropic: float  # C * sqrt(null_dim)
-    fraction_of_max: float  # C / C_max
+    ratio_to_isotropic: Num  # C * sqrt(null_dim)
+    fraction_of_max: Num  # C / C_max
     c_max: float
-    percentile: float  # among all cross-layer pairs of this mode, in [0, 100]
+    percentile: Num  # among all cross-layer pairs of this mode, in [0, 100]
     rank_sender: int
     rank_receiver: int
     processing: str

@@ -29,7 +29,7 @@ from .model.loading import load_model
 from .report import writer
 from .report.markdown import claim_table
 from .report.writer import check_new, default_folder, write_report
-from .spec.vocabulary import WEIGHT_PROCESSING
+from .spec.vocabulary import METRICS, WEIGHT_PROCESSING
 from .sweep import document as sweep_document
 from .sweep import executors
 from .sweep import report as sweep_report
@@ -99,11 +99,15 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--out", type=Path, help="new folder for scan.json, signature.png, starter.yaml")
     sc.add_argument("--n-prompts", type=int, default=200)
     sc.add_argument("--segment-length", type=int, default=20)
-    sc.add_argument("--metric", choices=("logprob",), default="logprob")
+    sc.add_argument("--metric", choices=METRICS, default="logprob", help="logit_diff needs --data with wrong tokens")
     sc.add_argument("--processing", choices=WEIGHT_PROCESSING, default="folded")
     sc.add_argument("--draws", type=int, default=1000, help="composition null draws per edge")
     sc.add_argument("--top", type=int, default=15, help="rows to print")
     sc.add_argument("--budget-mb", type=int, default=32, help="memory budget of a patching chunk (MiB)")
+    sc.add_argument("--data", type=Path, metavar="FILE", help="a JSONL prompt file instead of the generator")
+    sc.add_argument("--corruption", action="append", metavar="NAME",
+                    help="a corruption to scan under, repeatable (generator: first_half, second_half, both; "
+                         "default first_half; with --data: the file's, default all)")
     sc.add_argument("--seed", type=int, default=0)
     _add_device(sc)
 
@@ -168,6 +172,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\n{ev.hypothesis['name']} ({f})\n")
         print(claim_table(ev))
         print(f"\n{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive")
+        for w in ev.warnings:
+            print(f"warning: {w}", file=sys.stderr)
         print(f"report: {folder / 'report.md'} (and report.html, evidence.json, figures/)")
         code = max(code, ev.exit_code)
     return code
@@ -206,7 +212,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
         raise UserError("--n-prompts >= 2, --draws >= 99, --top >= 1 and --budget-mb >= 1 are required")
     out = check_new(args.out) if args.out is not None else default_folder("scan", Path("reports"))
     _, table = scan(args.model, out, args.n_prompts, args.segment_length, args.seed, args.metric,
-                    args.processing, args.draws, args.top, args.budget_mb, device=device)
+                    args.processing, args.draws, args.top, args.budget_mb, device=device,
+                    corruptions=tuple(dict.fromkeys(args.corruption)) if args.corruption else None, data_file=args.data)
     print(table)
     print(f"\nwrote {out / 'scan.json'}, {out / 'signature.png'} and {out / 'starter.yaml'}")
     return ExitCode.OK

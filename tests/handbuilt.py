@@ -65,4 +65,5 @@ def dataset(n: int = 40, seq: int = 10, seed: int = 0):
     corrupted[:, : seq // 2 + 2] = (major[:, None] + 1 + torch.randint(0, V - 1, (n, 1), generator=g)) % V
     corrupted[:, -1] = clean[:, -1]
     positions = torch.full((n, 1), seq - 1)
-    return Dataset(clean, corrupted, positions, major[:, None].clone(), None, "hand-built majority", False)
+    return Dataset(clean, {"default": corrupted}, positions, major[:, None].clone(), None, "hand-built majority",
+                   False)

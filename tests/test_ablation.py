@@ -55,7 +55,8 @@ def test_ablation_matches_oracle(setup, kind):
     # layer-1's clean z in the oracle is recomputed after layer 0's ablation, but the
     # mean/resample sources are the *unablated* runs' z, exactly as the harness defines them
     expected = oracle.forward(sd, CFG, ds.clean, z_edit=edit)
-    got = iv.run_plan(bridge, ds.clean, iv.ablation_plan(HEADS, kind, clean_z, corrupt_z))
+    mean_z = {layer: z.mean(0, keepdim=True) for layer, z in clean_z.items()}
+    got = iv.run_plan(bridge, ds.clean, iv.ablation_plan(HEADS, kind, corrupt_z, mean_z))
     assert torch.allclose(got, expected, atol=1e-10)
     assert not torch.allclose(got, oracle.forward(sd, CFG, ds.clean), atol=1e-6)
 
@@ -64,7 +65,7 @@ def test_zero_ablating_every_head_closed_form(setup):
     """With every z zeroed, the residual is embed + pos + sum_l b_O^l at each position."""
     bridge, ds, sd, clean_z, corrupt_z = setup
     all_heads = [Head(l, h) for l in range(2) for h in range(2)]
-    got = iv.run_plan(bridge, ds.clean, iv.ablation_plan(all_heads, "zero", clean_z, corrupt_z))
+    got = iv.run_plan(bridge, ds.clean, iv.ablation_plan(all_heads, "zero", corrupt_z, {}))
     s = ds.seq_len
     x = (sd["embed.weight"][ds.clean] + sd["pos_embed.weight"][:s] + sd["blocks.0.attn.o.bias"]
          + sd["blocks.1.attn.o.bias"])
@@ -74,7 +75,7 @@ def test_zero_ablating_every_head_closed_form(setup):
 
 def test_identity_resample_changes_nothing(setup):
     bridge, ds, _, clean_z, _ = setup
-    got = iv.run_plan(bridge, ds.clean, iv.ablation_plan(HEADS, "resample", clean_z, clean_z))
+    got = iv.run_plan(bridge, ds.clean, iv.ablation_plan(HEADS, "resample", clean_z, {}))
     with torch.no_grad():
         assert torch.allclose(got, bridge(ds.clean), atol=1e-12)
 

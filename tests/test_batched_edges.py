@@ -13,8 +13,12 @@ from .conftest import tiny_config
 
 
 def per_edge(bridge, ds, edges, base, source, clean, tokens, replacement):
-    return np.stack([metrics.per_prompt(P.fast_logits(bridge, tokens, P.prepare(bridge, e, base, source, clean,
-                                                                                 replacement)),
+    """The per-edge path; `mean` replacement averages the sender over `clean`'s prompts, as the batched path does."""
+    def mean_out(e):
+        return P.sender_output(bridge, clean, e.sender).mean(0, keepdim=True) if replacement == "mean" else None
+
+    return np.stack([metrics.per_prompt(P.fast_logits(bridge, tokens, P.prepare(bridge, e, base, source, replacement,
+                                                                                 mean_out(e))),
                                         ds.positions, ds.answers, "logprob").double().numpy() for e in edges])
 
 

@@ -8,7 +8,7 @@ import harness
 from harness import stats
 from harness.claims import edge as edge_kind
 from harness.claims.edge import EdgeClaim, EdgeEffect, classify
-from harness.claims.effects import Change, NormalizedEffect
+from harness.claims.effects import Change, NormalizedEffect, intervention_change
 from harness.evidence.details import Summary
 from harness.spec.settings import Stats
 
@@ -65,7 +65,7 @@ def test_edge_that_carries_everything_and_edges_that_carry_nothing(model_dirs, t
     assert classes["L0H0 -> L1H0.v"] == "route used"
     assert classes["L0H1 -> L1H0.v"] == "no route"  # a silent head composes with nothing
     folder = harness.write_report(ev, out_dir=tmp_path / "report")  # undefined scores render as "undefined"
-    assert "| L0H1 -> L1H0.v | undefined" in (folder / "report.md").read_text()
+    assert "| L0H1 -> L1H0.v | noising     | undefined" in (folder / "report.md").read_text()
     import json
 
     from harness.report.writer import validate_evidence
@@ -147,23 +147,32 @@ def test_undefined_effect_is_inconclusive(model_dirs, tmp_path):
     assert all(c.value is None and "undefined" in c.rule for c in ev.claims)
 
 
-@pytest.mark.parametrize("expect,lo,hi,p,use,verdict", [
-    ("used", 0.3, 0.5, 0.001, "used", "PASS"),
-    ("used", 0.3, 0.5, 0.2, "undetermined", "INCONCLUSIVE"),  # big but not significant
-    ("used", 0.01, 0.04, 0.5, "unused", "FAIL"),
-    ("used", 0.05, 0.15, 0.01, "undetermined", "INCONCLUSIVE"),
-    ("unused", -0.02, 0.03, 0.5, "unused", "PASS"),
-    ("unused", 0.2, 0.4, 0.001, "used", "FAIL"),
-    ("unused", 0.0, 0.08, 0.3, "undetermined", "INCONCLUSIVE"),
+@pytest.mark.parametrize("expect,lo,hi,p,raw,changed,use,verdict", [
+    ("used", 0.3, 0.5, 0.001, 1.0, 1.0, "used", "PASS"),
+    ("used", 0.3, 0.5, 0.2, 1.0, 1.0, "undetermined", "INCONCLUSIVE"),  # big but not significant
+    ("used", 0.3, 0.5, 0.001, 0.001, 1.0, "undetermined", "INCONCLUSIVE"),  # raw change below min_raw_change
+    ("used", 0.01, 0.04, 0.5, 0.0, 1.0, "unused", "FAIL"),
+    ("used", 0.05, 0.15, 0.01, 0.1, 1.0, "undetermined", "INCONCLUSIVE"),
+    ("used", -0.5, -0.3, 0.001, -1.0, 1.0, "used (opposite sign)", "FAIL"),
+    ("used", 0.3, 0.5, 0.001, 1.0, 0.01, "untested", "INCONCLUSIVE"),  # the patch changed nothing it reads
+    ("unused", -0.02, 0.03, 0.5, 0.0, 1.0, "unused", "PASS"),
+    ("unused", -0.02, 0.03, 0.5, 0.0, 0.01, "untested", "INCONCLUSIVE"),  # a vacuous "no effect" cannot pass
+    ("unused", 0.2, 0.4, 0.001, 1.0, 1.0, "used", "FAIL"),
+    ("unused", -0.4, -0.2, 0.001, -1.0, 1.0, "used (opposite sign)", "FAIL"),
+    ("unused", 0.0, 0.08, 0.3, 0.0, 1.0, "undetermined", "INCONCLUSIVE"),
+    ("unused", 0.052, 0.055, 0.001, 0.2, 1.0, "undetermined", "INCONCLUSIVE"),  # between the bands
 ])
-def test_edge_verdict_rules(expect, lo, hi, p, use, verdict):
+def test_edge_verdict_rules(expect, lo, hi, p, raw, changed, use, verdict):
     claim = EdgeClaim(id="e", kind="edge", edge="L0H0 -> L1H0.k", expect=expect)
     summary = Summary(median=0.0, q1=0.0, q3=0.0, iqr=0.0)
     norm = NormalizedEffect(stats.Interval((lo + hi) / 2, lo, hi, 0.95, "given"), 0, 1.0, 1.0, summary, [0.0],
                             "", np.ones(1, dtype=bool))
-    effect = EdgeEffect(Change(stats.Interval(0.0, 0.0, 0.0, 0.95, "given"), summary, 1), norm, p, 0.0, 0.0, 0.0)
+    read = intervention_change(np.full(4, changed), Stats(), "the key positions")
+    effect = EdgeEffect(Change(stats.Interval(raw, raw, raw, 0.95, "given"), summary, 1), norm, None, p, 0.0, 0.0,
+                        0.0, False, read, None, "first_half")
     r = edge_kind.KIND.evaluate(claim, effect, p, Stats(), "nats")
-    assert (r.details.use, r.verdict) == (use, verdict)
+    assert (r.details.use, r.verdict) == (use, verdict), r.rule
+    assert use in r.rule  # the rule text names the status that decided the verdict
 
 
 def test_classification_table():

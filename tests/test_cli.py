@@ -109,3 +109,39 @@ def test_weights_command_marks_the_aligned_route(tmp_path, capsys):
     assert "1 of 16 pairs significant" in k_table
     assert "1 pair(s) with p < alpha extended to 3199" in k_table  # BH over 16 needs > 1600 draws
     assert main(["weights", str(path), "--draws", "5"]) == 2
+
+
+def prompt_file(tmp_path, extra=None):
+    rows = [{"clean": [0, 5, 6, 7, 5, 6, 7], "corrupted": [0, 8, 9, 10, 5, 6, 7], "positions": [4, 5],
+             **(extra or {})}] * 4
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return f
+
+
+def file_hypothesis(tmp_path, data, claim_extra):
+    h = tmp_path / "h.yaml"
+    h.write_text(f"harness: 1\nname: t\nmodel: {ROOT / 'fixtures' / 'induction-2l'}\ndata: {json.dumps(data)}\n"
+                 "claims:\n  - id: a\n    kind: ablation\n    heads: [L0H7]\n    at_least: 0.1\n" + claim_extra)
+    return h
+
+
+def test_prompt_file_corruption_names_are_checked_with_the_line(tmp_path):
+    data = {"file": str(prompt_file(tmp_path, {"corrupted_swap": [0, 8, 9, 10, 5, 6, 7]}))}
+    h = file_hypothesis(tmp_path, data, "    corruption: swapp\n")
+    r = harness_cli("run", h, "--reports", tmp_path / "reports")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert (f"{h}:{line_of(h, 'corruption: swapp')}: claims[0].corruption: (a) corruption 'swapp' is not one of "
+            "the data's: default, swap") in r.stderr
+    assert not (tmp_path / "reports").exists()
+
+
+def test_weakened_guards_are_warned_on_stderr(tmp_path):
+    h = file_hypothesis(tmp_path, {"file": str(prompt_file(tmp_path))}, "")
+    h.write_text(h.read_text().replace("claims:", "stats: {min_gap: 0, bootstrap: 200, permutations: 200}\nclaims:"))
+    r = harness_cli("run", h, "--out", tmp_path / "o")
+    assert r.returncode in (0, 1), r.stderr
+    assert "warning: stats.min_gap 0 is below min_raw_change 0.01" in r.stderr
+    doc = json.loads((tmp_path / "o" / "evidence.json").read_text())
+    assert any("stats.min_gap 0" in w for w in doc["warnings"])
+    assert "stats.min_gap 0 is below" in (tmp_path / "o" / "report.md").read_text()

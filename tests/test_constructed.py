@@ -1,5 +1,6 @@
 """Ground truth: every verdict on the constructed models is the one known in
-advance, the decoy is 'route present, unused', and null models give no more
+advance, known routes get the weights-vs-use class their test shows (the decoy is
+'route present, unused' under zero replacement), and null models give no more
 false positives than the nominal alpha (harness.selftest)."""
 
 import pytest
@@ -38,8 +39,21 @@ def test_every_claim_kind_has_true_and_false_claims():
     assert all({"PASS", "FAIL"} <= v for v in kinds.values())
 
 
-def test_decoy_is_route_present_unused(result):
-    assert result.decoy_class == "route present, unused"
+def test_known_routes_get_the_class_their_test_shows(result):
+    """The decoy is 'route present, unused' under zero replacement and untested under
+    resample (its output is the same in every prompt); the query route is untested by the
+    first-half corruption and used under the second; the clean model's key edge is used,
+    and denoising it alone works against the claim's direction."""
+    got = {(route, test): obtained for route, test, _, obtained in result.route_classes()}
+    assert got == {
+        ("decoy L0H1 -> L1H0.k", "resample, first_half"): "route present, untested by this intervention",
+        ("decoy L0H1 -> L1H0.k", "zero"): "route present, unused",
+        ("query L0H1 -> L1H0.q", "resample, first_half"): "route present, untested by this intervention",
+        ("query L0H1 -> L1H0.q", "resample, second_half"): "route used",
+        ("clean L0H0 -> L1H0.k", "resample, first_half"): "route used",
+        ("clean L0H0 -> L1H0.k", "denoising, first_half"): "route used, against the claim's direction",
+    }
+    assert "Weights vs use of known routes" in render(result)
 
 
 def test_null_false_positive_rates(result):

@@ -44,7 +44,8 @@ def test_fast_equals_slow_equals_oracle(runs, edge, direction, replacement):
     e = names.parse_edge(edge)
     base, source, tokens = ((clean, corrupt, ds.clean) if direction == "noising"
                             else (corrupt, clean, ds.corrupted))
-    patch = P.prepare(bridge, e, base, source, clean, replacement)
+    mean_out = P.sender_output(bridge, clean, e.sender).mean(0, keepdim=True) if replacement == "mean" else None
+    patch = P.prepare(bridge, e, base, source, replacement, mean_out)
     fast = P.fast_logits(bridge, tokens, patch)
     slow = P.slow_logits(bridge, tokens, patch, base)
     assert torch.allclose(fast, slow, atol=1e-10)
@@ -55,7 +56,7 @@ def test_fast_equals_slow_equals_oracle(runs, edge, direction, replacement):
 def test_patched_residual_is_base_minus_sender_plus_replacement(runs):
     bridge, ds, clean, corrupt = runs
     e = names.parse_edge("L0H1 -> L1H0.k")
-    patch = P.prepare(bridge, e, clean, corrupt, clean, "resample")
+    patch = P.prepare(bridge, e, clean, corrupt, "resample")
     W_O = bridge.W_O[0, 1]
     expected = (clean["blocks.1.hook_resid_pre"] - clean["blocks.0.attn.hook_z"][:, :, 1] @ W_O
                 + corrupt["blocks.0.attn.hook_z"][:, :, 1] @ W_O)
@@ -65,7 +66,7 @@ def test_patched_residual_is_base_minus_sender_plus_replacement(runs):
 @pytest.mark.parametrize("edge", EDGES)
 def test_identity_patch_changes_nothing(runs, edge):
     bridge, ds, clean, _ = runs
-    patch = P.prepare(bridge, names.parse_edge(edge), clean, clean, clean, "resample")
+    patch = P.prepare(bridge, names.parse_edge(edge), clean, clean, "resample")
     assert torch.allclose(P.fast_logits(bridge, ds.clean, patch), clean["logits"], atol=1e-12)
 
 
@@ -78,7 +79,7 @@ def test_frozen_patterns_remove_key_and_query_effects(fixture_model):
     clean, corrupt = cache_hooks(b, ds.clean, hooks), cache_hooks(b, ds.corrupted, hooks)
     freeze = P.freeze_patterns_plan({l: clean[f"blocks.{l}.attn.hook_pattern"] for l in range(2)})
     for which, moves in (("k", False), ("q", False), ("v", True)):
-        patch = P.prepare(b, names.parse_edge(f"L0H7 -> L1H5.{which}"), clean, corrupt, clean, "resample")
+        patch = P.prepare(b, names.parse_edge(f"L0H7 -> L1H5.{which}"), clean, corrupt, "resample")
         frozen = P.fast_logits(b, ds.clean, patch, freeze)
         free = P.fast_logits(b, ds.clean, patch)
         assert torch.allclose(frozen, free, atol=1e-5) == (which == "v")
@@ -111,5 +112,5 @@ def test_transformer_lens_direct_path_parity(tmp_path):
                                        component=which, verbose=False)
         for head in range(4):
             e = names.parse_edge(f"L0H2 -> L1H{head}.{which}")
-            ours = metric(P.fast_logits(b, ds.corrupted, P.prepare(b, e, corrupt, clean, clean, "resample")))
+            ours = metric(P.fast_logits(b, ds.corrupted, P.prepare(b, e, corrupt, clean, "resample")))
             assert float(ours) == pytest.approx(float(tl[1, head]), abs=1e-6)

@@ -30,11 +30,32 @@ def test_folder_contents(demo_folder):
     assert {p.name for p in folder.iterdir()} == {"report.md", "report.html", "evidence.json", "figures"}
     assert {p.name for p in (folder / "figures").iterdir()} == FIGURES
     md = (folder / "report.md").read_text()
-    order = [md.index(h) for h in ("## Verdicts", "## Evidence per claim", "## Weights vs use",
+    order = [md.index(h) for h in ("## Verdicts", "## Evidence ladder", "## Evidence per claim", "## Weights vs use",
                                    "## Settings", "## Provenance", "## Sanity checks")]
     assert order == sorted(order)
     for name in FIGURES:
         assert f"(figures/{name})" in md
+
+
+def test_demo_evidence_ladder(demo_folder):
+    """One row per mechanism the demo names, the highest rung each reached, and the
+    contradictions the file itself asserts (a redundant head, a route present but unused)."""
+    ev, folder = demo_folder
+    rows = {r.mechanism: r for r in ev.ladder}
+    assert rows["L0H7"].highest == "robustness"  # role, mean ablation, agreeing across ablation types
+    assert [s.claim for s in rows["L0H7"].rungs["robustness"]] == ["prev-token-head-needed"]
+    assert rows["L0H7 -> L1H5.k"].highest == "edge necessity" and rows["L0H7 -> L1H5.k"].contradictions == []
+    assert "sufficiency" in rows["L0H7 -> L1H5.k"].missing
+    decoy = rows["L0H3 -> L1H5.k"]
+    assert decoy.rungs["weights"][0].status == "supports" and decoy.rungs["edge necessity"][0].status == "against"
+    assert decoy.contradictions == ["weights supports it but edge necessity is against it (as the file claims)"]
+    assert rows["L1H5"].rungs["necessity"][0].claim == "one-induction-head-is-redundant"
+    assert all(c.endswith("(as the file claims)") for c in rows["L1H5"].contradictions)
+    assert rows["L0H0 -> L1H5.k"].highest is None
+    md = (folder / "report.md").read_text()
+    ladder = md[md.index("## Evidence ladder"):md.index("## Evidence per claim")]
+    assert "| L0H3 -> L1H5.k" in ladder and "weights supports it but edge necessity is against it" in ladder
+    assert "Evidence ladder" in (folder / "report.html").read_text()
 
 
 def test_evidence_validates_against_schema(demo_folder, tmp_path):

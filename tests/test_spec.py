@@ -77,7 +77,7 @@ CASES = [
     ("two bounds", ("    at_least: 0.5\n  - id: b", "    at_least: 0.5\n    at_most: 0.9\n  - id: b"), 8, "give exactly one of at_least / at_most"),
     ("no bound", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n"), 13, "claims[1]: give exactly one of at_least / at_most"),
     ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, copying, composition, ablation, edge, circuit"),
-    ("unknown claim key", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    effect: 0.5\n"), 16, "claims[1].effect: unknown key; allowed keys: id, kind, heads, ablation, measure, freeze_patterns, sensitivity, at_least, at_most, description"),
+    ("unknown claim key", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    effect: 0.5\n"), 16, "claims[1].effect: unknown key; allowed keys: id, kind, corruption, heads, ablation, measure, normalize, freeze_patterns, sensitivity, at_least, at_most, description"),
     ("unknown ablation type", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    ablation: knockout\n"), 16, "claims[1].ablation: Input should be 'zero', 'mean' or 'resample'"),
     ("duplicate claim id", ("- id: b", "- id: a"), 13, "claims[1].id: claim id 'a' is used twice"),
     ("missing claim field", ("    role: previous_token\n", ""), 8, "claims[0].role: required field is missing"),
@@ -100,6 +100,11 @@ CASES = [
     ("overlapping zones", ("claims:", "stats:\n  tolerance: 0.2\nclaims:"), 7, "stats: tolerance 0.2 must be below min_effect 0.1"),
     ("claim tolerance over stats min_effect", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0.k\n    tolerance: 0.3\n"), 1, "claim 'c': tolerance 0.3 must be below min_effect 0.1"),
     ("non-boolean flag", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    sensitivity: 1\n"), 16, "claims[1].sensitivity: Input should be a valid boolean"),
+    ("unknown generator corruption", ("  n_prompts: 20\n", "  n_prompts: 20\n  corruptions: [first_half, middle]\n"), 7, "data.corruptions[1]: Input should be 'first_half', 'second_half' or 'both' (got 'middle')"),
+    ("corruption listed twice", ("  n_prompts: 20\n", "  n_prompts: 20\n  corruptions: [both, both]\n"), 4, "a corruption is listed twice"),
+    ("claim names a corruption the data lacks", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    corruption: second_half\n"), 16, "claims[1].corruption: 'second_half' is not one of the data's corruptions: first_half (add it to data.corruptions)"),
+    ("claim normalize", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    normalize: uniform\n"), 16, "claims[1].normalize: Input should be 'corrupted' or 'baseline'"),
+    ("stats min_change", ("claims:", "stats:\n  min_change: -0.1\nclaims:"), 8, "stats.min_change: Input should be greater than 0"),
     ("empty claims", (GOOD[GOOD.index("claims:"):], "claims: []\n"), 7, "claims: List should have at least 1 item"),
 ]
 

@@ -109,6 +109,13 @@ def test_induction_claims_move_from_fail_to_pass_over_training(swept):
     row = next(line for line in md.splitlines() if line.startswith("| induction-L1H5 "))
     assert row.split("|")[3].strip() == "FAIL" and row.split("|")[10].strip() == "PASS"
     assert " ".join(x[0] for x in verdicts(doc, "induction-L1H5")) in md  # the holds-from sequence
+    # the evidence ladder per checkpoint: the K edge climbs from no evidence to edge necessity
+    highest = [next(r["highest"] for r in job(doc, f"step-{s:05d}")["ladder"] if r["mechanism"] == "L0H7 -> L1H5.k")
+               for s in STEPS]
+    assert highest[0] is None and highest[-1] == "edge necessity", highest
+    ladder = md[md.index("### Evidence ladder over training"):]
+    row = next(line for line in ladder.splitlines() if line.startswith("| L0H7 -> L1H5.k "))
+    assert [c.strip() for c in row.split("|")[2:-1]][:len(STEPS)] == [h or "none" for h in highest]
 
 
 def test_holds_from_matches_the_verdict_sequence(swept):

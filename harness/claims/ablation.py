@@ -3,15 +3,23 @@ by at least / at most an amount (causal evidence, node level).
 
 Per prompt n: d_n = m_clean,n - m_ablated,n (the clean prompts with the heads
 zero-, mean- or resample-ablated, mech.hooks.ablation_plan).  `measure:
-normalized` judges the normalised effect sum(d) / sum(g) (claims.effects);
-`measure: delta` judges mean(d) in the metric's units.  Either way both numbers
-are reported, with a sign-flip permutation p-value of mean(d) = 0.
-`sensitivity: true` repeats the claim under each ablation type.
+normalized` judges the normalised effect sum(d) / sum(g) (claims.effects), with
+g the clean-corrupted gap (`normalize: corrupted`, default) or the gap to a guess
+with no information (`normalize: baseline`); `measure: delta` judges mean(d) in
+the metric's units.  Every number is reported, with a sign-flip permutation
+p-value of mean(d) = 0.  Mean ablation takes the mean over reference prompts and
+carries its uncertainty into the intervals (claims.effects).
+
+Non-vacuity (mech.change): when the ablation leaves the heads' outputs as they
+were (mean relative change below `min_change`), it tests nothing and the claim is
+INCONCLUSIVE whatever the number.  `sensitivity: true` repeats the claim under
+each ablation type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -22,23 +30,36 @@ from ..evidence.details import CI, Num, Sensitivity, Summary, optional
 from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE, threshold_verdict
-from ..spec.fields import BoundedClaim, HeadList
+from ..mech.runs import Runs
+from ..spec.fields import BoundedCausalClaim, HeadList
 from ..spec.names import hook_pattern, hook_z
 from ..spec.settings import Stats
-from ..spec.vocabulary import Ablation
+from ..spec.vocabulary import Ablation, Normalization
 from . import effects
-from .base import ClaimKind, Context, FrozenPatternsPath, HeadAblationPath, Indexed, InterventionPath
+from .base import (
+    ClaimKind,
+    Context,
+    FrozenPatternsPath,
+    HeadAblationPath,
+    Indexed,
+    InterventionPath,
+    LadderEntry,
+    bounded_status,
+    heads_mechanism,
+    sensitivity_entry,
+)
 
 FRACTION = "fraction of gap"
 
 
-class AblationClaim(BoundedClaim):
+class AblationClaim(BoundedCausalClaim):
     """Ablating these heads jointly changes the metric by at least / at most."""
 
     kind: Literal["ablation"]
     heads: HeadList
     ablation: Ablation = "mean"
     measure: Literal["normalized", "delta"] = "normalized"
+    normalize: Normalization = "corrupted"
     freeze_patterns: StrictBool = False
     sensitivity: StrictBool = False
 
@@ -58,7 +79,27 @@ class AblationDetails(effects.NormalizedFields):
     drop_summary: Summary
     ci_method: str  # of the drop CI
     confidence: float
+    corruption: str | None = optional()  # the corrupted run (resample source, normalisation)
+    intervention_change: effects.InterventionChange | None = optional()
     sensitivity: Sensitivity | None = optional()
+
+
+@dataclass(frozen=True)
+class Ablated:
+    """What ablating the heads measured: the metric, its reference-group recomputations
+    (mean ablation), and how much the heads' outputs changed."""
+
+    m_ablated: np.ndarray
+    jack: list[np.ndarray]
+    change: effects.InterventionChange
+
+
+def ablate(runs: Runs, claim: AblationClaim, kind: str, st: Stats) -> Ablated:
+    heads = list(claim.heads)
+    m = runs.ablated(heads, kind, claim.freeze_patterns)
+    jack = ([runs.ablated(heads, kind, claim.freeze_patterns, drop=k) for k in range(runs.reference.groups)]
+            if kind == "mean" else [])
+    return Ablated(m, jack, effects.head_change(runs, heads, kind, st))
 
 
 class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
@@ -76,16 +117,24 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
         paths: list[InterventionPath] = [HeadAblationPath(tuple(claim.heads))]
         return paths + [FrozenPatternsPath()] if claim.freeze_patterns else paths
 
+    def ladder(self, claim: AblationClaim, result: ClaimResult) -> list[LadderEntry]:
+        d = self.details_of(result)
+        mechanism, type_ = heads_mechanism(claim.heads)
+        status = bounded_status(claim, result)
+        if d.intervention_change is not None and d.intervention_change.vacuous:
+            status = "untested"
+        note = f"{claim.ablation}-ablated: {result.unit} {fmt(result.value)}"
+        return ([LadderEntry(mechanism, type_, "necessity", status, note, d.corruption)]
+                + sensitivity_entry(mechanism, type_, d.sensitivity))
+
     def measure(self, claims: Sequence[Indexed[AblationClaim]], ctx: Context) -> dict[int, ClaimResult]:
-        runs = ctx.runs
         out = {}
         for i, c in claims:
-            seed = ctx.claim_seed(i)
+            runs, seed = ctx.runs_for(c.corruption), ctx.claim_seed(i)
 
-            def run(kind: str, c: AblationClaim = c, seed: int = seed) -> ClaimResult:
+            def run(kind: str, c: AblationClaim = c, runs: Runs = runs, seed: int = seed) -> ClaimResult:
                 variant = c if kind == c.ablation else c.model_copy(update={"ablation": kind})
-                return self.evaluate(variant, runs.m_clean, runs.m_corrupt,
-                                     runs.ablated(list(c.heads), kind, c.freeze_patterns), ctx.stats, seed, ctx.unit)
+                return self.evaluate(variant, runs, ablate(runs, c, kind, ctx.stats), ctx, seed)
 
             result = run(c.ablation)
             if c.sensitivity:
@@ -93,49 +142,71 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
             out[i] = result
         return out
 
-    def evaluate(self, claim: AblationClaim, m_clean: np.ndarray, m_corrupt: np.ndarray, m_ablated: np.ndarray,
-                 st: Stats, seed: int, unit: str) -> ClaimResult:
+    def evaluate(self, claim: AblationClaim, runs: Runs, a: Ablated, ctx: Context, seed: int) -> ClaimResult:
+        st, unit = ctx.stats, ctx.unit
         heads = "+".join(str(h) for h in claim.heads)
         measure = "normalized effect" if claim.measure == "normalized" else f"metric drop ({unit})"
         frozen = ", patterns frozen" if claim.freeze_patterns else ""
-        expectation = f"{claim.ablation}-ablating {heads}{frozen}: {measure} {claim.bound_text()}"
-        d = m_clean - m_ablated
-        drop = effects.change(d, st, seed)
-        norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit)
-        niv = norm.interval
+        against = " (against a no-information guess)" if claim.normalize == "baseline" else ""
+        corrupted = f" ({claim.corruption})" if claim.corruption else ""
+        expectation = (f"{claim.ablation}-ablating {heads}{frozen}{corrupted}: {measure}{against} "
+                       f"{claim.bound_text()}")
+        m_clean, m_corrupt = runs.m_clean, runs.m_corrupt
+        scale = effects.metric_scale(m_clean, m_corrupt)
+        d = effects.floor_changes(m_clean - a.m_ablated, scale)
+        jack = [effects.floor_changes(m_clean - mk, scale) for mk in a.jack]
+        drop = effects.change(d, st, seed, jack)
+        norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack)
+        base = (effects.normalized_effect(d, m_clean - ctx.baseline, st, seed, unit, jack, "clean-baseline")
+                if ctx.baseline is not None else None)
         details = AblationDetails(
             ablation=claim.ablation, heads=[str(h) for h in claim.heads], measure=claim.measure,
             freeze_patterns=claim.freeze_patterns, n_prompts=drop.n_prompts,
-            clean_metric_mean=float(m_clean.mean()), ablated_metric_mean=float(m_ablated.mean()),
+            clean_metric_mean=float(m_clean.mean()), ablated_metric_mean=float(a.m_ablated.mean()),
             corrupted_metric_mean=float(m_corrupt.mean()), drop_mean=drop.interval.estimate,
             drop_ci=[drop.interval.low, drop.interval.high],
             drop_p_value=stats.sign_flip_pvalue(d, st.permutations, seed), drop_summary=drop.summary,
-            ci_method=drop.interval.method, confidence=st.confidence, **effects.effect_fields(norm))
+            ci_method=drop.interval.method, confidence=st.confidence, **effects.effect_fields(norm),
+            **effects.baseline_fields(base, ctx.baseline, float(m_clean.mean()), float(m_corrupt.mean()),
+                                      claim.normalize),
+            corruption=runs.corruption, intervention_change=a.change)
         raw = f"raw drop {drop.interval.estimate:.3f} {unit}"
+        chosen = base if claim.normalize == "baseline" and base is not None else norm
         if claim.measure == "delta":
-            verdict, rule = threshold_verdict(drop.interval.low, drop.interval.high, claim.at_least, claim.at_most)
-            return self.result(claim, expectation=expectation, verdict=verdict, value=drop.interval.estimate,
-                               ci=[drop.interval.low, drop.interval.high], unit=unit, rule=rule, details=details,
-                               per_prompt=d.tolist())
-        if niv is None:
+            value, ci, unit_out, per_prompt = drop.interval.estimate, [drop.interval.low, drop.interval.high], unit, \
+                d.tolist()
+            verdict, rule = threshold_verdict(ci[0], ci[1], claim.at_least, claim.at_most)
+        elif chosen.interval is None:
             return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE, value=None, ci=None,
-                               unit=FRACTION, rule=f"normalized effect undefined: {norm.reason} ({raw})",
+                               unit=FRACTION, rule=f"normalized effect undefined: {chosen.reason} ({raw})",
                                details=details)
-        verdict, rule = threshold_verdict(niv.low, niv.high, claim.at_least, claim.at_most)
-        return self.result(claim, expectation=expectation, verdict=verdict, value=niv.estimate,
-                           ci=[niv.low, niv.high], unit=FRACTION, rule=f"{rule} ({raw})", details=details,
-                           per_prompt=norm.per_prompt)
+        else:
+            iv = chosen.interval
+            value, ci, unit_out, per_prompt = iv.estimate, [iv.low, iv.high], FRACTION, chosen.per_prompt
+            verdict, rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
+            rule = f"{rule} ({raw})"
+        if a.change.vacuous:
+            verdict = INCONCLUSIVE
+            rule = (f"untested: {claim.ablation}-ablating {heads} leaves their output as it was (relative change "
+                    f"{a.change.relative_change:.3f} < min_change {st.min_change:g} at {a.change.read_at}), so the "
+                    f"number ({rule}) says nothing about whether they are needed; use ablation: zero, or a "
+                    "corruption that changes their output")
+        return self.result(claim, expectation=expectation, verdict=verdict, value=value, ci=ci, unit=unit_out,
+                           rule=rule, details=details, per_prompt=per_prompt)
 
     def render(self, result: ClaimResult, unit: str) -> list[str]:
         d = self.details_of(result)
         out = [f"- metric: clean {fmt(d.clean_metric_mean)}, ablated {fmt(d.ablated_metric_mean)}, corrupted "
-               f"{fmt(d.corrupted_metric_mean)} {unit}",
+               f"{fmt(d.corrupted_metric_mean)} {unit}" + (f" (corruption {d.corruption})" if d.corruption else ""),
                f"- raw drop {fmt(d.drop_mean)} {unit} {fmt_ci(d.drop_ci)}, sign-flip p = {d.drop_p_value:.4g}; "
                f"per-prompt median {fmt(d.drop_summary.median)}, IQR {fmt(d.drop_summary.iqr)}"]
         if d.normalized is not None and d.normalized_summary is not None:
             out.append(f"- normalized effect {fmt(d.normalized)} {fmt_ci(d.normalized_ci)}; per-prompt median "
                        f"{fmt(d.normalized_summary.median)}, IQR {fmt(d.normalized_summary.iqr)}; "
                        f"{d.n_excluded_small_gap} prompt(s) excluded for a small clean-corrupted gap")
+        out += effects.baseline_line(d, unit)
+        if d.intervention_change is not None:
+            out.append(effects.change_line(d.intervention_change, "the ablated heads' output"))
         if d.sensitivity is not None:
             out.append(effects.sensitivity_line(d.sensitivity, "ablation type"))
         return out

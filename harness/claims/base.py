@@ -26,13 +26,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ..evidence.details import Details, WeightsVsUseRow
+from ..evidence.details import Details, Sensitivity, WeightsVsUseRow
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import EvidenceType, Verdict
 from ..mech.runs import Runs
 from ..mech.weights import HeadWeights, head_weights
 from ..spec import names
-from ..spec.fields import ClaimSpec
+from ..spec.fields import BoundedClaim, ClaimSpec
 from ..spec.settings import Stats
 from ..streams import Stream, derive_seed
 
@@ -57,10 +57,12 @@ class EdgePatchPath:
     edge: names.Edge
     direction: str
     freeze_patterns: bool = False
+    corruption: str | None = None  # the corrupted run a denoising patch starts from (None: the default)
 
     @property
     def label(self) -> str:
-        return f"edge {self.edge} ({self.direction}{', frozen patterns' if self.freeze_patterns else ''})"
+        where = f", {self.corruption}" if self.direction == "denoising" and self.corruption else ""
+        return f"edge {self.edge} ({self.direction}{where}{', frozen patterns' if self.freeze_patterns else ''})"
 
 
 @dataclass(frozen=True)
@@ -71,19 +73,64 @@ class FrozenPatternsPath:
 InterventionPath = HeadAblationPath | EdgePatchPath | FrozenPatternsPath
 
 
+# ---------------------------------------------------------------- the evidence ladder
+@dataclass(frozen=True)
+class LadderEntry:
+    """Evidence a claim gives on one rung of a mechanism's ladder (engine.ladder)."""
+
+    mechanism: str  # "L0H7", "L1H0+L1H1", "L0H7 -> L1H5.k"
+    type: str  # head, heads or edge
+    rung: str  # one of evidence.details.RUNGS
+    status: str  # supports, against, inconclusive or untested
+    note: str = ""
+    corruption: str | None = None  # for robustness across corruptions
+
+
+def bounded_status(claim: BoundedClaim, result: ClaimResult) -> str:
+    """supports / against / inconclusive for a claim with a bound: `at_least` asserts the
+    mechanism (PASS supports it), `at_most` asserts its absence (PASS is against it)."""
+    if result.verdict == Verdict.INCONCLUSIVE:
+        return "inconclusive"
+    return "supports" if (result.verdict == Verdict.PASS) == (claim.at_least is not None) else "against"
+
+
+def sensitivity_entry(mechanism: str, type_: str, sens: Sensitivity | None) -> list[LadderEntry]:
+    """The robustness rung from a sensitivity run: the types that reach a verdict (PASS or
+    FAIL) agree, or not; INCONCLUSIVE types (untested, undefined) do not count."""
+    if sens is None:
+        return []
+    cells = ", ".join(f"{k} {v.verdict}" for k, v in sens.by_type.items())
+    decided = {v.verdict for v in sens.by_type.values() if v.verdict != Verdict.INCONCLUSIVE}
+    if len(decided) > 1:
+        return [LadderEntry(mechanism, type_, "robustness", "against", f"the verdict depends on the type: {cells}")]
+    if decided and sum(v.verdict != Verdict.INCONCLUSIVE for v in sens.by_type.values()) > 1:
+        return [LadderEntry(mechanism, type_, "robustness", "supports", f"the same verdict under {cells}")]
+    return [LadderEntry(mechanism, type_, "robustness", "inconclusive", f"fewer than two types decide: {cells}")]
+
+
+def heads_mechanism(heads: Sequence[names.Head]) -> tuple[str, str]:
+    """(mechanism, type) of one head or a set of heads."""
+    return ("+".join(str(h) for h in heads), "head" if len(heads) == 1 else "heads")
+
+
 # ---------------------------------------------------------------- what measure() gets
 @dataclass
 class Context:
     """Everything a kind's `measure` reads: the base runs, the file's settings,
     and lazily the head weights.  Kinds add weights-vs-use rows here."""
 
-    runs: Runs
+    runs: Runs  # with the default corruption
     stats: Stats
     seed: int
     unit: str  # of the metric: nats or logits
     processing: str  # weight processing for weight evidence: folded or raw
+    baseline: float | None = None  # the metric of a guess with no information (claims.effects)
     weights_vs_use: list[WeightsVsUseRow] = field(default_factory=list)
     _weights: HeadWeights | None = None
+
+    def runs_for(self, corruption: str | None) -> Runs:
+        """The base runs with the claim's corruption (None: the data's default)."""
+        return self.runs.with_corruption(corruption)
 
     def weights(self) -> HeadWeights:
         """The head weights (mech.weights.HeadWeights), read once per run."""
@@ -155,6 +202,10 @@ class ClaimKind(ABC, Generic[S, D]):
 
     def claimed_edges(self, result: ClaimResult) -> list[str]:
         """The same, read from a result (reports are drawn from evidence.json alone)."""
+        return []
+
+    def ladder(self, claim: S, result: ClaimResult) -> list[LadderEntry]:
+        """The claim's evidence on the ladders of the mechanisms it names (engine.ladder)."""
         return []
 
     # helpers for subclasses

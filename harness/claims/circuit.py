@@ -11,36 +11,51 @@ every head outside C ablated and m_empty the run with every head ablated.  For
 C itself): k = #{F_random < F}, one-sided binomial test of H0: P(beat) <= beat_rate.
 PASS needs the bound met and p < alpha; FAIL when the bound fails or
 k / N <= beat_rate.
+
+Non-vacuity (mech.change): ablating a head outside C that leaves its output as it
+was (relative change below `min_change`) does not test whether C needs it; a
+PASS with such a head is INCONCLUSIVE, naming the heads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from math import comb
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from .. import stats
-from ..evidence.details import CI, Details, Num, Summary, optional
+from ..evidence.details import CI, Details, Num, Sensitivity, Summary, optional
 from ..evidence.format import fmt
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_verdict
 from ..mech.runs import Runs
 from ..progress import progress
 from ..spec import names
-from ..spec.fields import BoundedClaim, HeadList
+from ..spec.fields import BoundedCausalClaim, HeadList
 from ..spec.names import hook_z
 from ..spec.settings import Stats
 from ..spec.vocabulary import Ablation
 from . import effects
-from .base import ClaimKind, Context, HeadAblationPath, Indexed, InterventionPath
+from .base import (
+    ClaimKind,
+    Context,
+    HeadAblationPath,
+    Indexed,
+    InterventionPath,
+    LadderEntry,
+    bounded_status,
+    heads_mechanism,
+    sensitivity_entry,
+)
 
 UNIT = "faithfulness"
 
 
-class CircuitClaim(BoundedClaim):
+class CircuitClaim(BoundedCausalClaim):
     """Keeping only these heads recovers at least (or at most) a fraction of the behaviour."""
 
     kind: Literal["circuit"]
@@ -48,6 +63,7 @@ class CircuitClaim(BoundedClaim):
     ablation: Ablation = "resample"
     random_circuits: int = Field(100, ge=20, le=100_000)
     beat_rate: float = Field(0.5, ge=0.0, lt=1.0)
+    sensitivity: StrictBool = False
 
 
 class CircuitDetails(Details):
@@ -72,6 +88,9 @@ class CircuitDetails(Details):
     beaten: int | None = optional()
     binomial_p_value: Num = optional()
     alpha: float | None = optional()
+    corruption: str | None = optional()
+    intervention_change: effects.InterventionChange | None = optional()  # of the heads outside the circuit
+    sensitivity: Sensitivity | None = optional()  # faithfulness under each ablation type (bound only)
 
 
 def random_faithfulness(runs: Runs, claim: CircuitClaim, m_empty: np.ndarray, kept: np.ndarray,
@@ -109,49 +128,87 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
     def interventions(self, claim: CircuitClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
         return [HeadAblationPath(tuple(names.Head.every(n_layers, n_heads)))]
 
+    def ladder(self, claim: CircuitClaim, result: ClaimResult) -> list[LadderEntry]:
+        d = self.details_of(result)
+        status = bounded_status(claim, result)
+        if d.intervention_change is not None and d.intervention_change.vacuous_heads:
+            status = "untested" if status == "inconclusive" else status
+        mechanism = f"circuit {heads_mechanism(claim.heads)[0]}"
+        return ([LadderEntry(mechanism, "heads", "sufficiency", status,
+                             f"faithfulness {fmt(result.value)} with the rest {claim.ablation}-ablated", d.corruption)]
+                + sensitivity_entry(mechanism, "heads", d.sensitivity))
+
     def measure(self, claims: Sequence[Indexed[CircuitClaim]], ctx: Context) -> dict[int, ClaimResult]:
-        runs, st = ctx.runs, ctx.stats
-        every = names.Head.every(runs.n_layers, runs.n_heads)
+        st = ctx.stats
         out = {}
         for i, c in claims:
-            seed = ctx.claim_seed(i)
+            runs, seed = ctx.runs_for(c.corruption), ctx.claim_seed(i)
+            every = names.Head.every(runs.n_layers, runs.n_heads)
             keep = set(c.heads)
-            m_circuit = runs.ablated([h for h in every if h not in keep], c.ablation)
+            rest = [h for h in every if h not in keep]
+            m_circuit = runs.ablated(rest, c.ablation)
             m_empty = runs.ablated(every, c.ablation)
             kept = (runs.m_clean - m_empty) >= st.min_prompt_gap
             random_f = None
             if c.at_least is not None and kept.sum() > 0:
                 random_f = random_faithfulness(runs, c, m_empty, kept, seed)
-            out[i] = self.evaluate(c, runs.m_clean, m_circuit, m_empty, random_f, st, seed, ctx.unit)
+            change = effects.head_change(runs, rest, c.ablation, st) if rest else None
+            jack = ([(runs.ablated(rest, "mean", drop=k), runs.ablated(every, "mean", drop=k))
+                     for k in range(runs.reference.groups)] if c.ablation == "mean" else None)
+            result = self.evaluate(c, runs.m_clean, m_circuit, m_empty, random_f, st, seed, ctx.unit, change,
+                                   runs.corruption, jack=jack)
+            if c.sensitivity:
+                def variant(kind: str, c: CircuitClaim = c, runs: Runs = runs, rest: list[names.Head] = rest,
+                            every: list[names.Head] = every, seed: int = seed) -> ClaimResult:
+                    v = c.model_copy(update={"ablation": kind})
+                    ch = effects.head_change(runs, rest, kind, st) if rest else None
+                    return self.evaluate(v, runs.m_clean, runs.ablated(rest, kind), runs.ablated(every, kind), None,
+                                         st, seed, ctx.unit, ch, runs.corruption, compare=False)
+                self.details_of(result).sensitivity = effects.sensitivity(variant, result)
+            out[i] = result
         return out
 
     def evaluate(self, claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndarray, m_empty: np.ndarray,
-                 random_f: np.ndarray | None, st: Stats, seed: int, unit: str) -> ClaimResult:
+                 random_f: np.ndarray | None, st: Stats, seed: int, unit: str,
+                 change: effects.InterventionChange | None = None, corruption: str | None = None,
+                 compare: bool = True, jack: list[tuple[np.ndarray, np.ndarray]] | None = None) -> ClaimResult:
         """random_f: faithfulness of random circuits of the same size (never the claimed
         one; over the same kept prompts), or None when no other circuit of that size exists.
-        The random comparison applies to at_least claims only."""
+        The random comparison applies to at_least claims only.  jack: (m_C, m_empty) with
+        each reference group left out of the mean (mean ablation), widening F's CI."""
         from scipy.stats import binomtest
 
-        compare = claim.at_least is not None
+        compare = compare and claim.at_least is not None
         expectation = (f"keep {len(claim.heads)} heads ({claim.ablation} elsewhere): faithfulness "
                        f"{claim.bound_text()}"
                        + (f", beats random circuits (rate > {claim.beat_rate:g})" if compare else ""))
         num, gap = m_circuit - m_empty, m_full - m_empty
         # the "gap" of a circuit is full minus empty: same rules as a normalised effect
-        norm = effects.normalized_effect(num, gap, st, seed, unit)
+        norm = effects.normalized_effect(num, gap, st, seed, unit, gap_name="full-empty")
+        if jack and norm.interval is not None:
+            kept = norm.kept
+            thetas = [float((mc - me)[kept].sum() / (m_full - me)[kept].sum()) for mc, me in jack]
+            norm = replace(norm, interval=effects.widen(norm.interval, thetas, st.confidence))
         iv = norm.interval
         details = CircuitDetails(
             heads=[str(h) for h in claim.heads], ablation=claim.ablation, full_metric_mean=float(m_full.mean()),
             circuit_metric_mean=float(m_circuit.mean()), empty_metric_mean=float(m_empty.mean()),
             n_prompts=int(len(num)), random_circuits=0 if random_f is None else int(len(random_f)),
-            beat_rate=claim.beat_rate, confidence=st.confidence, **effects.effect_fields(norm, "faithfulness"))
+            beat_rate=claim.beat_rate, confidence=st.confidence, **effects.effect_fields(norm, "faithfulness"),
+            corruption=corruption, intervention_change=change)
         if iv is None:
             return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE, value=None, ci=None, unit=UNIT,
-                               details=details, rule="faithfulness undefined: "
-                                                     + norm.reason.replace("clean-corrupted", "full-empty"))
+                               details=details, rule=f"faithfulness undefined: {norm.reason}")
         f_verdict, f_rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
 
         def done(verdict: Verdict, rule: str) -> ClaimResult:
+            untested = change.vacuous_heads if change is not None and change.vacuous_heads else []
+            if verdict == PASS and untested:
+                verdict = INCONCLUSIVE
+                rule = (f"untested for {', '.join(untested)}: {claim.ablation}-ablating them leaves their output as "
+                        f"it was (relative change < min_change {st.min_change:g}), so the circuit's faithfulness "
+                        f"does not show it works without them ({rule}); use ablation: zero, or a corruption that "
+                        "changes their output")
             return self.result(claim, expectation=expectation, verdict=verdict, value=iv.estimate,
                                ci=[iv.low, iv.high], unit=UNIT, rule=rule, details=details,
                                per_prompt=norm.per_prompt)
@@ -189,6 +246,10 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             out.append(f"- {d.random_circuits} random circuits of the same size: faithfulness median "
                        f"{fmt(rs.median)}, IQR {fmt(rs.iqr)}, max {fmt(d.random_faithfulness_max)}; "
                        f"beaten {d.beaten}, binomial p = {d.binomial_p_value:.3g}")
+        if d.intervention_change is not None:
+            out.append(effects.change_line(d.intervention_change, "the output of the heads outside the circuit"))
+        if d.sensitivity is not None:
+            out.append(effects.sensitivity_line(d.sensitivity, "ablation type (faithfulness bound only)"))
         return out
 
 

@@ -32,7 +32,7 @@ from ..spec import names
 from ..spec.fields import ClaimSpec, EdgeName
 from ..spec.settings import Stats
 from ..streams import Stream, derive_seed
-from .base import ClaimKind, Context, Indexed
+from .base import ClaimKind, Context, Indexed, LadderEntry
 
 UNIT = "composition score"
 
@@ -105,6 +105,12 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
 
     def claimed_edges(self, result: ClaimResult) -> list[str]:
         return [self.details_of(result).edge]
+
+    def ladder(self, claim: CompositionClaim, result: ClaimResult) -> list[LadderEntry]:
+        d = self.details_of(result)
+        composes = d.p_adjusted < d.alpha
+        return [LadderEntry(str(claim.edge), "edge", "weights", "supports" if composes else "against",
+                            f"{'composes' if composes else 'does not compose'} (p_adj {d.p_adjusted:.3g})")]
 
     def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> dict[int, ClaimResult]:
         found = route_evidence(ctx.weights(), [c.edge for _, c in claims], ctx.stats, ctx.seed,

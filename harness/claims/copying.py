@@ -23,7 +23,7 @@ from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS
 from ..mech import weights
 from ..spec.fields import BoundedClaim, HeadName
-from .base import ClaimKind, Context, Indexed
+from .base import ClaimKind, Context, Indexed, LadderEntry, bounded_status
 
 UNIT = "eigenvalue positivity"
 
@@ -66,6 +66,11 @@ class CopyingKind(ClaimKind[CopyingClaim, CopyingDetails]):
 
     def needs_weights(self, claim: CopyingClaim) -> bool:
         return True
+
+    def ladder(self, claim: CopyingClaim, result: ClaimResult) -> list[LadderEntry]:
+        value = "undefined" if result.value is None else f"{result.value:.3f}"
+        return [LadderEntry(str(claim.head), "head", "weights", bounded_status(claim, result),
+                            f"copying score {value}")]
 
     def measure(self, claims: Sequence[Indexed[CopyingClaim]], ctx: Context) -> dict[int, ClaimResult]:
         return {i: self.evaluate(c, weights.copying_score(ctx.weights(), c.head.layer, c.head.head))

@@ -3,22 +3,31 @@
 mech.patching).
 
 Per prompt n: noising d_n = m_clean,n - m_patched,n (necessity); denoising
-d_n = m_patched,n - m_corrupted,n (sufficiency).  The effect is the normalised
-effect sum(d) / sum(g) with its BCa CI [lo, hi] (claims.effects); its sign-flip
-p-value (over the kept prompts) is Benjamini-Hochberg adjusted over the file's
-edge claims.  Use status:
+d_n = m_patched,n - m_corrupted,n (sufficiency), floored to exact zeros below the
+numerical tolerance (claims.effects).  The effect is the normalised effect
+sum(d) / sum(g) with its BCa CI [lo, hi] (g: the clean-corrupted gap, or with
+`normalize: baseline` the clean-no-information gap); its sign-flip p-value (over
+the kept prompts) is Benjamini-Hochberg adjusted over the file's edge claims,
+leaving out edges whose every d_n is exactly 0 (structurally zero: p = 1).
+Use status, with c the mean raw change mean(d):
 
-    used          lo > min_effect and p_adj < alpha
-    unused        -tolerance <= lo and hi <= tolerance
-    undetermined  otherwise
+    untested            the patch does not change the sender's output where the
+                        receiver reads it (mech.change: relative change < min_change)
+    used                lo > min_effect, p_adj < alpha and c >= min_raw_change
+    used (opposite sign) hi < -min_effect, p_adj < alpha and c <= -min_raw_change
+    unused              -tolerance <= lo and hi <= tolerance
+    undetermined        otherwise
 
-Verdicts: expect used   -> PASS if used, FAIL if hi < min_effect, else INCONCLUSIVE;
-          expect unused -> PASS if unused, FAIL if lo > tolerance or hi < -tolerance,
-          else INCONCLUSIVE; an undefined effect is INCONCLUSIVE.
+Verdicts: untested or an undefined effect -> INCONCLUSIVE;
+          expect used   -> PASS if used, FAIL if hi < min_effect, else INCONCLUSIVE;
+          expect unused -> PASS if unused, FAIL if used (either sign), else INCONCLUSIVE
+          (between the bands the data cannot tell unused from used).
 
-For each claimed head -> head-input edge, the weights-vs-use table puts its
-composition test (claims.composition.route_evidence, BH over these edges)
-beside its use status and classifies the pair (`classify`).
+The weights-vs-use table has one row per claimed head -> head-input edge and
+direction: its composition test (claims.composition.route_evidence, BH over
+these edges) beside the use its claims' tests show (the first non-vacuous
+status among used > used (opposite sign) > unused > undetermined; untested
+when every test is vacuous), classified by `classify`.
 """
 
 from __future__ import annotations
@@ -27,38 +36,46 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field, StrictBool, field_validator, model_validator
 
 from .. import stats
-from ..evidence.details import CI, Num, Sensitivity, Summary, WeightsVsUseRow, optional
+from ..evidence.details import CI, EdgeTest, Num, Sensitivity, Summary, WeightsVsUseRow, optional
 from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict
+from ..mech import change as read_change
 from ..mech import patching
 from ..mech.runs import Runs
 from ..spec import names
-from ..spec.fields import ClaimSpec, EdgeName
+from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.names import hook_pattern
 from ..spec.settings import Stats
-from ..spec.vocabulary import Direction, Replacement
+from ..spec.vocabulary import Direction, Normalization, Replacement
 from ..streams import Stream
 from . import effects
-from .base import ClaimKind, Context, EdgePatchPath, Indexed, InterventionPath
+from .base import ClaimKind, Context, EdgePatchPath, Indexed, InterventionPath, LadderEntry, sensitivity_entry
 from .composition import route_evidence
 
 FRACTION = "fraction of gap"
-CORRECTION = "Benjamini-Hochberg over the file's edge claims"
+CORRECTION = "Benjamini-Hochberg over the file's edge claims (structurally zero edges left out)"
+USED, OPPOSITE, UNUSED, UNDETERMINED, UNTESTED = "used", "used (opposite sign)", "unused", "undetermined", "untested"
+USE_PRECEDENCE = (USED, OPPOSITE, UNUSED, UNDETERMINED)
 WEIGHTS_VS_USE = {
-    (True, "used"): "route used",
-    (True, "unused"): "route present, unused",
-    (False, "used"): "used without a weight route",
-    (False, "unused"): "no route",
-    (True, "undetermined"): "route present, use undetermined",
-    (False, "undetermined"): "no weight route, use undetermined",
+    (True, USED): "route used",
+    (True, OPPOSITE): "route used, against the claim's direction",
+    (True, UNUSED): "route present, unused",
+    (True, UNDETERMINED): "route present, use undetermined",
+    (True, UNTESTED): "route present, untested by this intervention",
+    (False, USED): "used without a weight route",
+    (False, OPPOSITE): "used against the claim's direction, without a weight route",
+    (False, UNUSED): "no route",
+    (False, UNDETERMINED): "no weight route, use undetermined",
+    (False, UNTESTED): "no weight route, untested by this intervention",
 }
 
 
-class EdgeClaim(ClaimSpec):
+class EdgeClaim(CorruptionChoice):
     """Patching one edge moves the metric (used) or not (unused)."""
 
     kind: Literal["edge"]
@@ -66,6 +83,7 @@ class EdgeClaim(ClaimSpec):
     expect: Literal["used", "unused"] = "used"
     direction: Direction = "noising"
     replacement: Replacement = "resample"
+    normalize: Normalization = "corrupted"
     min_effect: float | None = Field(None, gt=0.0)
     tolerance: float | None = Field(None, gt=0.0)
     freeze_patterns: StrictBool = False
@@ -92,6 +110,9 @@ class EdgeClaim(ClaimSpec):
         if self.direction == "denoising" and (self.replacement != "resample" or self.sensitivity):
             raise ValueError("denoising patches the clean run's output into the corrupted run: "
                              "replacement must be resample (and sensitivity, which varies it, is off)")
+        if self.direction == "denoising" and self.normalize == "baseline":
+            raise ValueError("normalize: baseline divides a noising effect by the gap to a guess with no "
+                             "information; a denoising effect is measured from the corrupted run")
         return self
 
     def zones(self, st: Stats) -> tuple[float, float]:
@@ -127,9 +148,13 @@ class EdgeDetails(effects.NormalizedFields):
     alpha: float
     min_effect: float
     tolerance: float
+    min_raw_change: float | None = optional()
     correction: str
-    use: Literal["used", "unused", "undetermined"]
-    weights_vs_use: str | None = optional()  # head -> head-input edges: the class
+    use: Literal["used", "used (opposite sign)", "unused", "undetermined", "untested"]
+    structurally_zero: bool | None = optional()  # every d_n is 0: left out of the BH family
+    corruption: str | None = optional()
+    intervention_change: effects.InterventionChange | None = optional()
+    weights_vs_use: str | None = optional()  # head -> head-input edges: the class its own test gives
     sensitivity: Sensitivity | None = optional()
 
 
@@ -139,43 +164,77 @@ class EdgeEffect:
 
     change: effects.Change
     norm: effects.NormalizedEffect
-    p_value: float  # sign-flip over the kept prompts; 1.0 when the effect is undefined
+    base: effects.NormalizedEffect | None  # against the no-information baseline (noising only)
+    p_value: float  # sign-flip over the kept prompts; 1.0 when undefined or structurally zero
     clean_mean: float
     patched_mean: float
     corrupted_mean: float
+    structurally_zero: bool  # every d_n is exactly 0 after the numerical floor
+    read: effects.InterventionChange
+    baseline: float | None  # the no-information metric (noising only)
+    corruption: str  # the corrupted run's name
 
 
 def edge_effect(runs: Runs, edge: names.Edge, direction: str, replacement: str, freeze: bool, st: Stats,
-                seed: int, unit: str) -> EdgeEffect:
+                seed: int, unit: str, baseline: float | None = None, normalize: str = "corrupted") -> EdgeEffect:
     """Patch `edge` (runs: mech.runs.Runs) and measure its effect."""
     m_clean, m_corrupt = runs.m_clean, runs.m_corrupt
+    noising = direction == "noising"
+
+    def change_of(m_patched: np.ndarray) -> np.ndarray:
+        d = m_clean - m_patched if noising else m_patched - m_corrupt
+        return effects.floor_changes(d, effects.metric_scale(m_clean, m_corrupt))
+
     m_patched = runs.patched(edge, direction, replacement, freeze)
-    d = m_clean - m_patched if direction == "noising" else m_patched - m_corrupt
-    norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit)
-    p = stats.sign_flip_pvalue(d[norm.kept], st.permutations, seed) if norm.interval else 1.0
-    return EdgeEffect(effects.change(d, st, seed), norm, p, float(m_clean.mean()), float(m_patched.mean()),
-                      float(m_corrupt.mean()))
+    d = change_of(m_patched)
+    jack = ([change_of(runs.patched(edge, direction, replacement, freeze, drop=k))
+             for k in range(runs.reference.groups)] if replacement == "mean" else [])
+    norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack)
+    base = (effects.normalized_effect(d, m_clean - baseline, st, seed, unit, jack, "clean-baseline")
+            if noising and baseline is not None else None)
+    chosen = base if normalize == "baseline" and base is not None else norm
+    zero = bool(np.all(d == 0))
+    p = stats.sign_flip_pvalue(d[chosen.kept], st.permutations, seed) if chosen.interval and not zero else 1.0
+    r, where = read_change.edge_change(runs, edge, direction, replacement)
+    return EdgeEffect(effects.change(d, st, seed, jack), norm, base, p, float(m_clean.mean()),
+                      float(m_patched.mean()), float(m_corrupt.mean()), zero, effects.intervention_change(r, st, where),
+                      baseline if noising else None, runs.corruption)
 
 
-def use_status(lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, alpha: float) -> str:
-    """used / unused / undetermined from the effect's CI and adjusted p-value (module docstring)."""
-    if lo > min_effect and p_adj < alpha:
-        return "used"
+def use_status(lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, alpha: float,
+               raw_change: float = 0.0, min_raw_change: float = 0.0) -> str:
+    """The use status of a non-vacuous test from the effect's CI, adjusted p-value and
+    mean raw change (module docstring)."""
+    if lo > min_effect and p_adj < alpha and raw_change >= min_raw_change:
+        return USED
+    if hi < -min_effect and p_adj < alpha and raw_change <= -min_raw_change:
+        return OPPOSITE
     if -tolerance <= lo and hi <= tolerance:
-        return "unused"
-    return "undetermined"
+        return UNUSED
+    return UNDETERMINED
 
 
 def edge_verdict(expect: str, use: str, lo: float, hi: float, min_effect: float, tolerance: float) -> Verdict:
     """The verdict of an `expect` claim given its use status and CI (module docstring)."""
+    if use == UNTESTED:
+        return INCONCLUSIVE
     if expect == "used":
-        return PASS if use == "used" else FAIL if hi < min_effect else INCONCLUSIVE
-    return PASS if use == "unused" else FAIL if (lo > tolerance or hi < -tolerance) else INCONCLUSIVE
+        return PASS if use == USED else FAIL if hi < min_effect else INCONCLUSIVE
+    return PASS if use == UNUSED else FAIL if use in (USED, OPPOSITE) else INCONCLUSIVE
 
 
 def classify(composes: bool, use: str) -> str:
     """The weights-vs-use class of an edge."""
     return WEIGHTS_VS_USE[(composes, use)]
+
+
+def row_use(tests: Sequence[EdgeTest]) -> EdgeTest:
+    """The test that decides a weights-vs-use row (module docstring)."""
+    for status in USE_PRECEDENCE:
+        for t in tests:
+            if t.use == status:
+                return t
+    return tests[0]
 
 
 class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
@@ -187,13 +246,16 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
 
     def hooks(self, claim: EdgeClaim, n_layers: int) -> list[str]:
         frozen = [hook_pattern(layer) for layer in range(n_layers)] if claim.freeze_patterns else []
-        return patching.cache_names([claim.edge], n_layers) + frozen
+        r = claim.edge.receiver  # the receiver's attention weights where its keys/values are read
+        reads = ([hook_pattern(r.head.layer)] if isinstance(r, names.HeadInput) and r.which in "kv"
+                 and r.head.layer == n_layers - 1 else [])
+        return patching.cache_names([claim.edge], n_layers) + frozen + reads
 
     def needs_weights(self, claim: EdgeClaim) -> bool:
         return True  # the weights-vs-use table and the signature plot
 
     def interventions(self, claim: EdgeClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
-        return [EdgePatchPath(claim.edge, claim.direction, claim.freeze_patterns)]
+        return [EdgePatchPath(claim.edge, claim.direction, claim.freeze_patterns, claim.corruption)]
 
     def edges(self, claim: EdgeClaim) -> list[names.Edge]:
         return [claim.edge]
@@ -201,17 +263,30 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
     def claimed_edges(self, result: ClaimResult) -> list[str]:
         return [self.details_of(result).edge]
 
+    def ladder(self, claim: EdgeClaim, result: ClaimResult) -> list[LadderEntry]:
+        d = self.details_of(result)
+        status = {USED: "supports", UNUSED: "against", OPPOSITE: "against", UNDETERMINED: "inconclusive",
+                  UNTESTED: "untested"}[d.use]
+        note = f"{d.use} ({claim.replacement}{', ' + d.corruption if d.corruption else ''})"
+        if d.use == OPPOSITE:
+            note += ": it works against the claimed direction"
+        rung = "edge necessity" if claim.direction == "noising" else "sufficiency"
+        return ([LadderEntry(str(claim.edge), "edge", rung, status, note, d.corruption)]
+                + sensitivity_entry(str(claim.edge), "edge", d.sensitivity))
+
     def measure(self, claims: Sequence[Indexed[EdgeClaim]], ctx: Context) -> dict[int, ClaimResult]:
-        st, runs = ctx.stats, ctx.runs
+        st = ctx.stats
 
         def effect_of(c: EdgeClaim, replacement: str, seed: int) -> EdgeEffect:
-            return edge_effect(runs, c.edge, c.direction, replacement, c.freeze_patterns, st, seed, ctx.unit)
+            return edge_effect(ctx.runs_for(c.corruption), c.edge, c.direction, replacement, c.freeze_patterns, st,
+                               seed, ctx.unit, ctx.baseline, c.normalize)
 
         found = {i: effect_of(c, c.replacement, ctx.claim_seed(i)) for i, c in claims}
-        adjusted = stats.benjamini_hochberg([found[i].p_value for i, _ in claims])
+        family = [i for i, _ in claims if not found[i].structurally_zero]
+        adjusted = dict(zip(family, stats.benjamini_hochberg([found[i].p_value for i in family]), strict=True))
         out = {}
-        for (i, c), p_adj in zip(claims, adjusted, strict=True):
-            result = self.evaluate(c, found[i], p_adj, st, ctx.unit)
+        for i, c in claims:
+            result = self.evaluate(c, found[i], adjusted.get(i, 1.0), st, ctx.unit)
             if c.sensitivity:
                 def variant(kind: str, c: EdgeClaim = c, i: int = i) -> ClaimResult:
                     # sensitivity variants are decided on their own, unadjusted p-values
@@ -225,48 +300,88 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
 
     def evaluate(self, claim: EdgeClaim, effect: EdgeEffect, p_adj: float, st: Stats, unit: str) -> ClaimResult:
         min_effect, tol = claim.zones(st)
-        how = f"{claim.direction}, {claim.replacement}" + (", patterns frozen" if claim.freeze_patterns else "")
+        how = (f"{claim.direction}, {claim.replacement}" + (f", {claim.corruption}" if claim.corruption else "")
+               + (", patterns frozen" if claim.freeze_patterns else "")
+               + (", against a no-information guess" if claim.normalize == "baseline" else ""))
         want = f"effect > {min_effect:g}" if claim.expect == "used" else f"effect within ±{tol:g}"
         expectation = f"{claim.edge} {claim.expect} ({how}: {want})"
-        ch, norm, niv = effect.change, effect.norm, effect.norm.interval
-        use = "undetermined" if niv is None else use_status(niv.low, niv.high, p_adj, min_effect, tol, st.alpha)
+        ch, norm = effect.change, effect.norm
+        chosen = effect.base if claim.normalize == "baseline" and effect.base is not None else norm
+        niv = chosen.interval
+        raw_change = ch.interval.estimate
+        if effect.read.vacuous:
+            use = UNTESTED
+        elif niv is None:
+            use = UNDETERMINED
+        else:
+            use = use_status(niv.low, niv.high, p_adj, min_effect, tol, st.alpha, raw_change, st.min_raw_change)
         details = EdgeDetails(
             direction=claim.direction, replacement=claim.replacement, freeze_patterns=claim.freeze_patterns,
             n_prompts=ch.n_prompts, clean_metric_mean=effect.clean_mean, patched_metric_mean=effect.patched_mean,
-            corrupted_metric_mean=effect.corrupted_mean, change_mean=ch.interval.estimate,
+            corrupted_metric_mean=effect.corrupted_mean, change_mean=raw_change,
             change_ci=[ch.interval.low, ch.interval.high], change_summary=ch.summary, ci_method=ch.interval.method,
-            confidence=st.confidence, **effects.effect_fields(norm), undefined_reason=norm.reason,
-            p_value=effect.p_value, edge=str(claim.edge), p_adjusted=p_adj, alpha=st.alpha, min_effect=min_effect,
-            tolerance=tol, correction=CORRECTION, use=use)
-        raw = f"raw change {ch.interval.estimate:.3f} {unit}"
+            confidence=st.confidence, **effects.effect_fields(norm),
+            **effects.baseline_fields(effect.base, effect.baseline, effect.clean_mean, effect.corrupted_mean,
+                                      claim.normalize),
+            undefined_reason=chosen.reason, p_value=effect.p_value, edge=str(claim.edge), p_adjusted=p_adj,
+            alpha=st.alpha, min_effect=min_effect, tolerance=tol, min_raw_change=st.min_raw_change,
+            correction=CORRECTION, use=use, structurally_zero=effect.structurally_zero or None,
+            corruption=effect.corruption, intervention_change=effect.read)
+        raw = f"raw change {raw_change:.3f} {unit}"
+        if effect.read.vacuous:
+            fix = ("a corruption that changes it there, or replacement: zero" if claim.replacement != "zero"
+                   else "an edge whose sender writes something")
+            estimate = "undefined" if niv is None else f"{niv.estimate:.3f}"
+            return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE,
+                               value=None if niv is None else niv.estimate,
+                               ci=None if niv is None else [niv.low, niv.high], unit=FRACTION, details=details,
+                               per_prompt=None if niv is None else chosen.per_prompt,
+                               rule=f"untested: the {claim.replacement} patch does not change {claim.edge.sender}'s "
+                                    f"output where {claim.edge.receiver} reads it (relative change "
+                                    f"{effect.read.relative_change:.3f} < min_change {st.min_change:g} at "
+                                    f"{effect.read.read_at}), so the effect ({estimate}; {raw}) cannot show "
+                                    f"whether the route is used; use {fix}")
         if niv is None:
             return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE, value=None, ci=None,
                                unit=FRACTION, details=details,
-                               rule=f"normalized effect undefined: {norm.reason} ({raw})")
+                               rule=f"normalized effect undefined: {chosen.reason} ({raw})")
         lo, hi = niv.low, niv.high
+        zero = "; structurally zero: left out of the BH family" if effect.structurally_zero else ""
         rule = (f"effect {niv.estimate:.3f} CI [{lo:.3f}, {hi:.3f}], p_adj {p_adj:.3g} -> {use} "
-                f"(used: CI low > {min_effect:g} and p_adj < {st.alpha:g}; unused: CI within ±{tol:g}); {raw}")
+                f"(used: CI low > {min_effect:g}, p_adj < {st.alpha:g} and raw change >= {st.min_raw_change:g}; "
+                f"unused: CI within ±{tol:g}); {raw}{zero}")
         return self.result(claim, expectation=expectation,
                            verdict=edge_verdict(claim.expect, use, lo, hi, min_effect, tol), value=niv.estimate,
-                           ci=[lo, hi], unit=FRACTION, rule=rule, details=details, per_prompt=norm.per_prompt)
+                           ci=[lo, hi], unit=FRACTION, rule=rule, details=details, per_prompt=chosen.per_prompt)
 
     def _weights_vs_use(self, claims: Sequence[Indexed[EdgeClaim]], results: dict[int, ClaimResult],
                         ctx: Context) -> None:
-        """Classify every claimed head -> head-input edge and add its weights-vs-use row."""
-        routes = [(i, c) for i, c in claims if names.is_head_route(c.edge)]
-        if not routes:
+        """One weights-vs-use row per claimed head -> head-input edge and direction."""
+        rows: dict[tuple[names.Edge, str], list[int]] = {}
+        for i, c in claims:
+            if names.is_head_route(c.edge):
+                rows.setdefault((c.edge, c.direction), []).append(i)
+        if not rows:
             return
-        found = route_evidence(ctx.weights(), [c.edge for _, c in routes], ctx.stats, ctx.seed,
-                               Stream.WEIGHTS_VS_USE)
-        for (i, c), r in zip(routes, found, strict=True):
-            res = results[i]
-            details = self.details_of(res)
+        edges = list(dict.fromkeys(e for e, _ in rows))
+        found = dict(zip(edges, route_evidence(ctx.weights(), edges, ctx.stats, ctx.seed, Stream.WEIGHTS_VS_USE),
+                         strict=True))
+        specs = dict(claims)
+        for (edge, direction), members in rows.items():
+            r = found[edge]
             composes = r.p_adjusted < ctx.stats.composition_alpha
-            details.weights_vs_use = classify(composes, details.use)
+            tests = [EdgeTest(claim=results[i].id, replacement=specs[i].replacement,
+                              corruption=self.details_of(results[i]).corruption,
+                              use=self.details_of(results[i]).use, effect=results[i].value) for i in members]
+            decider = row_use(tests)
+            decided = results[next(i for i in members if results[i].id == decider.claim)]
+            cls = classify(composes, decider.use)
+            for i, t in zip(members, tests, strict=True):  # each claim: the class its own test gives
+                self.details_of(results[i]).weights_vs_use = classify(composes, t.use)
             ctx.weights_vs_use.append(WeightsVsUseRow(
-                edge=str(c.edge), claim=res.id, composition=r.result.score, composition_p_adjusted=r.p_adjusted,
-                composes=composes, effect=res.value, effect_ci=res.ci, use=details.use,
-                classification=details.weights_vs_use))
+                edge=str(edge), direction=direction, claim=decider.claim, composition=r.result.score,
+                composition_p_adjusted=r.p_adjusted, composes=composes, effect=decided.value,
+                effect_ci=decided.ci, use=decider.use, classification=cls, tests=tests))
 
     def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
         d = self.details_of(result)
@@ -277,14 +392,18 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
     def render(self, result: ClaimResult, unit: str) -> list[str]:
         d = self.details_of(result)
         wvu = f"; weights vs use: **{d.weights_vs_use}**" if d.weights_vs_use is not None else ""
+        where = f" (corruption {d.corruption})" if d.corruption else ""
         out = [f"- metric: clean {fmt(d.clean_metric_mean)}, patched {fmt(d.patched_metric_mean)}, corrupted "
-               f"{fmt(d.corrupted_metric_mean)} {unit}",
+               f"{fmt(d.corrupted_metric_mean)} {unit}{where}",
                f"- raw change {fmt(d.change_mean)} {unit} {fmt_ci(d.change_ci)}; sign-flip p = {d.p_value:.3g}, "
                f"BH-adjusted {d.p_adjusted:.3g}; use: **{d.use}**{wvu}"]
         if d.normalized_summary is not None:
             out.append(f"- per-prompt effect median {fmt(d.normalized_summary.median)}, IQR "
                        f"{fmt(d.normalized_summary.iqr)}; {d.n_excluded_small_gap} prompt(s) excluded for a small "
                        "clean-corrupted gap")
+        out += effects.baseline_line(d, unit)
+        if d.intervention_change is not None:
+            out.append(effects.change_line(d.intervention_change, f"the sender {d.edge.split(' -> ')[0]}'s output"))
         if d.sensitivity is not None:
             out.append(effects.sensitivity_line(d.sensitivity, "replacement"))
         return out

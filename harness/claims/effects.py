@@ -4,30 +4,64 @@ prompt n, with m the metric:
 * gap      g_n = m_clean,n - m_corrupted,n   (a circuit: m_full,n - m_empty,n)
 * change   d_n, defined by the kind: ablation m_clean,n - m_ablated,n; edge
            noising m_clean,n - m_patched,n, denoising m_patched,n - m_corrupted,n;
-           circuit m_C,n - m_empty,n
+           circuit m_C,n - m_empty,n.  Changes with |d_n| < NUMERICAL_TOL x the
+           metric's scale (max(1, max_n |m_clean,n|, max_n |m_corrupted,n|)) are
+           float32 noise and count as exact zeros.
 * normalised effect  e = sum(d) / sum(g) over prompts with g_n >= min_prompt_gap
   (ratio of means; 1 = the whole gap), defined only when the mean gap over all
   prompts is >= min_gap and at least 2 prompts are kept; BCa CI over prompts;
   median/IQR of d_n / g_n.
+* baseline-normalised effect  e_b = sum(d) / sum(m_clean - m_base) with m_base the
+  metric of a guess with no information (`baseline_metric`: -log(vocabulary size)
+  for logprob, 0 for logit_diff), under the same rules.  A corrupted run below
+  m_base is confidently wrong: e then understates a complete knockout, e_b does not.
 * change   mean of d_n over all prompts with its BCa CI (the raw change, in the
   metric's units, always shown beside the normalised effect).
+* the mean's own uncertainty (mean ablation, mean replacement): the statistic is
+  recomputed with each of the K reference groups left out of the mean (theta_k,
+  mech.runs.Reference); var_ref = (K-1)/K sum_k (theta_k - mean theta)^2 (the
+  delete-a-group jackknife), and the bootstrap interval [lo, hi] of theta widens
+  to theta - sqrt((theta - lo)^2 + z^2 var_ref), theta + sqrt((hi - theta)^2 + z^2 var_ref),
+  z the normal quantile of the confidence level.
+* intervention change (non-vacuity, mech.change): the mean over prompts of the
+  relative change r_n the intervention makes where it is read; below `min_change`
+  the intervention is vacuous and no "no effect" verdict can pass on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .. import stats
-from ..evidence.details import CI, Details, Num, Sensitivity, Summary, Variant, optional
-from ..evidence.format import fmt
+from ..evidence.details import CI, Details, Num, Record, Sensitivity, Summary, Variant, optional
+from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import ClaimResult
+from ..mech import change as read_change
 from ..progress import progress
 from ..spec.settings import Stats
 from ..spec.vocabulary import ABLATIONS
+
+NUMERICAL_TOL = 1e-5  # relative to the metric's scale: float32 models carry ~1e-7 relative error
+NO_INFORMATION = {"logprob": "a uniform guess over the vocabulary", "logit_diff": "equal correct and wrong logits"}
+KNOCKOUT_WARN = 0.8  # a complete knockout reading below this on the corrupted scale is flagged in bold
+
+
+def baseline_metric(metric: str, d_vocab: int) -> float:
+    """The metric of a prediction with no information: log(1/V) for logprob, 0 for logit_diff."""
+    return float(-np.log(d_vocab)) if metric == "logprob" else 0.0
+
+
+def metric_scale(*runs: np.ndarray) -> float:
+    return max(1.0, *(float(np.abs(m).max()) for m in runs))
+
+
+def floor_changes(d: np.ndarray, scale: float) -> np.ndarray:
+    """d with every |d_n| below NUMERICAL_TOL x scale set to exactly 0."""
+    return np.where(np.abs(d) < NUMERICAL_TOL * scale, 0.0, d)
 
 
 @dataclass(frozen=True)
@@ -44,30 +78,30 @@ class NormalizedEffect:
     kept: np.ndarray  # bool mask of the kept prompts
 
 
-class NormalizedFields(Details):
-    """The details keys of a normalised effect (ablation and edge claims)."""
-
-    n_excluded_small_gap: int  # prompts with g_n < min_prompt_gap, left out of the ratio
-    gap_mean: float  # mean gap over all prompts: the number compared with min_gap
-    kept_gap_mean: Num
-    normalized: Num = optional()
-    normalized_ci: CI | None = optional()
-    normalized_summary: Summary | None = optional()
-    normalized_ci_method: str | None = optional()
+def jackknife_variance(thetas: Sequence[float]) -> float:
+    """(K-1)/K sum_k (theta_k - mean theta)^2."""
+    t = np.asarray(thetas, dtype=np.float64)
+    k = len(t)
+    return float((k - 1) / k * np.sum((t - t.mean()) ** 2)) if k > 1 else 0.0
 
 
-def effect_fields(norm: NormalizedEffect, name: str = "normalized") -> dict[str, Any]:
-    """A normalised effect as details keys: `name`, `name_ci`, `name_summary`,
-    `name_ci_method` (absent while undefined) and the gap keys."""
-    iv = norm.interval
-    return {"n_excluded_small_gap": norm.n_excluded_small_gap, "gap_mean": norm.gap_mean,
-            "kept_gap_mean": norm.kept_gap_mean, name: iv.estimate if iv else None,
-            f"{name}_ci": [iv.low, iv.high] if iv else None, f"{name}_summary": norm.summary,
-            f"{name}_ci_method": iv.method if iv else None}
+def widen(iv: stats.Interval, thetas: Sequence[float] | None, confidence: float) -> stats.Interval:
+    """The bootstrap interval widened by the reference mean's jackknife variance (module docstring)."""
+    if not thetas:
+        return iv
+    from scipy.stats import norm
+
+    extra = norm.ppf(0.5 + confidence / 2) ** 2 * jackknife_variance(thetas)
+    lo = iv.estimate - float(np.sqrt((iv.estimate - iv.low) ** 2 + extra))
+    hi = iv.estimate + float(np.sqrt((iv.high - iv.estimate) ** 2 + extra))
+    return replace(iv, low=lo, high=hi, method=f"{iv.method}, widened by the reference mean's "
+                                              f"delete-a-group jackknife ({len(thetas)} groups)")
 
 
-def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int, unit: str) -> NormalizedEffect:
-    """The normalised effect of per-prompt changes `d` against per-prompt gaps `gap`."""
+def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int, unit: str,
+                      jack: Sequence[np.ndarray] | None = None, gap_name: str = "clean-corrupted") -> NormalizedEffect:
+    """The normalised effect of per-prompt changes `d` against per-prompt gaps `gap`;
+    `jack`: d recomputed with each reference group left out of a mean (widens the CI)."""
     keep = gap >= st.min_prompt_gap
     n_excluded, gap_mean = int((~keep).sum()), float(gap.mean())
     kept_mean = float(gap[keep].mean()) if keep.any() else None
@@ -75,13 +109,15 @@ def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int, unit
     # large gap would otherwise pick the positive tail of pure noise
     reason = ""
     if gap_mean < st.min_gap:
-        reason = f"mean clean-corrupted gap {gap_mean:.3f} {unit} over all prompts is below min_gap {st.min_gap:g}"
+        reason = f"mean {gap_name} gap {gap_mean:.3f} {unit} over all prompts is below min_gap {st.min_gap:g}"
     elif keep.sum() < 2:
-        reason = (f"only {int(keep.sum())} prompt(s) have a clean-corrupted gap of at least min_prompt_gap "
+        reason = (f"only {int(keep.sum())} prompt(s) have a {gap_name} gap of at least min_prompt_gap "
                   f"{st.min_prompt_gap:g} {unit}")
     if reason:
         return NormalizedEffect(None, n_excluded, gap_mean, kept_mean, None, None, reason, keep)
     iv = stats.bootstrap_ci([d[keep], gap[keep]], stats.ratio_of_means, st.bootstrap, st.confidence, seed)
+    if jack:
+        iv = widen(iv, [float(dk[keep].sum() / gap[keep].sum()) for dk in jack], st.confidence)
     ratios = d[keep] / gap[keep]
     return NormalizedEffect(iv, n_excluded, gap_mean, kept_mean, Summary(**stats.summary(ratios)),
                             ratios.tolist(), "", keep)
@@ -96,9 +132,118 @@ class Change:
     n_prompts: int
 
 
-def change(d: np.ndarray, st: Stats, seed: int) -> Change:
+def change(d: np.ndarray, st: Stats, seed: int, jack: Sequence[np.ndarray] | None = None) -> Change:
     iv = stats.mean_ci(d, st.bootstrap, st.confidence, seed)
+    if jack:
+        iv = widen(iv, [float(dk.mean()) for dk in jack], st.confidence)
     return Change(iv, Summary(**stats.summary(d)), int(len(d)))
+
+
+class NormalizedFields(Details):
+    """The details keys of a normalised effect (ablation and edge claims)."""
+
+    n_excluded_small_gap: int  # prompts with g_n < min_prompt_gap, left out of the ratio
+    gap_mean: float  # mean gap over all prompts: the number compared with min_gap
+    kept_gap_mean: Num
+    normalized: Num = optional()
+    normalized_ci: CI | None = optional()
+    normalized_summary: Summary | None = optional()
+    normalized_ci_method: str | None = optional()
+    normalization: str = "corrupted"  # what the claim's value divides by: corrupted or baseline
+    baseline_metric: float | None = optional()  # the no-information metric m_base
+    corrupted_below_baseline: bool | None = optional()  # the corrupted run is confidently wrong
+    knockout_reads_as: Num = optional()  # (mean clean - m_base) / (mean clean - mean corrupted)
+    baseline_normalized: Num = optional()
+    baseline_normalized_ci: CI | None = optional()
+
+
+def effect_fields(norm: NormalizedEffect, name: str = "normalized") -> dict[str, Any]:
+    """A normalised effect as details keys: `name`, `name_ci`, `name_summary`,
+    `name_ci_method` (absent while undefined) and the gap keys."""
+    iv = norm.interval
+    return {"n_excluded_small_gap": norm.n_excluded_small_gap, "gap_mean": norm.gap_mean,
+            "kept_gap_mean": norm.kept_gap_mean, name: iv.estimate if iv else None,
+            f"{name}_ci": [iv.low, iv.high] if iv else None, f"{name}_summary": norm.summary,
+            f"{name}_ci_method": iv.method if iv else None}
+
+
+def baseline_fields(base: NormalizedEffect | None, m_base: float | None, clean_mean: float, corrupted_mean: float,
+                    normalization: str) -> dict[str, Any]:
+    """The baseline-normalised effect as details keys (None where it does not apply), and what a
+    complete knockout to the baseline reads as on the corrupted scale:
+    (mean clean - m_base) / (mean clean - mean corrupted), below 1 when the corrupted run is below it."""
+    iv = base.interval if base is not None else None
+    gap = clean_mean - corrupted_mean
+    return {"normalization": normalization, "baseline_metric": m_base,
+            "corrupted_below_baseline": None if m_base is None else bool(corrupted_mean < m_base),
+            "knockout_reads_as": None if m_base is None or gap == 0 else (clean_mean - m_base) / gap,
+            "baseline_normalized": iv.estimate if iv else None,
+            "baseline_normalized_ci": [iv.low, iv.high] if iv else None}
+
+
+def baseline_line(d: NormalizedFields, unit: str) -> list[str]:
+    """The report line of the baseline-normalised effect."""
+    if d.baseline_metric is None:
+        return []
+    below = ""
+    if d.corrupted_below_baseline and d.knockout_reads_as is not None:
+        strong = "**" if d.knockout_reads_as < KNOCKOUT_WARN else ""
+        below = (f" (the corrupted run is below it: normalised by the clean-corrupted gap, a complete knockout to "
+                 f"the baseline reads as {strong}{fmt(d.knockout_reads_as)}{strong})")
+    return [f"- against a guess with no information (metric {fmt(d.baseline_metric)} {unit}): effect "
+            f"{fmt(d.baseline_normalized)} {fmt_ci(d.baseline_normalized_ci)}{below}"]
+
+
+class InterventionChange(Record):
+    """How much the intervention changed what is read (mech.change): non-vacuity."""
+
+    relative_change: float  # mean over prompts of r_n (the prompts where the sender writes something)
+    prompts_changed: float  # fraction of prompts with r_n >= min_change
+    min_change: float
+    vacuous: bool  # relative_change < min_change: the intervention tests nothing
+    silent: bool | None = optional()  # the sender writes nothing where it is read: its route carries nothing
+    read_at: str  # where the change is measured
+    by_head: dict[str, float] | None = optional()  # ablations: the mean r_n of each head
+    vacuous_heads: list[str] | None = optional()  # ablated heads whose own change is below min_change
+    at_scored: float | None = optional()  # ablations: the mean r_n at the scored positions alone
+
+
+def intervention_change(r: np.ndarray, st: Stats, read_at: str, by_head: dict[str, np.ndarray] | None = None,
+                        at_scored: np.ndarray | None = None) -> InterventionChange:
+    silent = bool(np.all(np.isnan(r)))  # nothing is written where it is read: structurally nothing to test
+    rel = 0.0 if silent else float(np.nanmean(r))
+    heads = {h: float(np.nanmean(v)) for h, v in by_head.items() if not np.all(np.isnan(v))} if by_head else None
+    return InterventionChange(relative_change=rel, prompts_changed=float(np.mean(np.nan_to_num(r) >= st.min_change)),
+                              min_change=st.min_change, vacuous=not silent and rel < st.min_change, read_at=read_at,
+                              silent=silent or None, by_head=heads,
+                              vacuous_heads=[h for h, v in heads.items() if v < st.min_change] if heads else None,
+                              at_scored=None if at_scored is None or np.all(np.isnan(at_scored))
+                              else float(np.nanmean(at_scored)))
+
+
+def head_change(runs: Any, heads: list[Any], kind: str, st: Stats) -> InterventionChange:
+    """The InterventionChange of ablating `heads` with `kind` (mech.change.head_changes)."""
+    c = read_change.head_changes(runs, heads, kind)
+    return intervention_change(c.joint, st, read_change.UP_TO_LAST, {str(h): r for h, r in c.per_head.items()},
+                               c.joint_scored)
+
+
+def change_line(c: InterventionChange, what: str) -> str:
+    """The report line of an intervention's change (what = the sender(s))."""
+    heads = ""
+    if c.by_head and len(c.by_head) > 1:
+        low = sorted(c.by_head.items(), key=lambda hv: hv[1])[:6]
+        heads = ("; per head " if len(c.by_head) <= 6 else "; lowest heads ") + ", ".join(
+            f"{h} {v:.3f}" for h, v in low)
+    if c.vacuous_heads and not c.vacuous:
+        heads += f"; **untested for {', '.join(c.vacuous_heads)}** (unchanged there)"
+    if c.at_scored is not None:
+        heads += f"; {c.at_scored:.3f} at the scored positions alone"
+    verdict = ("nothing is written there: the route carries nothing, whatever the intervention" if c.silent
+               else "**vacuous: the intervention does not change what is read, so it tests nothing**" if c.vacuous
+               else "non-vacuous")
+    return (f"- intervention change: {what} changes by {c.relative_change:.3f} (relative) at {c.read_at}, "
+            f"{c.prompts_changed:.0%} of prompts by at least {c.min_change:g}{heads} — {verdict}")
 
 
 def sensitivity(run_variant: Callable[[str], ClaimResult], claimed: ClaimResult) -> Sensitivity:

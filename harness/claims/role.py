@@ -25,7 +25,7 @@ from ..spec import names
 from ..spec.fields import BoundedClaim, HeadName
 from ..spec.names import hook_pattern
 from ..spec.vocabulary import AttentionRole
-from .base import ClaimKind, Context, Indexed
+from .base import ClaimKind, Context, Indexed, LadderEntry, bounded_status
 
 
 class RoleClaim(BoundedClaim):
@@ -68,6 +68,10 @@ class RoleKind(ClaimKind[RoleClaim, RoleDetails]):
 
     def shown_heads(self, claim: RoleClaim) -> list[names.Head]:
         return [claim.head]
+
+    def ladder(self, claim: RoleClaim, result: ClaimResult) -> list[LadderEntry]:
+        return [LadderEntry(str(claim.head), "head", "observation", bounded_status(claim, result),
+                            f"{claim.role} score {fmt(result.value)}")]
 
     def measure(self, claims: Sequence[Indexed[RoleClaim]], ctx: Context) -> dict[int, ClaimResult]:
         out = {}

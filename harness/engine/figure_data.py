@@ -12,7 +12,9 @@ from the JSON alone.
                candidate sender: composition score (x), BH-adjusted null p over
                the candidates (Stream.SIGNATURE_NULL), and the noising edge
                effect with its CI (y, resample replacement,
-               Stream.SIGNATURE_EFFECT); claimed edges are marked.
+               Stream.SIGNATURE_EFFECT); claimed edges are marked, and edges whose
+               patch changes nothing the receiver reads (mech.change) are
+               `untested`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from ..claims import effects
 from ..claims.composition import route_evidence
 from ..claims.registry import kind_of
+from ..mech import change as read_change
 from ..mech import weights
 from ..mech.runs import Runs
 from ..spec import names
@@ -57,10 +60,12 @@ def receivers(claims: Sequence[ClaimSpec]) -> list[names.HeadInput]:
 
 
 def hooks_needed(claims: Sequence[ClaimSpec]) -> list[str]:
-    """What the signature plot reads: every candidate sender's output and the receiver's residual."""
+    """What the signature plot reads: every candidate sender's output, the receiver's residual,
+    and for a key or value receiver its attention pattern (where it reads: mech.change)."""
     out = []
     for r in receivers(claims):
         out += [hook_z(layer) for layer in range(r.head.layer)] + [hook_resid_pre(r.head.layer)]
+        out += [hook_pattern(r.head.layer)] if r.which in "kv" else []
     return out
 
 
@@ -112,11 +117,14 @@ def signature(hw: weights.HeadWeights, claims: Sequence[ClaimSpec], runs: Runs, 
     points = []
     for e, r in progress(list(zip(candidates, comp, strict=True)), "signature edges"):
         eff = noising_effect(runs, e, st, effect_seed, unit)
+        per_prompt, _ = read_change.edge_change(runs, e, "noising", "resample")
+        read = effects.intervention_change(per_prompt, st, "")
         points.append({"edge": str(e), "composition": _clean(r.result.score), "null_q99": r.result.null_q99,
                        "composition_p_adjusted": r.p_adjusted,
                        "composes": bool(r.p_adjusted < st.composition_alpha),
                        "effect": None if eff is None else eff.estimate,
-                       "effect_ci": None if eff is None else [eff.low, eff.high], "claimed": str(e) in claimed})
+                       "effect_ci": None if eff is None else [eff.low, eff.high], "claimed": str(e) in claimed,
+                       "untested": read.vacuous})
     return {"points": points, "min_effect": st.min_effect, "tolerance": st.tolerance,
             "composition_alpha": st.composition_alpha,
             "note": "noising, resample replacement; composition p BH-adjusted over these candidates"}

@@ -3,8 +3,10 @@ corrupted prompts once each, check the interventions, hand every claim kind
 its claims, collect the figures' data.
 
     plan      hooks = union of each claim's kind.hooks(claim) (+ the signature plot's)
-    base runs clean and corrupted forwards caching those hooks (mech.runs.Runs)
-    baseline  clean, corrupted and gap metric with BCa CIs (seed: the run seed)
+    base runs the clean forward and one per named corruption, caching those hooks
+              (mech.runs.Runs); the reference prompts for means run on first use
+    baseline  clean, corrupted and gap metric with BCa CIs (seed: the run seed), per
+              corruption, and the no-information metric (claims.effects.baseline_metric)
     sanity    engine.sanity over every claim's kind.interventions(claim)
     claims    kind.measure(all claims of the kind, Context) for each registered kind
 """
@@ -19,17 +21,18 @@ import numpy as np
 
 from .. import stats
 from ..claims.base import ClaimKind, Context, InterventionPath
+from ..claims.effects import baseline_metric
 from ..claims.registry import kind_of
-from ..evidence.details import SanityCheck, WeightsVsUseRow
+from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
 from ..evidence.result import ClaimResult
 from ..mech import hooks
-from ..mech.runs import Runs
+from ..mech.runs import Lazy, Reference, Runs
 from ..model import metrics
 from ..model.devices import of
 from ..progress import progress
 from ..spec.fields import ClaimSpec
 from ..spec.settings import Stats
-from . import figure_data, sanity
+from . import figure_data, ladder, sanity
 
 
 @dataclass
@@ -39,6 +42,8 @@ class Measurements:
     claims: list[ClaimResult]
     weights_vs_use: list[WeightsVsUseRow]
     figures_data: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    ladder: list[LadderRow] = field(default_factory=list)
 
 
 def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int) -> list[str]:
@@ -67,20 +72,39 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
     n_layers, n_heads = model.n_layers, model.n_heads
     names_ = hooks_needed(claims, n_layers)
     clean = hooks.cache_hooks(bridge, ds.clean, names_)
-    corrupt = hooks.cache_hooks(bridge, ds.corrupted, names_)
 
     def metric_of(logits: Any) -> np.ndarray:
         return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong).cpu().numpy()
 
-    runs = Runs(bridge, ds, clean, corrupt, metric_of, metric_of(clean["logits"]), metric_of(corrupt["logits"]))
+    def reference() -> Reference:
+        if ds.reference is None:  # the clean prompts themselves, each prompt's mean leaving it out
+            return Reference(clean, loo=True)
+        return Reference(hooks.cache_hooks(bridge, ds.reference, names_), loo=False)
+
+    m_clean = metric_of(clean["logits"])
+    corruptions = {}
+    for name, tokens in ds.corruptions.items():
+        cache = hooks.cache_hooks(bridge, tokens, names_)
+        corruptions[name] = (cache, metric_of(cache["logits"]))
+    default = ds.default_corruption
+    runs = Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
+                corruption=default, corruptions=corruptions, reference_source=Lazy(reference))
     unit = metrics.UNITS[metric]
+    m_base = baseline_metric(metric, model.d_vocab)
     gap = runs.m_clean - runs.m_corrupt
     baseline = {"metric": metric, "unit": unit, "clean": _mean_ci(runs.m_clean, st, seed),
-                "corrupted": _mean_ci(runs.m_corrupt, st, seed), "gap": _mean_ci(gap, st, seed)}
-    checks = [sanity.gap_check(gap, st, unit)]
+                "corrupted": _mean_ci(runs.m_corrupt, st, seed), "gap": _mean_ci(gap, st, seed),
+                "corruption": default, "no_information": m_base}
+    checks = []
+    for name, (_, m_c) in corruptions.items():
+        checks.append(sanity.gap_check(runs.m_clean - m_c, st, unit, name if len(corruptions) > 1 else None))
+    if len(corruptions) > 1:
+        baseline["by_corruption"] = {name: {"corrupted": _mean_ci(m_c, st, seed),
+                                            "gap": _mean_ci(runs.m_clean - m_c, st, seed)}
+                                     for name, (_, m_c) in corruptions.items()}
     checks += sanity.identity_checks(runs, interventions(claims, n_layers, n_heads))
 
-    ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing)
+    ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing, baseline=m_base)
     found: dict[int, ClaimResult] = {}
     for kind, items in by_kind(claims).items():
         found.update(kind.measure(items, ctx))
@@ -93,7 +117,8 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
             hw = ctx.weights()
             figs["composition"] = figure_data.composition(hw, claims, st, seed, progress)
             figs["signature"] = figure_data.signature(hw, claims, runs, st, seed, unit, progress)
-    return Measurements(baseline, checks, results, ctx.weights_vs_use, figs)
+    return Measurements(baseline, checks, results, ctx.weights_vs_use, figs, st.warnings(),
+                        ladder.build(claims, results, ctx.weights_vs_use))
 
 
 def _mean_ci(x: np.ndarray, st: Stats, seed: int) -> dict[str, Any]:

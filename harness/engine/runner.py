@@ -20,7 +20,7 @@ from ..model.cache import ModelCache
 from ..model.devices import of, resolve_device
 from ..model.loading import LoadedModel, load_model
 from ..spec import names
-from ..spec.settings import GeneratorData
+from ..spec.settings import FileData, GeneratorData
 from . import provenance
 from .measure import measure_all
 
@@ -42,8 +42,19 @@ def build_dataset(h: LoadedHypothesis, model: LoadedModel) -> data.Dataset:
                              f"{model.n_ctx}"])
         return data.repeated_tokens(d.n_prompts, d.segment_length, model.d_vocab, d.seed, d.split,
                                     d.bos, d.vocab_min, d.vocab_max,
-                                    d.bos_token if d.bos_token is not None else model.bos_token)
-    return data.load_jsonl(h.resolve(d.file), model.d_vocab, d.limit)
+                                    d.bos_token if d.bos_token is not None else model.bos_token,
+                                    tuple(d.corruptions), d.n_reference)
+    return data.load_jsonl(h.resolve(d.file), model.d_vocab, d.limit,
+                           h.resolve(d.mean_from) if d.mean_from is not None else None)
+
+
+def check_corruptions(h: LoadedHypothesis, ds: data.Dataset) -> None:
+    """Every corruption a claim names must be one of the data's."""
+    problems = [f"{h.where(f'claims[{i}].corruption')}: ({c.id}) corruption {name!r} is not one of the data's: "
+                f"{', '.join(ds.corruptions)}"
+                for i, c in enumerate(h.spec.claims) for name in c.corruptions_used() if name not in ds.corruptions]
+    if problems:
+        raise SpecError(problems)
 
 
 def check_names(h: LoadedHypothesis, model: LoadedModel) -> None:
@@ -90,6 +101,7 @@ def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
         loaded = MODELS.get(s.model if s.model.startswith("hf:") else str(h.resolve(s.model)), device)
     check_names(h, loaded)
     ds = build_dataset(h, loaded)
+    check_corruptions(h, ds)
     if s.metric == "logit_diff" and ds.wrong is None:
         raise SpecError([f"{h.where('metric')}: logit_diff needs 'wrong' tokens in the data"])
     m = measure_all(loaded, ds, s.claims, s.metric, s.stats, s.weight_processing, seed, figures)
@@ -106,17 +118,29 @@ def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
               "bos_at_position_0": ds.has_bos, "scored_positions_per_prompt": int(ds.positions.shape[1])},
         settings={"metric": s.metric, "seed": seed, "stats": s.stats.model_dump(),
                   "weight_processing": processing_text(s.weight_processing),
-                  "mean_ablation_reference": "clean prompts of the dataset, per position",
+                  "mean_ablation_reference": mean_reference(h.spec.data),
                   "resample_ablation_source": "the paired corrupted prompt"},
         baseline=m.baseline,
         sanity_checks=m.sanity_checks,
         claims=m.claims,
         weights_vs_use=m.weights_vs_use,
         figures_data=m.figures_data,
+        warnings=m.warnings,
+        ladder=m.ladder,
         provenance={"versions": provenance.versions(), "command": command or provenance.command_line(),
                     "started": started, "finished": provenance.now(), "device": str(of(loaded.bridge)),
                     "host": provenance.host()},
     )
+
+
+def mean_reference(d: GeneratorData | FileData) -> str:
+    """Where mean ablation and mean replacement take their per-position means, in words."""
+    if isinstance(d, GeneratorData):
+        n = d.n_reference if d.n_reference is not None else d.n_prompts
+        return f"{n} reference prompts (the generator's independent reference split), per position"
+    if d.mean_from is not None:
+        return f"the clean prompts of {Path(d.mean_from).name}, per position"
+    return "the other clean prompts (leave-one-out), per position"
 
 
 def processing_text(p: str) -> str:

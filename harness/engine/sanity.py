@@ -17,17 +17,20 @@ from typing import Any
 import numpy as np
 
 from ..claims.base import EdgePatchPath, FrozenPatternsPath, HeadAblationPath, InterventionPath
+from ..claims.effects import NUMERICAL_TOL
 from ..errors import SanityCheckError
 from ..evidence.details import SanityCheck
 from ..mech import hooks, patching
 from ..mech.runs import Runs
 from ..spec.settings import Stats
 
-IDENTITY_TOL = 1e-5  # relative to the metric's magnitude (float32 models carry ~1e-7 relative error)
+IDENTITY_TOL = NUMERICAL_TOL  # relative to the metric's magnitude (float32 models carry ~1e-7 relative error)
 
 
-def gap_check(gap: np.ndarray, st: Stats, unit: str) -> SanityCheck:
-    return SanityCheck(name="clean and corrupted metrics differ", passed=bool(gap.mean() >= st.min_gap),
+def gap_check(gap: np.ndarray, st: Stats, unit: str, corruption: str | None = None) -> SanityCheck:
+    """The clean-corrupted gap against min_gap (named with its corruption when there are several)."""
+    name = "clean and corrupted metrics differ" + (f" ({corruption})" if corruption else "")
+    return SanityCheck(name=name, passed=bool(gap.mean() >= st.min_gap),
                        detail=f"mean gap {gap.mean():.3f} {unit} (min_gap {st.min_gap:g}); "
                               "normalised effects are undefined below it")
 
@@ -38,13 +41,14 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
     checks: list[tuple[str, Any, np.ndarray]] = []  # (path, logits, expected metric)
     heads = sorted({h for p in paths if isinstance(p, HeadAblationPath) for h in p.heads})
     if heads:
-        plan = hooks.ablation_plan(heads, "resample", runs.z(runs.clean), runs.z(runs.clean))
+        plan = hooks.ablation_plan(heads, "resample", runs.z(runs.clean), {})
         checks.append(("head ablation", hooks.run_plan(runs.bridge, runs.ds.clean, plan), runs.m_clean))
     for p in paths:
         if isinstance(p, EdgePatchPath):
-            base, tokens, m = ((runs.clean, runs.ds.clean, runs.m_clean) if p.direction == "noising"
-                               else (runs.corrupt, runs.ds.corrupted, runs.m_corrupt))
-            patch = patching.prepare(runs.bridge, p.edge, base, base, runs.clean, "resample")
+            r = runs.with_corruption(p.corruption)
+            base, tokens, m = ((r.clean, r.ds.clean, r.m_clean) if p.direction == "noising"
+                               else (r.corrupt, r.corrupted_tokens, r.m_corrupt))
+            patch = patching.prepare(runs.bridge, p.edge, base, base, "resample")
             extra = patching.freeze_patterns_plan(runs.patterns(base)) if p.freeze_patterns else None
             checks.append((p.label, patching.fast_logits(runs.bridge, tokens, patch, extra), m))
     if any(isinstance(p, FrozenPatternsPath) for p in paths):

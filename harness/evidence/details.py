@@ -75,11 +75,23 @@ class SanityCheck(Record):
     detail: str
 
 
+class EdgeTest(Record):
+    """One edge claim's test of an edge (a row of the weights-vs-use table may have several)."""
+
+    claim: str
+    replacement: str
+    corruption: str | None
+    use: str  # used, used (opposite sign), unused, undetermined, or untested (a vacuous patch)
+    effect: Num
+
+
 class WeightsVsUseRow(Record):
-    """Composition (weights) beside patching (use) for one head -> head-input edge claim."""
+    """Composition (weights) beside patching (use) for one head -> head-input edge in one
+    direction: every edge claim that tests it, and the class their results give."""
 
     edge: str
-    claim: str
+    direction: str
+    claim: str  # the claim whose test decides `use` (its effect and CI are shown)
     composition: Num
     composition_p_adjusted: float
     composes: bool
@@ -87,3 +99,27 @@ class WeightsVsUseRow(Record):
     effect_ci: CI | None
     use: str
     classification: str = Field(alias="class")
+    tests: list[EdgeTest]
+
+
+RUNGS = ("weights", "observation", "necessity", "edge necessity", "sufficiency", "robustness")
+AS_CLAIMED = " (as the file claims)"  # ends a ladder contradiction the file itself asserts
+
+
+class LadderStep(Record):
+    """One claim's evidence on one rung of a mechanism's ladder."""
+
+    claim: str
+    status: str  # supports, against, inconclusive or untested (an intervention that tests nothing)
+    note: str = ""
+
+
+class LadderRow(Record):
+    """Which levels of evidence the run reached for one mechanism (a head, a set of heads, an edge)."""
+
+    mechanism: str
+    type: str  # head, heads or edge
+    rungs: dict[str, list[LadderStep]]  # rung -> the claims that bear on it (only rungs with claims)
+    highest: str | None  # the highest rung some claim supports
+    missing: list[str]  # rungs that apply to this type of mechanism and no claim tested
+    contradictions: list[str]  # rungs whose evidence disagrees, in words

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from ..errors import EvidenceFormatError
-from .details import Details, SanityCheck, WeightsVsUseRow
+from .details import Details, LadderRow, SanityCheck, WeightsVsUseRow
 from .result import SCHEMA_VERSION, ClaimResult, Evidence
 from .verdicts import Verdict
 
@@ -79,12 +79,27 @@ def json_schema_problems(doc: Any, schema_doc: dict[str, Any]) -> list[str]:
 def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
     """A document of an older schema_version in the current form (a copy).
 
-    1 -> 2: copying claims had kind `role` (with weights evidence); now `copying`."""
-    if doc.get("schema_version") != 1:
+    1 -> 2: copying claims had kind `role` (with weights evidence); now `copying`.
+    2 -> 3: a weights-vs-use row was one edge claim; now one edge and direction with
+            the `tests` of its claims (an old row becomes a row with its one test)."""
+    version = doc.get("schema_version")
+    if version == SCHEMA_VERSION:
         return doc
     out = dict(doc, schema_version=SCHEMA_VERSION)
-    out["claims"] = [dict(c, kind="copying") if c.get("kind") == "role" and c.get("evidence") == "weights"
-                     else c for c in doc.get("claims", [])]
+    claims = doc.get("claims", [])
+    if version == 1:
+        claims = [dict(c, kind="copying") if c.get("kind") == "role" and c.get("evidence") == "weights" else c
+                  for c in claims]
+    out["claims"] = claims
+    by_id = {c["id"]: c.get("details", {}) for c in claims}
+    rows = []
+    for row in doc.get("weights_vs_use", []):
+        details = by_id.get(row.get("claim"), {})
+        test = {"claim": row.get("claim"), "replacement": details.get("replacement", "resample"), "corruption": None,
+                "use": row.get("use"), "effect": row.get("effect")}
+        rows.append(dict(row, direction=row.get("direction", details.get("direction", "noising")),
+                         tests=row.get("tests", [test])))  # keys already there are kept
+    out["weights_vs_use"] = rows
     return out
 
 
@@ -123,4 +138,5 @@ def load(doc: dict[str, Any], kinds: Mapping[str, KindInfo]) -> Evidence:
                     baseline=d["baseline"], sanity_checks=[SanityCheck.model_validate(x) for x in d["sanity_checks"]],
                     claims=claims, provenance=d["provenance"],
                     weights_vs_use=[WeightsVsUseRow.model_validate(x) for x in d.get("weights_vs_use", [])],
-                    figures_data=d.get("figures_data", {}))
+                    figures_data=d.get("figures_data", {}), warnings=d.get("warnings", []),
+                    ladder=[LadderRow.model_validate(x) for x in d.get("ladder", [])])

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ExitCode
-from .details import Details, SanityCheck, WeightsVsUseRow
+from .details import Details, LadderRow, SanityCheck, WeightsVsUseRow
 from .verdicts import EvidenceType, Verdict
 
-SCHEMA_VERSION = 2  # of evidence.json; docs/evidence-json.md lists the changes
+SCHEMA_VERSION = 3  # of evidence.json; docs/evidence-json.md lists the changes
 
 
 @dataclass(kw_only=True)
@@ -55,6 +55,8 @@ class Evidence:
     provenance: dict[str, Any]
     weights_vs_use: list[WeightsVsUseRow] = field(default_factory=list)
     figures_data: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # settings that weaken the guards (stats.warnings)
+    ladder: list[LadderRow] = field(default_factory=list)  # the evidence ladder per mechanism (engine.ladder)
 
     @property
     def passed(self) -> bool:
@@ -89,6 +91,8 @@ class Evidence:
             "claims": [c.to_dict() for c in self.claims],
             "weights_vs_use": [r.to_dict() for r in self.weights_vs_use],
             "figures_data": self.figures_data,
+            "warnings": self.warnings,
+            "ladder": [r.to_dict() for r in self.ladder],
             "counts": self.counts(),
             "provenance": self.provenance,
         }

@@ -124,7 +124,7 @@ def allowed_keys(model: type[BaseModel]) -> list[str]:
     fields = list(model.model_fields)
     if not issubclass(model, ClaimSpec):
         return fields
-    common = set(BoundedClaim.model_fields)
+    common = set(BoundedClaim.model_fields)  # id, kind, description and the bound
     own = [f for f in fields if f not in common]
     bounds = [f for f in ("at_least", "at_most") if f in fields]
     return ["id", "kind"] + own + bounds + ["description"]
@@ -169,6 +169,13 @@ def parse_text(text: str, where: str) -> tuple[Hypothesis, str, dict[str, int]]:
             line = lines.get(("claims", i, "id"), 1)
             raise SpecError([f"{where}:{line}: claims[{i}].id: claim id {c.id!r} is used twice"])
         seen.add(c.id)
+    known = spec.data.corruption_names()  # None for a file: checked when it is read
+    bad = [(i, name) for i, c in enumerate(spec.claims) for name in c.corruptions_used()
+           if known is not None and name not in known]
+    if bad:
+        raise SpecError([f"{where}:{lines.get(('claims', i, 'corruption'), 1)}: claims[{i}].corruption: "
+                         f"{name!r} is not one of the data's corruptions: {', '.join(known or [])} "
+                         "(add it to data.corruptions)" for i, name in bad])
     return spec, digest, {_field(k): v for k, v in lines.items()}
 
 

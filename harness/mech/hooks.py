@@ -6,8 +6,8 @@ Head ablation acts on `blocks.L.attn.hook_z` (the head's attention-weighted
 values, before W_O), replacing only that head's slice:
 
 * zero:     z_h <- 0                       (b_O is shared by all heads and kept)
-* mean:     z_h[n, p] <- mean_m z_h^ref[m, p]   per position over the reference
-            prompts (the clean prompts of the dataset; fixed length required)
+* mean:     z_h[n, p] <- mean_m z_h^ref[m, p]   per position over reference prompts
+            other than n (mech.runs.Reference; fixed length required)
 * resample: z_h[n, p] <- z_h^corrupted[n, p]    (the paired corrupted prompt)
 
 The head's output is then z_h W_O^h, so its contribution to every later
@@ -90,12 +90,13 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str]) -> 
     return out
 
 
-def ablation_plan(heads: list[Head], kind: str, clean_z: dict[int, Float[Tensor, "n pos head d_head"]],
-                  corrupted_z: dict[int, Float[Tensor, "n pos head d_head"]]) -> Plan:
+def ablation_plan(heads: list[Head], kind: str, corrupted_z: dict[int, Float[Tensor, "n pos head d_head"]],
+                  mean_z: dict[int, Float[Tensor, "m pos head d_head"]]) -> Plan:
     """Plan that ablates `heads` jointly.
 
-    clean_z / corrupted_z: {layer: z [n, seq, n_heads, d_head]} from the clean
-    and corrupted runs (the reference distributions for mean and resample).
+    corrupted_z: {layer: z [n, seq, n_heads, d_head]} of the paired corrupted run (resample);
+    mean_z: {layer: z [1 or n, seq, n_heads, d_head]}, the per-position means that replace
+    them (mean; mech.runs.Reference takes them over prompts other than the ablated ones).
     """
     if kind not in ABLATIONS:
         raise ValueError(f"unknown ablation {kind!r}; allowed: {', '.join(ABLATIONS)}")
@@ -107,7 +108,7 @@ def ablation_plan(heads: list[Head], kind: str, clean_z: dict[int, Float[Tensor,
         if kind == "zero":
             source = None
         elif kind == "mean":
-            source = clean_z[layer].mean(dim=0, keepdim=True)
+            source = mean_z[layer]
         else:
             source = corrupted_z[layer]
 

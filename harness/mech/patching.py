@@ -15,8 +15,8 @@ Directions:
 * noising   (base = clean, replacement from the corrupted run): necessity;
 * denoising (base = corrupted, replacement from the clean run): sufficiency.
 Replacement (noising only for mean and zero): `resample` = the other run's
-output (default), `mean` = the sender's output averaged over the clean prompts
-per position, `zero` = 0.
+output (default), `mean` = the sender's output averaged per position over
+reference prompts other than the patched one (mech.runs.Reference), `zero` = 0.
 
 `fast_plan` hooks the receiver's q/k/v (TransformerLens computes attention);
 `slow_logits` is the plainly written reference: it recomputes the receiver
@@ -76,13 +76,16 @@ def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
     return wide(cache[names.HOOK_EMBED] + cache[names.HOOK_POS_EMBED])
 
 
-def replacement_output(bridge: Any, base: Cache, source: Cache, clean: Cache, sender: names.Sender,
-                       replacement: str) -> Residual:
+def replacement_output(bridge: Any, base: Cache, source: Cache, sender: names.Sender, replacement: str,
+                       mean_out: Residual | None = None) -> Residual:
+    """The sender's output that replaces its base-run output: the source run's (resample),
+    `mean_out` ([1 or n, pos, d], the per-position mean over reference prompts; mean), or 0."""
     if replacement == "resample":
         return sender_output(bridge, source, sender)
     if replacement == "mean":
-        return sender_output(bridge, clean, sender).mean(0, keepdim=True).expand_as(
-            sender_output(bridge, base, sender))
+        if mean_out is None:
+            raise ValueError("mean replacement needs the reference mean of the sender's output")
+        return wide(mean_out).expand_as(sender_output(bridge, base, sender))
     if replacement == "zero":
         return 0.0 * sender_output(bridge, base, sender)
     raise ValueError(f"unknown replacement {replacement!r}; allowed: {', '.join(REPLACEMENTS)}")
@@ -132,9 +135,9 @@ class EdgePatch:
     resid: Residual  # the patched residual the receiver sees
 
 
-def prepare(bridge: Any, edge: names.Edge, base: Cache, source: Cache, clean: Cache,
-            replacement: str) -> EdgePatch:
-    new_out = replacement_output(bridge, base, source, clean, edge.sender, replacement)
+def prepare(bridge: Any, edge: names.Edge, base: Cache, source: Cache, replacement: str,
+            mean_out: Residual | None = None) -> EdgePatch:
+    new_out = replacement_output(bridge, base, source, edge.sender, replacement, mean_out)
     return EdgePatch(edge, patched_residual(bridge, edge, base, new_out))
 
 

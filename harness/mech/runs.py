@@ -1,5 +1,5 @@
-"""The shared base runs of a hypothesis file: the clean and the corrupted
-prompts, each run once with the hooks its claims need cached, and the metric
+"""The shared base runs of a hypothesis file: the clean prompts and each named
+corruption, each run once with the hooks its claims need cached, and the metric
 per prompt on each.  Every intervention starts from these caches:
 
 * `ablated(heads, kind)`: the clean prompts with `heads` ablated jointly
@@ -7,13 +7,21 @@ per prompt on each.  Every intervention starts from these caches:
 * `patched(edge, direction, replacement)`: exact edge patching
   (patching.prepare / fast_logits) in the given direction.
 
-Each returns the metric per prompt (numpy, float64).
+Each returns the metric per prompt (numpy, float64).  A `Runs` is for one
+corruption (`corrupt`, `m_corrupt`); `with_corruption(name)` gives the view
+for another.
+
+Means (mean ablation, mean replacement) come from a `Reference`: per position,
+over reference prompts other than the one being intervened on, so no prompt's
+own activation is part of its replacement.  `drop=k` leaves out the k-th of
+`Reference.groups` groups of reference prompts as well (the delete-a-group
+jackknife that carries the mean's own uncertainty into intervals; claims.effects).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +36,48 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) prompt by prompt
+GROUPS = 10  # reference groups of the delete-a-group jackknife
+
+
+@dataclass
+class Reference:
+    """The prompts per-position means are taken over.
+
+    cache: their run's cached activations (the same hooks as the base runs);
+    loo:   they are the clean prompts themselves, so prompt n's mean leaves n out;
+    groups: prompt i belongs to group i mod `groups` (for `drop`)."""
+
+    cache: Cache
+    loo: bool
+    groups: int = GROUPS
+
+    def mean(self, x: Any, drop: int | None = None) -> Any:
+        """Per-position mean of x [m, ...] over the reference prompts (leaving out group
+        `drop`, and with `loo` each prompt itself): [1, ...], or [m, ...] with `loo`."""
+        import torch
+
+        m = x.shape[0]
+        keep = torch.ones(m, dtype=torch.bool, device=x.device)
+        if drop is not None:
+            keep &= torch.arange(m, device=x.device) % self.groups != drop
+        w = keep.to(x.dtype).reshape(m, *([1] * (x.dim() - 1)))
+        total = (x * w).sum(0, keepdim=True)
+        if not self.loo:
+            return total / keep.sum()
+        return (total - x * w) / (keep.sum() - w)  # each prompt's own activation left out
+
+
+@dataclass
+class Lazy:
+    """A value computed on first use and shared by every view of the runs."""
+
+    make: Callable[[], Any] | None
+    value: Any = None
+
+    def get(self) -> Any:
+        if self.value is None and self.make is not None:
+            self.value = self.make()
+        return self.value
 
 
 @dataclass
@@ -35,10 +85,13 @@ class Runs:
     bridge: Any  # the TransformerBridge
     ds: Any  # model.data.Dataset, on the model's device
     clean: Cache  # cached activations of the clean run (+ "logits")
-    corrupt: Cache  # the same for the corrupted run
+    corrupt: Cache  # the same for the corrupted run of `corruption`
     metric: Callable[[Float[Tensor, "n pos vocab"]], PerPrompt]  # logits -> metric per prompt
     m_clean: PerPrompt
     m_corrupt: PerPrompt
+    corruption: str = ""  # the name of the corruption `corrupt` is
+    corruptions: dict[str, tuple[Cache, PerPrompt]] = field(default_factory=dict)  # every corruption's run
+    reference_source: Lazy = field(default_factory=lambda: Lazy(None))
 
     @property
     def n_layers(self) -> int:
@@ -48,6 +101,24 @@ class Runs:
     def n_heads(self) -> int:
         return int(self.bridge.cfg.n_heads)
 
+    @property
+    def corrupted_tokens(self) -> Any:
+        return self.ds.corruptions[self.corruption]
+
+    def with_corruption(self, name: str | None) -> Runs:
+        """The same runs with `name`'s corrupted run (None: this one)."""
+        if name is None or name == self.corruption:
+            return self
+        cache, metric = self.corruptions[name]
+        return replace(self, corrupt=cache, m_corrupt=metric, corruption=name)
+
+    @property
+    def reference(self) -> Reference:
+        ref = self.reference_source.get()
+        if ref is None:
+            raise ValueError("these runs have no reference prompts for means")
+        return ref
+
     def z(self, run: Cache) -> dict[int, Float[Tensor, "n pos head d_head"]]:
         """{layer: hook_z activations} of the layers cached in `run`."""
         return {layer: run[hook_z(layer)] for layer in range(self.n_layers) if hook_z(layer) in run}
@@ -55,20 +126,33 @@ class Runs:
     def patterns(self, run: Cache) -> dict[int, Float[Tensor, "n head query key"]]:
         return {layer: run[hook_pattern(layer)] for layer in range(self.n_layers)}
 
-    def ablated(self, heads: list[names.Head], kind: str, freeze: bool = False) -> PerPrompt:
+    def mean_z(self, layers: set[int], drop: int | None = None) -> dict[int, Any]:
+        """{layer: per-position mean z over the reference prompts} (see Reference.mean)."""
+        ref = self.reference
+        return {layer: ref.mean(ref.cache[hook_z(layer)], drop) for layer in layers}
+
+    def mean_output(self, sender: names.Sender, drop: int | None = None) -> Any:
+        """The sender's output averaged per position over the reference prompts."""
+        ref = self.reference
+        return ref.mean(patching.sender_output(self.bridge, ref.cache, sender), drop)
+
+    def ablated(self, heads: list[names.Head], kind: str, freeze: bool = False, drop: int | None = None) -> PerPrompt:
         """Metric of the clean prompts with `heads` ablated jointly (`kind`: zero, mean, resample)."""
-        plan = hooks.ablation_plan(heads, kind, self.z(self.clean), self.z(self.corrupt))
+        means = self.mean_z({h.layer for h in heads}, drop) if kind == "mean" else {}
+        plan = hooks.ablation_plan(heads, kind, self.z(self.corrupt), means)
         if freeze:
             plan.hooks += patching.freeze_patterns_plan(self.patterns(self.clean)).hooks
         return self.metric(hooks.run_plan(self.bridge, self.ds.clean, plan))
 
-    def patched(self, edge: names.Edge, direction: str, replacement: str, freeze: bool = False) -> PerPrompt:
+    def patched(self, edge: names.Edge, direction: str, replacement: str, freeze: bool = False,
+                drop: int | None = None) -> PerPrompt:
         """Metric with `edge` patched: noising runs the clean prompts with the sender's
         replacement output (resample: from the corrupted run) where the receiver reads it;
         denoising runs the corrupted prompts with the clean output there."""
         noising = direction == "noising"
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
-        patch = patching.prepare(self.bridge, edge, base, source, self.clean, replacement)
+        mean_out = self.mean_output(edge.sender, drop) if replacement == "mean" else None
+        patch = patching.prepare(self.bridge, edge, base, source, replacement, mean_out)
         extra = patching.freeze_patterns_plan(self.patterns(base)) if freeze else None
-        tokens = self.ds.clean if noising else self.ds.corrupted
+        tokens = self.ds.clean if noising else self.corrupted_tokens
         return self.metric(patching.fast_logits(self.bridge, tokens, patch, extra))

@@ -9,33 +9,52 @@ predict the token at `p + 1`; `answers[i]` is the correct token for
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..spec.vocabulary import CORRUPTIONS
 
 BOS_TOKEN = 0
+_CORRUPTED_KEY = re.compile(r"^corrupted_[A-Za-z0-9_]+$")
+DEFAULT = "default"  # the name of a prompt file's own `corrupted` prompts
 
 
 @dataclass
 class Dataset:
-    """All fields are torch tensors of equal first dimension (prompts).
+    """All tensors have the prompts along their first dimension.
 
-    clean, corrupted: [n, seq] token ids
-    positions:        [n, k] scored positions
-    answers:          [n, k] correct next tokens at those positions
-    wrong:            [n, k] wrong tokens (for logit difference) or None
+    clean:       [n, seq] token ids
+    corruptions: {name: [n, seq]} the corrupted prompts of each named corruption (the
+                 first is the default a claim uses unless it names another)
+    positions:   [n, k] scored positions
+    answers:     [n, k] correct next tokens at those positions
+    wrong:       [n, k] wrong tokens (for logit difference) or None
+    reference:   [m, seq] clean prompts that per-position means are taken over (mean
+                 ablation, mean replacement), drawn independently of `clean`; None: the
+                 mean over the other clean prompts (leave-one-out)
     """
 
     clean: Any
-    corrupted: Any
+    corruptions: dict[str, Any]
     positions: Any
     answers: Any
     wrong: Any | None
     description: str
     has_bos: bool
+    reference: Any | None = None
+
+    @property
+    def corrupted(self) -> Any:
+        """The default corruption's prompts."""
+        return self.corruptions[self.default_corruption]
+
+    @property
+    def default_corruption(self) -> str:
+        return next(iter(self.corruptions))
 
     def to(self, device: Any) -> Dataset:
         """The same dataset with every tensor on `device` (a no-op copy when already there).
@@ -43,8 +62,8 @@ class Dataset:
         def move(t: Any) -> Any:
             return None if t is None else t.to(device)
 
-        return Dataset(move(self.clean), move(self.corrupted), move(self.positions), move(self.answers),
-                       move(self.wrong), self.description, self.has_bos)
+        return Dataset(move(self.clean), {k: move(v) for k, v in self.corruptions.items()}, move(self.positions),
+                       move(self.answers), move(self.wrong), self.description, self.has_bos, move(self.reference))
 
     @property
     def n(self) -> int:
@@ -56,59 +75,65 @@ class Dataset:
 
 
 def _split_seed(seed: int, split: str) -> int:
-    """Independent seed streams per split, so `explore` and `test` prompts differ."""
+    """Independent seed streams per split, so `explore`, `test` and `reference` prompts differ."""
     return (seed * 1_000_003 + zlib.crc32(split.encode())) % (2**63)
 
 
 def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int = 0,
                     split: str = "test", bos: bool = True, vocab_min: int = 1,
-                    vocab_max: int | None = None, bos_token: int = BOS_TOKEN) -> Dataset:
+                    vocab_max: int | None = None, bos_token: int = BOS_TOKEN,
+                    corruptions: tuple[str, ...] = ("first_half",), n_reference: int | None = None) -> Dataset:
     """Repeated random tokens: clean = [BOS] + S + S, S uniform on [vocab_min, vocab_max).
 
-    The corrupted prompt replaces the first occurrence of S by fresh random
-    tokens R (same length), so the repeat is broken: [BOS] + R + S.  Scored
-    positions are those of the second S except its last token, each predicting
-    the next token of S (which an induction head can copy in the clean prompt
-    only).  Note: the answer at the boundary (predicting S[0]) is not scored.
-    The start token `bos_token` never occurs inside S or R.
+    Corruptions (same length, fresh random tokens R1, R2 drawn independently):
+    `first_half` [BOS] + R1 + S (the earlier copy is gone: nothing to copy);
+    `second_half` [BOS] + S + R2 (the current tokens change: what queries read varies);
+    `both` [BOS] + R1 + R2.  Scored positions are those of the second copy except its
+    last token, each predicting the next token of S in the clean prompt.  Note: the
+    answer at the boundary (predicting S[0]) is not scored.  The start token
+    `bos_token` never occurs inside S or R.  `n_reference` (default n_prompts) clean
+    prompts are drawn from the independent `reference` stream for per-position means.
     """
     import torch
 
+    unknown = [c for c in corruptions if c not in CORRUPTIONS]
+    if unknown or not corruptions:
+        raise DataError(f"unknown corruption(s) {unknown}; allowed: {', '.join(CORRUPTIONS)}")
     hi = d_vocab if vocab_max is None else vocab_max
     if not 0 <= vocab_min < hi <= d_vocab:
         raise DataError(f"token range [{vocab_min}, {hi}) is not inside the vocabulary 0..{d_vocab - 1}")
     skip = vocab_min <= bos_token < hi  # draw uniformly from the range without the start token
     if hi - vocab_min - int(skip) < 2:
         raise DataError(f"token range [{vocab_min}, {hi}) leaves fewer than 2 tokens to draw from")
-    g = torch.Generator().manual_seed(_split_seed(seed, split))
 
-    def draw() -> Any:
-        t = torch.randint(vocab_min, hi - int(skip), (n_prompts, segment_length), generator=g)
+    def draw(g: Any, n: int) -> Any:
+        t = torch.randint(vocab_min, hi - int(skip), (n, segment_length), generator=g)
         return t + (t >= bos_token).long() if skip else t
 
-    seg, fresh = draw(), draw()
+    g = torch.Generator().manual_seed(_split_seed(seed, split))
+    seg, fresh = draw(g, n_prompts), draw(g, n_prompts)
+    fresh2 = draw(g, n_prompts) if set(corruptions) - {"first_half"} else None  # after, so first_half is unchanged
     prefix = torch.full((n_prompts, 1), bos_token, dtype=torch.long) if bos else seg[:, :0]
     clean = torch.cat([prefix, seg, seg], dim=1)
-    corrupted = torch.cat([prefix, fresh, seg], dim=1)
+    halves = {"first_half": (fresh, seg), "second_half": (seg, fresh2), "both": (fresh, fresh2)}
+    corrupted = {c: torch.cat([prefix, *halves[c]], dim=1) for c in corruptions}
     off = prefix.shape[1] + segment_length  # index of S[0] in the second copy
     positions = torch.arange(off, off + segment_length - 1).expand(n_prompts, -1).clone()
     answers = seg[:, 1:].clone()
+    n_ref = n_prompts if n_reference is None else n_reference
+    ref_seg = draw(torch.Generator().manual_seed(_split_seed(seed, "reference")), n_ref)
+    reference = torch.cat([prefix[:1].expand(n_ref, -1), ref_seg, ref_seg], dim=1)
+    what = {"first_half": "first S replaced by fresh random tokens", "second_half": "second S replaced",
+            "both": "both copies replaced"}
     desc = (f"repeated_tokens: {n_prompts} prompts, {f'[BOS={bos_token}] + ' if bos else ''}S + S with "
             f"|S| = {segment_length}, tokens in [{vocab_min}, {hi}), seed {seed}, split {split}; "
-            f"corruption: first S replaced by fresh random tokens")
-    return Dataset(clean, corrupted, positions, answers, None, desc, bos)
+            + "; ".join(f"corruption {c}: {what[c]}" for c in corruptions)
+            + f"; means over {n_ref} reference prompts")
+    return Dataset(clean, corrupted, positions, answers, None, desc, bos, reference)
 
 
-def load_jsonl(path: Path, d_vocab: int, limit: int | None = None) -> Dataset:
-    """Load token-id prompts, one JSON object per line:
-
-    {"clean": [ids], "corrupted": [ids], "positions": [p...],
-     "answers": [ids] (optional: default clean[p + 1]), "wrong": [ids] (optional)}
-
-    All prompts must have one length (so per-position means are defined).
-    """
-    import torch
-
+def _read_rows(path: Path, check: Any, limit: int | None = None) -> list[dict[str, Any]]:
+    """The checked rows of a JSONL file (blank lines skipped), each with its `where`."""
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
     rows = []
@@ -119,46 +144,101 @@ def load_jsonl(path: Path, d_vocab: int, limit: int | None = None) -> Dataset:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
-        rows.append(_check_row(obj, f"{path}:{lineno}", d_vocab))
+        rows.append(check(obj, f"{path}:{lineno}"))
         if limit is not None and len(rows) >= limit:
             break
     if len(rows) < 2:
         raise DataError(f"{path}: needs at least 2 prompts, found {len(rows)}")
+    return rows
+
+
+def load_jsonl(path: Path, d_vocab: int, limit: int | None = None, mean_from: Path | None = None) -> Dataset:
+    """Load token-id prompts, one JSON object per line:
+
+    {"clean": [ids], "corrupted": [ids], "positions": [p...],
+     "answers": [ids] (optional: default clean[p + 1]), "wrong": [ids] (optional),
+     "corrupted_<name>": [ids] (optional: more corruptions, on every line or none)}
+
+    All prompts must have one length (so per-position means are defined).  The
+    `corrupted` prompts are the corruption named `default`.  `mean_from`: a JSONL file
+    of `{"clean": [ids]}` lines (same length) whose clean prompts per-position means
+    are taken over; without it, each prompt's mean leaves that prompt out.
+    """
+    import torch
+
+    rows = _read_rows(path, lambda obj, where: _check_row(obj, where, d_vocab), limit)
     first = rows[0]
+    extra = sorted(k for k in first if k.startswith("corrupted_"))
     for key in ("clean", "positions"):
-        for where, r in ((r["where"], r) for r in rows):
+        for r in rows:
             if len(r[key]) != len(first[key]):
-                raise DataError(f"{where}: {key} has length {len(r[key])}, but the first prompt's "
+                raise DataError(f"{r['where']}: {key} has length {len(r[key])}, but the first prompt's "
                                 f"has {len(first[key])}; all prompts must share one shape")
-    if any(("wrong" in r) != ("wrong" in first) for r in rows):
-        raise DataError(f"{path}: give 'wrong' on every line or on none")
-    t = lambda key: torch.tensor([r[key] for r in rows], dtype=torch.long)  # noqa: E731
-    return Dataset(t("clean"), t("corrupted"), t("positions"), t("answers"),
-                   t("wrong") if "wrong" in first else None,
-                   f"file {path.name}: {len(rows)} prompts of length {len(first['clean'])}",
-                   has_bos=all(r["clean"][0] == BOS_TOKEN for r in rows))
+    for key in ["wrong", *extra]:
+        if any((key in r) != (key in first) for r in rows):
+            raise DataError(f"{path}: give '{key}' on every line or on none")
+    for r in rows:
+        if sorted(k for k in r if k.startswith("corrupted_")) != extra:
+            raise DataError(f"{r['where']}: corrupted_<name> keys differ from the first line's "
+                            f"({', '.join(extra) or 'none'}); give the same ones on every line")
+
+    def t(key: str) -> Any:
+        return torch.tensor([r[key] for r in rows], dtype=torch.long)
+
+    corruptions = {DEFAULT: t("corrupted")} | {k[len("corrupted_"):]: t(k) for k in extra}
+    reference = None
+    if mean_from is not None:
+        ref = _read_rows(mean_from, lambda obj, where: _check_reference(obj, where, d_vocab, len(first["clean"])))
+        reference = torch.tensor([r["clean"] for r in ref], dtype=torch.long)
+    means = f"means over {mean_from.name}" if mean_from is not None else "means leave each prompt out"
+    return Dataset(t("clean"), corruptions, t("positions"), t("answers"), t("wrong") if "wrong" in first else None,
+                   f"file {path.name}: {len(rows)} prompts of length {len(first['clean'])}; corruptions "
+                   f"{', '.join(corruptions)}; {means}",
+                   has_bos=all(r["clean"][0] == BOS_TOKEN for r in rows), reference=reference)
 
 
-def _check_row(obj: Any, where: str, d_vocab: int) -> dict:
+def _ids(obj: dict[str, Any], key: str, where: str) -> list[int]:
+    v = obj[key]
+    if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise DataError(f"{where}: '{key}' must be a non-empty list of integers")
+    return v
+
+
+def _check_reference(obj: Any, where: str, d_vocab: int, length: int) -> dict[str, Any]:
+    if not isinstance(obj, dict) or set(obj) != {"clean"}:
+        raise DataError(f"{where}: a mean_from line is a JSON object with one key, 'clean'")
+    clean = _ids(obj, "clean", where)
+    if len(clean) != length:
+        raise DataError(f"{where}: clean has {len(clean)} tokens; the data's prompts have {length}")
+    bad = [x for x in clean if not 0 <= x < d_vocab]
+    if bad:
+        raise DataError(f"{where}: 'clean' has token ids {bad[:3]} outside the vocabulary 0..{d_vocab - 1}")
+    return {"clean": clean, "where": where}
+
+
+def _check_row(obj: Any, where: str, d_vocab: int) -> dict[str, Any]:
     allowed = {"clean", "corrupted", "positions", "answers", "wrong"}
     if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object with keys {sorted(allowed)}")
-    unknown = set(obj) - allowed
+        raise DataError(f"{where}: expected a JSON object with keys {sorted(allowed)} (and corrupted_<name>)")
+    if "corrupted_default" in obj:
+        raise DataError(f"{where}: 'corrupted_default' would replace the default corruption: give those prompts as "
+                        "'corrupted'")
+    unknown = {k for k in obj if k not in allowed and not _CORRUPTED_KEY.match(k)}
     if unknown:
-        raise DataError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+        raise DataError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)} and "
+                        "corrupted_<name> (letters, digits, _)")
     for key in ("clean", "corrupted", "positions"):
         if key not in obj:
             raise DataError(f"{where}: missing '{key}'")
     for key in obj:
-        v = obj[key]
-        if not isinstance(v, list) or not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            raise DataError(f"{where}: '{key}' must be a non-empty list of integers")
-    clean, corrupted, pos = obj["clean"], obj["corrupted"], obj["positions"]
-    if len(clean) != len(corrupted):
-        raise DataError(f"{where}: clean has {len(clean)} tokens but corrupted has {len(corrupted)}; "
-                        "a corrupted prompt must have the same length as its clean prompt")
-    for key in ("clean", "corrupted", "answers", "wrong"):
-        bad = [x for x in obj.get(key, []) if not 0 <= x < d_vocab]
+        _ids(obj, key, where)
+    clean, pos = obj["clean"], obj["positions"]
+    for key in [k for k in obj if k.startswith("corrupted")]:
+        if len(obj[key]) != len(clean):
+            raise DataError(f"{where}: clean has {len(clean)} tokens but {key} has {len(obj[key])}; "
+                            "a corrupted prompt must have the same length as its clean prompt")
+    for key in [k for k in obj if k != "positions"]:
+        bad = [x for x in obj[key] if not 0 <= x < d_vocab]
         if bad:
             raise DataError(f"{where}: '{key}' has token ids {bad[:3]} outside the vocabulary 0..{d_vocab - 1}")
     bad_pos = [p for p in pos if not 0 <= p < len(clean)]

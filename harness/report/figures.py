@@ -105,6 +105,7 @@ QUADRANTS = [  # (composes, used) -> label, colour
     ((False, True), "used without a weight route", "#dce6f8"),
     ((False, False), "no route", "#eeeeee"),
 ]
+OPPOSITE_COLOUR = "#f4d4d4"
 
 
 def signature(data: dict[str, Any]) -> bytes | None:
@@ -122,16 +123,23 @@ def signature(data: dict[str, Any]) -> bytes | None:
     yb = data["min_effect"]
     x0, x1 = min(xs.min(), xb) - 0.02, max(xs.max(), xb) + 0.02
     y0, y1 = min(ys.min(), 0) - 0.05, max(ys.max(), yb) + 0.08
+    opposite = bool(ys.min() < -yb) or any(p["effect_ci"][1] < -yb for p in pts)
+    y0 = min(y0, -yb - 0.05) if opposite else y0
     for (c, u), label, colour in QUADRANTS:
         xa, xz = (xb, x1) if c else (x0, xb)
-        ya, yz = (yb, y1) if u else (y0, yb)
+        ya, yz = (yb, y1) if u else ((-yb if opposite else y0), yb)
         ax.add_patch(plt.Rectangle((xa, ya), xz - xa, yz - ya, color=colour, zorder=0))
         ax.text((xa + xz) / 2, yz - 0.02, label, ha="center", va="top", fontsize=8, color="dimgray")
+    if opposite:  # a band for effects against the claim's direction
+        ax.add_patch(plt.Rectangle((x0, y0), x1 - x0, -yb - y0, color=OPPOSITE_COLOUR, zorder=0))
+        ax.text((x0 + x1) / 2, y0 + 0.02, "used, opposite sign", ha="center", va="bottom", fontsize=8,
+                color="dimgray")
     for p in pts:
         lo, hi = p["effect_ci"]
+        colour = "tab:red" if p["claimed"] else "tab:blue"
         ax.errorbar(p["composition"], p["effect"], yerr=[[p["effect"] - lo], [hi - p["effect"]]],
-                    fmt="o" if p["claimed"] else ".", color="tab:red" if p["claimed"] else "tab:blue",
-                    markersize=6 if p["claimed"] else 4, capsize=2)
+                    fmt="o" if p["claimed"] else ".", color=colour, markersize=6 if p["claimed"] else 4, capsize=2,
+                    markerfacecolor="white" if p.get("untested") else colour)
         if p["claimed"]:
             ax.annotate(p["edge"], (p["composition"], p["effect"]), textcoords="offset points",
                         xytext=(5, 5), fontsize=7)
@@ -140,6 +148,9 @@ def signature(data: dict[str, Any]) -> bytes | None:
     ax.set_xlabel("composition score (weights)")
     ax.set_ylabel("edge effect, fraction of gap (use)")
     ax.set_title("Signature: weights propose, interventions decide")
+    if any(p.get("untested") for p in pts):
+        ax.text(0.01, 0.01, "hollow: untested (the patch changes nothing the receiver reads)",
+                transform=ax.transAxes, fontsize=7, color="dimgray")
     return png(fig)
 
 

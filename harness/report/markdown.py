@@ -7,7 +7,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..claims import registry
-from ..evidence.details import WeightsVsUseRow
+from ..evidence.details import RUNGS, LadderRow, WeightsVsUseRow
 from ..evidence.format import fmt
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
@@ -50,18 +50,46 @@ def _claim_section(r: ClaimResult, unit: str) -> list[str]:
     return out + registry.get(r.kind).render(r, unit) + [""]
 
 
-def weights_vs_use_table(rows: list[WeightsVsUseRow]) -> list[str]:
-    """Composition (weights) beside causal effect (use), one row per edge claim."""
+SYMBOLS = {"supports": "✓", "against": "✗", "inconclusive": "?", "untested": "∅"}
+
+
+def ladder_table(rows: list[LadderRow]) -> list[str]:
+    """The evidence ladder: per mechanism, each rung's steps, the highest rung reached,
+    and the contradictions."""
     if not rows:
         return []
-    body = [(r.edge, fmt(r.composition), f"{r.composition_p_adjusted:.3g}", "yes" if r.composes else "no",
+    body = []
+    for r in rows:
+        cells = []
+        for rung in RUNGS:
+            steps = r.rungs.get(rung)
+            cells.append(" ".join(f"{SYMBOLS[s.status]} {s.claim}" for s in steps) if steps
+                         else "—" if rung in r.missing else "")
+        body.append([r.mechanism, *cells, r.highest or "none", "; ".join(r.contradictions) or "none"])
+    return ["## Evidence ladder", "",
+            "Per mechanism the file names, the levels of evidence this run reached, lowest first: ✓ supports it, "
+            "✗ is against it, ? inconclusive, ∅ untested (the intervention changed nothing it reads), — applies "
+            "but no claim tested it. A high rung does not erase a contradiction on a lower one.", "",
+            tabulate(body, headers=["mechanism", *RUNGS, "highest", "contradictions"], tablefmt="github"), ""]
+
+
+def weights_vs_use_table(rows: list[WeightsVsUseRow]) -> list[str]:
+    """Composition (weights) beside causal effect (use), one row per edge and direction with
+    every claim that tests it."""
+    if not rows:
+        return []
+    body = [(r.edge, r.direction, fmt(r.composition), f"{r.composition_p_adjusted:.3g}", "yes" if r.composes else "no",
              "undefined" if r.effect is None or not r.effect_ci
              else f"{r.effect:.3f} [{fmt(r.effect_ci[0])}, {fmt(r.effect_ci[1])}]",
-             r.use, r.classification) for r in rows]
+             r.use, r.classification, "; ".join(f"{t.claim} ({t.replacement}"
+                                                + (f", {t.corruption}" if t.corruption else "") + f"): {t.use}"
+                                                for t in r.tests)) for r in rows]
     return ["## Weights vs use", "",
-            "A high composition score proposes a route; only the intervention shows it is used.", "",
-            tabulate(body, headers=["edge", "composition", "p_adj", "composes", "effect [CI]", "use", "class"],
-                     tablefmt="github"), ""]
+            "A high composition score proposes a route; only the intervention shows it is used. *Unused* means an "
+            "intervention that changes what the receiver reads moved the metric by less than the tolerance; an "
+            "intervention that changes nothing there (*untested*) is no evidence either way.", "",
+            tabulate(body, headers=["edge", "direction", "composition", "p_adj", "composes", "effect [CI]", "use",
+                                    "class", "tests"], tablefmt="github"), ""]
 
 
 def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset()) -> str:
@@ -74,6 +102,7 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
         out += [h["description"].strip(), ""]
     out += [f"**{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive** "
             f"of {len(ev.claims)} claims.", "", "## Verdicts", "", claim_table(ev, "github"), ""]
+    out += ladder_table(ev.ladder)
     out += ["## Evidence per claim", ""]
     for kind, title in EVIDENCE_TYPES.items():
         group = [r for r in ev.claims if r.evidence == kind]
@@ -98,7 +127,8 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
             f"{st['confidence']:.0%} intervals, {st['permutations']} sign-flip "
             f"permutations, min_gap {st['min_gap']}, min_prompt_gap {st['min_prompt_gap']}; "
             f"causal alpha {st.get('alpha')}, min_effect {st.get('min_effect')}, tolerance "
-            f"{st.get('tolerance')} (Benjamini-Hochberg over edge claims); composition alpha "
+            f"{st.get('tolerance')} (Benjamini-Hochberg over edge claims), min_change {st.get('min_change')}, "
+            f"min_raw_change {st.get('min_raw_change')}; composition alpha "
             f"{st.get('composition_alpha')} with at least {st.get('null_draws')} null draws; "
             f"seed {s['seed']}", ""]
     p = ev.provenance
@@ -110,6 +140,8 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
             f"- command: `{p['command']}`",
             f"- run: {p['started']} to {p['finished']} on {p['host']['platform']}"
             + (f", device {p['device']}" if p.get("device") else ""), ""]
+    if ev.warnings:
+        out += ["## Warnings", ""] + [f"- {w}" for w in ev.warnings] + [""]
     out += ["## Sanity checks", ""]
     out += [f"- {'ok' if ch.passed else 'FAILED'}: {ch.name} — {ch.detail}" for ch in ev.sanity_checks]
     return "\n".join(out) + "\n"

@@ -70,6 +70,12 @@ class ClaimSpec(Strict):
         validate), or None.  Override when a claim's values interact with them."""
         return None
 
+    def corruptions_used(self) -> list[str]:
+        """The named corruptions the claim runs on (checked against the data's)."""
+        return []
+
+
+
 
 class BoundedClaim(ClaimSpec):
     """A claim about one number with exactly one bound: `at_least` or `at_most`."""
@@ -93,3 +99,21 @@ class BoundedClaim(ClaimSpec):
 
     def bound_text(self) -> str:
         return f">= {self.at_least:g}" if self.at_least is not None else f"<= {self.at_most:g}"
+
+
+class CorruptionChoice(ClaimSpec):
+    """A claim that runs on a corrupted run: `corruption` names which (default: the data's first)."""
+
+    corruption: str | None = Field(None, min_length=1)
+
+    def corruptions_used(self) -> list[str]:
+        return [self.corruption] if self.corruption is not None else []
+
+
+class BoundedCausalClaim(BoundedClaim):
+    """A bounded claim that runs on a corrupted run (`corruption`, as CorruptionChoice)."""
+
+    corruption: str | None = Field(None, min_length=1)
+
+    def corruptions_used(self) -> list[str]:
+        return [self.corruption] if self.corruption is not None else []

@@ -8,6 +8,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from .vocabulary import Corruption
+
+DEFAULT_CORRUPTIONS: tuple[Corruption, ...] = ("first_half",)
+
 
 class Strict(BaseModel):
     """Every model of the format: unknown keys are errors; values are frozen."""
@@ -16,8 +20,8 @@ class Strict(BaseModel):
 
 
 class GeneratorData(Strict):
-    """Built-in generator: `[BOS] + S + S` with S uniformly random tokens.
-    The corrupted prompt replaces the first S by fresh random tokens."""
+    """Built-in generator: `[BOS] + S + S` with S uniformly random tokens, and one or
+    more corruptions of it (model.data.repeated_tokens)."""
 
     generator: Literal["repeated_tokens"]
     n_prompts: int = Field(200, ge=2, le=100_000)
@@ -28,12 +32,20 @@ class GeneratorData(Strict):
     split: Literal["test", "explore"] = "test"
     vocab_min: int = Field(1, ge=0)
     vocab_max: int | None = Field(None, ge=1)
+    corruptions: list[Corruption] = Field(default_factory=lambda: list(DEFAULT_CORRUPTIONS), min_length=1)
+    n_reference: int | None = Field(None, ge=2, le=100_000)
 
     @model_validator(mode="after")
     def _range(self) -> GeneratorData:
         if self.vocab_max is not None and self.vocab_max <= self.vocab_min:
             raise ValueError("vocab_max must be greater than vocab_min")
+        if len(set(self.corruptions)) != len(self.corruptions):
+            raise ValueError("a corruption is listed twice")
         return self
+
+    def corruption_names(self) -> list[str] | None:
+        """The names claims may give as `corruption:` (the first is the default)."""
+        return list(self.corruptions)
 
 
 class FileData(Strict):
@@ -41,6 +53,11 @@ class FileData(Strict):
 
     file: str
     limit: int | None = Field(None, ge=2)
+    mean_from: str | None = None
+
+    def corruption_names(self) -> list[str] | None:
+        """None: known only when the file is read (`default`, and one per corrupted_<name> key)."""
+        return None
 
 
 class Stats(Strict):
@@ -56,6 +73,20 @@ class Stats(Strict):
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     min_effect: float = Field(0.1, gt=0.0)
     tolerance: float = Field(0.05, gt=0.0)
+    min_change: float = Field(0.05, gt=0.0, le=1.0)
+    min_raw_change: float = Field(0.01, ge=0.0)
+
+    def warnings(self) -> list[str]:
+        """Settings that weaken the guards against reading noise as an effect."""
+        out = []
+        if self.min_raw_change == 0:
+            out.append("stats.min_raw_change is 0: an edge can be called used with no change in the metric")
+        for key in ("min_gap", "min_prompt_gap"):
+            value = getattr(self, key)
+            if value < self.min_raw_change:
+                out.append(f"stats.{key} {value:g} is below min_raw_change {self.min_raw_change:g}: normalised "
+                           "effects may divide by gaps smaller than the smallest change counted as real")
+        return out
 
     @model_validator(mode="after")
     def _zones_apart(self) -> Stats:

@@ -13,6 +13,8 @@ METRICS = ("logprob", "logit_diff")
 UNITS = {"logprob": "nats", "logit_diff": "logits"}  # the unit of each metric
 WEIGHT_PROCESSING = ("folded", "raw")
 MODES = ("q", "k", "v")  # composition modes = the receiver input read
+CORRUPTIONS = ("first_half", "second_half", "both")  # of the repeated-tokens generator
+NORMALIZATIONS = ("corrupted", "baseline")  # what a normalised effect divides by
 
 AttentionRole = Literal["previous_token", "induction", "duplicate_token", "first_token"]
 Ablation = Literal["zero", "mean", "resample"]
@@ -20,3 +22,5 @@ Direction = Literal["noising", "denoising"]
 Replacement = Literal["resample", "mean", "zero"]
 Metric = Literal["logprob", "logit_diff"]
 Processing = Literal["folded", "raw"]
+Corruption = Literal["first_half", "second_half", "both"]
+Normalization = Literal["corrupted", "baseline"]

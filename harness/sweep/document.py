@@ -14,7 +14,7 @@ from ..evidence import document
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS
 from ..hypothesis.loading import LoadedHypothesis
 
-SCHEMA_VERSION = 2  # of sweep.json; docs/sweep-json.md lists the changes
+SCHEMA_VERSION = 3  # of sweep.json; docs/sweep-json.md lists the changes
 SCHEMA_FILE = Path(__file__).with_name("sweep.schema.json")
 
 
@@ -54,9 +54,11 @@ def job_summary(result: dict[str, Any], plans: dict[str, dict[str, Any]]) -> dic
     return {"status": "ok", "seconds": result.get("seconds"), "host": result.get("host"),
             "model_sha256": ev.model["sha256"], "device": ev.provenance.get("device"),
             "counts": ev.counts(), "baseline_gap": ev.baseline["gap"], "claims": claims,
-            "weights_vs_use": [{"edge": w.edge, "class": w.classification, "composes": w.composes, "use": w.use,
-                                "composition": w.composition, "effect": w.effect, "effect_ci": w.effect_ci}
-                               for w in ev.weights_vs_use]}
+            "weights_vs_use": [{"edge": w.edge, "direction": w.direction, "class": w.classification,
+                                "composes": w.composes, "use": w.use, "composition": w.composition,
+                                "effect": w.effect, "effect_ci": w.effect_ci} for w in ev.weights_vs_use],
+            "ladder": [{"mechanism": r.mechanism, "highest": r.highest, "contradictions": r.contradictions}
+                       for r in ev.ladder]}
 
 
 def counts(jobs: list[dict[str, Any]]) -> dict[str, int]:

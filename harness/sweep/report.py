@@ -14,6 +14,7 @@ from typing import Any
 from tabulate import tabulate
 
 from ..errors import UserError
+from ..evidence.details import AS_CLAIMED
 from ..report.html import mark_cells, render_html
 from ..report.writer import check_new, read_json, replace_files, write_folder
 from . import document
@@ -139,6 +140,7 @@ def render_markdown(doc: dict, figures: set[str]) -> str:
             fname = f"{folder_name(name)}-{key}.png"
             if fname in figures:
                 out += [f"### {title}", "", f"![{name}: {title.lower()}](figures/{fname})", ""]
+        out += _ladder(doc, name, names)
         out += _weights_vs_use(doc, name, names)
         out += _numbers(doc, name, names)
     out += ["## Models", ""]
@@ -154,13 +156,18 @@ def render_markdown(doc: dict, figures: set[str]) -> str:
     return "\n".join(out)
 
 
+def _row_key(row: dict[str, Any]) -> str:
+    """An edge and its direction (sweep.json version 1 and 2 rows have no direction)."""
+    return f"{row['edge']} ({row['direction']})" if row.get("direction") else row["edge"]
+
+
 def _weights_vs_use(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
     jobs = _jobs(doc, hypothesis)
     edges: list[str] = []
     for j in jobs.values():
         for row in j.get("weights_vs_use", []):
-            if row["edge"] not in edges:
-                edges.append(row["edge"])
+            if _row_key(row) not in edges:
+                edges.append(_row_key(row))
     if not edges:
         return []
     rows = []
@@ -168,7 +175,7 @@ def _weights_vs_use(doc: dict, hypothesis: str, names: dict[str, str]) -> list[s
         row = [e]
         for m in doc["models"]:
             found = (jobs.get(m["label"]) or {}).get("weights_vs_use", [])
-            w = next((w for w in found if w["edge"] == e), None)
+            w = next((w for w in found if _row_key(w) == e), None)
             row.append(w["class"] if w else "-")
         rows.append(row)
     return ["### Weights vs use over training", "",
@@ -177,6 +184,32 @@ def _weights_vs_use(doc: dict, hypothesis: str, names: dict[str, str]) -> list[s
             "(edge patching). *route present, unused* and *used without a weight route* mark where "
             "the two kinds of evidence diverge.", "",
             tabulate(rows, headers=["edge"] + [names[m["label"]] for m in doc["models"]], tablefmt="github"), ""]
+
+
+def _ladder(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
+    """The highest rung of the evidence ladder each mechanism reaches on each model (! marks
+    a model on which some of its evidence contradicts the rest)."""
+    jobs = _jobs(doc, hypothesis)
+    mechanisms: list[str] = []
+    for j in jobs.values():
+        for r in j.get("ladder", []):
+            if r["mechanism"] not in mechanisms:
+                mechanisms.append(r["mechanism"])
+    if not mechanisms:
+        return []
+    rows = []
+    for mech in mechanisms:
+        row = [mech]
+        for m in doc["models"]:
+            r = next((r for r in (jobs.get(m["label"]) or {}).get("ladder", []) if r["mechanism"] == mech), None)
+            unexpected = r is not None and any(not c.endswith(AS_CLAIMED) for c in r["contradictions"])
+            row.append("-" if r is None else (r["highest"] or "none") + (" !" if unexpected else ""))
+        rows.append(row)
+    return ["### Evidence ladder over training", "",
+            "The highest level of evidence each mechanism reaches on each model (weights, observation, necessity, "
+            "edge necessity, sufficiency, robustness); `!` marks evidence on that model that contradicts the rest "
+            "beyond what the file itself claims (each job's report lists it).", "",
+            tabulate(rows, headers=["mechanism"] + [names[m["label"]] for m in doc["models"]], tablefmt="github"), ""]
 
 
 def _numbers(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:

@@ -91,7 +91,7 @@ def _warm_tl(bridge: Any, ds: Any, scalar: Any) -> None:
 
 def run_per_edge(bridge, ds, clean, corrupt, es):
     t = time.perf_counter()
-    vals = [float(metrics.per_prompt(P.fast_logits(bridge, ds.corrupted, P.prepare(bridge, e, corrupt, clean, clean,
+    vals = [float(metrics.per_prompt(P.fast_logits(bridge, ds.corrupted, P.prepare(bridge, e, corrupt, clean,
                                                                                   "resample")),
                                      ds.positions, ds.answers, "logprob").mean()) for e in es]
     return time.perf_counter() - t, vals

@@ -26,7 +26,11 @@ Variants: `clean` (the above); `decoy` (+ L0H1 attends to the start token and
 writes tok -> prev like L0H0, so it K-composes with L1H0 as strongly, but it adds
 the same vector to every key, which softmax ignores: route present, unused);
 `redundant` (L0H1 is a second previous-token head; each alone saturates the
-induction head); `null` (same shapes, random weights, no mechanism).
+induction head); `query` (a fifth block cur [3V+N, 4V+N): L0H1 attends to its
+own position and copies tok into cur, and L1H0's queries read cur instead of
+tok, so the induction head cannot work without L0H1; a corruption of the first
+half of the prompt never changes L0H1's output where L1H0's queries read it);
+`null` (same shapes, random weights, no mechanism).
 """
 
 from __future__ import annotations
@@ -41,13 +45,15 @@ D_HEAD = max(V, N)
 SHARP = 30.0  # attention logit of a match, before / sqrt(d_head)
 GAIN = 10.0  # logit of the copied token
 NOISE = 0.01  # scale of the unused heads' random weights
-VARIANTS = ("clean", "decoy", "redundant", "null")
-TOK, POS, PREV, OUT = 0, V, V + N, 2 * V + N
+VARIANTS = ("clean", "decoy", "redundant", "query", "null")
+TOK, POS, PREV, OUT, CUR = 0, V, V + N, 2 * V + N, 3 * V + N
 D_MODEL = 3 * V + N
 
 
-def config(seed: int) -> dict:
-    return {"d_model": D_MODEL, "d_head": D_HEAD, "n_heads": 2, "n_layers": 2, "n_ctx": N, "d_vocab": V,
+def config(seed: int, variant: str = "clean") -> dict[str, Any]:
+    """The TransformerBridgeConfig fields (the `query` variant has the extra cur block)."""
+    d_model = D_MODEL + V if variant == "query" else D_MODEL
+    return {"d_model": d_model, "d_head": D_HEAD, "n_heads": 2, "n_layers": 2, "n_ctx": N, "d_vocab": V,
             "attn_only": True, "normalization_type": None, "positional_embedding_type": "standard",
             "model_name": "constructed", "seed": seed}
 
@@ -62,7 +68,7 @@ def build(variant: str, seed: int = 0) -> Any:
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}")
-    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**config(seed)),  # type: ignore[attr-defined]
+    bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**config(seed, variant)),  # type: ignore[attr-defined]
                                            device="cpu")
     m = bridge.original_model
     g = torch.Generator().manual_seed(seed)
@@ -86,10 +92,13 @@ def build(variant: str, seed: int = 0) -> Any:
             _prev_token_head(a0, 1, scale)
         if variant == "decoy":
             _first_token_writer(a0, 1, scale)
-        # induction head L1H0: q = tok, k = prev, OV: tok -> out
+        if variant == "query":
+            _current_token_head(a0, 1, scale)
+        # induction head L1H0: q = tok (query variant: cur), k = prev, OV: tok -> out
         _zero_head(a1, 0)
         blk = _rows(0)
-        a1.q.weight[blk][:V, TOK:TOK + V] = eye_v * scale
+        reads = CUR if variant == "query" else TOK
+        a1.q.weight[blk][:V, reads:reads + V] = eye_v * scale
         a1.k.weight[blk][:V, PREV:PREV + V] = eye_v
         a1.v.weight[blk][:V, TOK:TOK + V] = eye_v
         a1.o.weight[:, blk][OUT:OUT + V, :V] = eye_v
@@ -124,6 +133,18 @@ def _prev_token_head(attn: Any, head: int, scale: float) -> None:
     attn.o.weight[:, blk][PREV:PREV + V, :V] = torch.eye(V)
 
 
+def _current_token_head(attn: Any, head: int, scale: float) -> None:
+    """Attend from i to i (positions); OV copies tok into cur."""
+    import torch
+
+    _zero_head(attn, head)
+    blk = _rows(head)
+    attn.q.weight[blk][:N, POS:POS + N] = torch.eye(N) * scale
+    attn.k.weight[blk][:N, POS:POS + N] = torch.eye(N)
+    attn.v.weight[blk][:V, TOK:TOK + V] = torch.eye(V)
+    attn.o.weight[:, blk][CUR:CUR + V, :V] = torch.eye(V)
+
+
 def _first_token_writer(attn: Any, head: int, scale: float) -> None:
     """Attend to the start token (key = tok one-hot, query = constant e_0); OV tok -> prev."""
     import torch
@@ -143,15 +164,15 @@ def save(bridge: Any, variant: str, seed: int, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous().clone() for k, v in bridge.state_dict().items()},
               str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(config(seed), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config(seed, variant), indent=2) + "\n")
     (out / "README.md").write_text(f"Constructed model `{variant}` (seed {seed}), built by "
                                    "`harness.constructed.build`; see that module's docstring.\n")
     return out
 
 
 def build_all(root: Path, null_seeds: tuple[int, ...] = (0,)) -> dict[str, Path]:
-    """Build clean, decoy, redundant and null-<seed> under root; return their paths."""
-    paths = {v: save(build(v), v, 0, root / v) for v in ("clean", "decoy", "redundant")}
+    """Build clean, decoy, redundant, query and null-<seed> under root; return their paths."""
+    paths = {v: save(build(v), v, 0, root / v) for v in ("clean", "decoy", "redundant", "query")}
     for s in null_seeds:
         paths[f"null-{s}"] = save(build("null", s), "null", s, root / f"null-{s}")
     return paths

@@ -1,19 +1,26 @@
 """`harness scan`: every edge at once, before writing a hypothesis.
 
-For every sender (embed, heads) -> later head .q/.k/.v and -> logits edge:
+For every sender (embed, heads) -> later head .q/.k/.v and -> logits edge, and
+for each corruption asked for (generator: `first_half`, `second_half`, `both`;
+a prompt file: its own corruptions):
 * the causal effect (noising, resample replacement, batched exact edge
   patching, mech.batched_edges): normalised effect with a BCa CI and a sign-flip
-  p-value, Benjamini-Hochberg adjusted over all edges, and its use status
-  (claims.edge.use_status, with the default `stats` thresholds);
+  p-value, Benjamini-Hochberg adjusted over the corruption's edges (structurally
+  zero edges left out), how much the patch changes the sender's output where the
+  receiver reads it (mech.change), and the use status (claims.edge.use_status,
+  with the default `stats` thresholds: `untested` when the patch is vacuous,
+  `used (opposite sign)` for a clear effect against the clean behaviour);
 * for head -> head-input edges, the composition score and its rotation-null
   p-value (uncorrected, `--draws` draws: an exploration aid, not a claim), and
   the weights-vs-use class.
 
 Prints the edges ranked by effect, and writes into a new folder: scan.json
-(every edge), signature.png (composition vs effect), and starter.yaml, a
-hypothesis file whose claims are the strongest used routes, for the user to edit
-and then test on held-out prompts (its data uses the `test` split; the scan uses
-`explore`).
+(every edge under every corruption), signature.png (composition vs effect), and
+starter.yaml, a hypothesis file whose claims are the strongest routes found used
+under any corruption (each claim naming its corruption), for the user to edit
+and then test on held-out prompts (with the generator its data uses the `test`
+split; the scan uses `explore`; with a prompt file, give the starter a held-out
+file).
 """
 
 from __future__ import annotations
@@ -25,12 +32,14 @@ import numpy as np
 import yaml
 
 from .. import stats
-from ..claims.edge import classify, use_status
-from ..claims.effects import normalized_effect
+from ..claims.edge import UNDETERMINED, UNTESTED, USED, classify, use_status
+from ..claims.effects import floor_changes, intervention_change, metric_scale, normalized_effect
+from ..errors import UserError
 from ..evidence.document import to_json
 from ..hypothesis.loading import load
-from ..mech import batched_edges, weights
+from ..mech import batched_edges, change, weights
 from ..mech.hooks import cache_hooks
+from ..mech.runs import Runs
 from ..model import data, metrics
 from ..model.devices import of, resolve_device
 from ..model.loading import load_model
@@ -38,120 +47,192 @@ from ..progress import progress
 from ..report.figures import signature
 from ..report.writer import write_folder
 from ..spec import names
-from ..spec.settings import Stats
+from ..spec.names import hook_pattern
+from ..spec.settings import DEFAULT_CORRUPTIONS, Stats
 from ..streams import Stream, derive_seed
 
 SCAN_STATS = Stats(bootstrap=1000, permutations=2000)  # thresholds are the defaults; fewer resamples
 
 
+def _seed(seed: int, stream: Stream, i: int, c: int) -> int:
+    """Edge i under the c-th corruption (the first corruption keeps the one-corruption keys)."""
+    return derive_seed(seed, stream, i) if c == 0 else derive_seed(seed, stream, i, c)
+
+
 def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int = 20, seed: int = 0,
          metric: str = "logprob", processing: str = "folded", draws: int = 1000, top: int = 15,
-         budget_mb: int = 32, bootstrap: int = 1000, device: str | None = None) -> tuple[list[dict], str]:
+         budget_mb: int = 32, bootstrap: int = 1000, device: str | None = None,
+         corruptions: tuple[str, ...] | None = None, data_file: Path | None = None,
+         ) -> tuple[list[dict[str, Any]], str]:
     """Run the scan; return (rows ranked by effect, printable table).  `device`: where the
-    model runs (devices.resolve_device: None = $HARNESS_DEVICE or the best available);
-    prompts are drawn on the CPU and moved there, the statistics run on the CPU."""
+    model runs (model.devices.resolve_device); prompts are drawn on the CPU and moved there,
+    the statistics run on the CPU.  `corruptions`: the generator's (default first_half), or with
+    `data_file` (a JSONL prompt file instead of the generator) some of the file's (default all)."""
     device = resolve_device(device)
     m = load_model(model_source, device=device)
     bridge, L, H = m.bridge, m.n_layers, m.n_heads
-    ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, "explore", bos_token=m.bos_token)
+    if data_file is not None:
+        ds = data.load_jsonl(data_file, m.d_vocab)
+        chosen = list(ds.corruptions) if corruptions is None else list(corruptions)
+        missing = [c for c in chosen if c not in ds.corruptions]
+        if missing:
+            raise UserError(f"--corruption {', '.join(missing)}: {data_file} has {', '.join(ds.corruptions)}")
+    else:
+        chosen = list(corruptions or DEFAULT_CORRUPTIONS)
+        ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, "explore", bos_token=m.bos_token,
+                                  corruptions=tuple(chosen))
     ds = ds.to(of(bridge))
-    hooks = batched_edges.cache_names(L)
-    clean, corrupt = cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
-    m_clean = metrics.per_prompt(clean["logits"], ds.positions, ds.answers, metric).cpu().numpy()
-    m_corrupt = metrics.per_prompt(corrupt["logits"], ds.positions, ds.answers, metric).cpu().numpy()
-    edges = batched_edges.all_edges(L, H)
+    hooks = batched_edges.cache_names(L) + [hook_pattern(L - 1)]
+    clean = cache_hooks(bridge, ds.clean, hooks)
+
+    def metric_of(logits: Any) -> np.ndarray:
+        return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong).cpu().numpy()
 
     def mf(logits: Any, pos: Any) -> Any:
-        return metrics.per_prompt(logits, pos, ds.answers.repeat(logits.shape[0] // ds.n, 1), metric)
+        wrong = None if ds.wrong is None else ds.wrong.repeat(logits.shape[0] // ds.n, 1)
+        return metrics.per_prompt(logits, pos, ds.answers.repeat(logits.shape[0] // ds.n, 1), metric, wrong)
 
-    patched = batched_edges.batched_metrics(bridge, edges, clean, corrupt, clean, ds.positions, mf, "resample",
-                                    budget_mb * 2**20, progress)
+    m_clean = metric_of(clean["logits"])
+    edges = batched_edges.all_edges(L, H)
     st = SCAN_STATS.model_copy(update={"bootstrap": bootstrap})
     hw = weights.head_weights(bridge, processing)
+    composition = _composition(hw, edges, draws, seed)
+    rows: list[dict[str, Any]] = []
+    for c_i, name in enumerate(chosen):
+        corrupt = cache_hooks(bridge, ds.corruptions[name], hooks)
+        runs = Runs(bridge, ds, clean, corrupt, metric_of, m_clean, metric_of(corrupt["logits"]), corruption=name)
+        patched = batched_edges.batched_metrics(bridge, edges, clean, corrupt, clean, ds.positions, mf, "resample",
+                                                budget_mb * 2**20, progress)
+        rows += _rows(runs, edges, patched, composition, st, seed, c_i, metrics.UNITS[metric])
+    rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
+    table = _table(rows[:top], ds.description, len(edges), chosen)
+    _write(out, rows, model_source, n_prompts, segment_length, seed, metric, chosen, data_file)
+    return rows, table
+
+
+def _composition(hw: weights.HeadWeights, edges: list[names.Edge], draws: int, seed: int) -> dict[int, tuple]:
+    """{edge index: (score or None, uncorrected null p)} for head -> head-input edges."""
     mode_scores = {x: weights.all_scores(hw, x) for x in "qkv"}
-    rows = []
-    for i, e in enumerate(progress(edges, "statistics")):
-        d = m_clean - patched[i]
-        norm = normalized_effect(d, m_clean - m_corrupt, st, derive_seed(seed, Stream.SCAN_EFFECT, i),
-                                 metrics.UNITS[metric])
-        iv = norm.interval
-        row: dict[str, Any] = {
-            "edge": str(e), "effect": None if iv is None else iv.estimate,
-            "effect_ci": None if iv is None else [iv.low, iv.high], "undefined_reason": norm.reason,
-            "raw_change": float(d.mean()),
-            "p_value": stats.sign_flip_pvalue(d[norm.kept], st.permutations,
-                                              derive_seed(seed, Stream.SCAN_PERMUTATION, i))
-            if iv is not None else 1.0,
-            "composition": None, "composition_p": None}
+    out = {}
+    for i, e in enumerate(edges):
         if isinstance(e.sender, names.Head) and isinstance(e.receiver, names.HeadInput):
             r = e.receiver
             c = float(mode_scores[r.which][e.sender.layer, e.sender.head, r.head.layer, r.head.head])
             p, _ = weights.null_p_value(weights.sender_matrix(hw, e.sender.layer, e.sender.head),
                                         weights.receiver_matrix(hw, r.head.layer, r.head.head, r.which), c,
                                         draws, derive_seed(seed, Stream.SCAN_NULL, i), null_dim=hw.null_dim)
-            row["composition"], row["composition_p"] = (None if c != c else c), p
-        rows.append(row)
-    for row, p_adj in zip(rows, stats.benjamini_hochberg([r["p_value"] for r in rows]), strict=True):
+            out[i] = (None if c != c else c, p)
+    return out
+
+
+def _rows(runs: Runs, edges: list[names.Edge], patched: np.ndarray, composition: dict[int, tuple], st: Stats,
+          seed: int, c_i: int, unit: str) -> list[dict[str, Any]]:
+    """One row per edge under one corruption, BH-adjusted over its non-zero edges."""
+    m_clean, m_corrupt = runs.m_clean, runs.m_corrupt
+    scale = metric_scale(m_clean, m_corrupt)
+    rows = []
+    for i, e in enumerate(progress(edges, f"statistics ({runs.corruption})")):
+        d = floor_changes(m_clean - patched[i], scale)
+        norm = normalized_effect(d, m_clean - m_corrupt, st, _seed(seed, Stream.SCAN_EFFECT, i, c_i), unit)
+        iv = norm.interval
+        zero = bool(np.all(d == 0))
+        r, _ = change.edge_change(runs, e, "noising", "resample")
+        read = intervention_change(r, st, "")
+        score, comp_p = composition.get(i, (None, None))
+        rows.append({
+            "edge": str(e), "corruption": runs.corruption, "effect": None if iv is None else iv.estimate,
+            "effect_ci": None if iv is None else [iv.low, iv.high], "undefined_reason": norm.reason,
+            "raw_change": float(d.mean()), "relative_change": read.relative_change, "vacuous": read.vacuous,
+            "structurally_zero": zero,
+            "p_value": stats.sign_flip_pvalue(d[norm.kept], st.permutations,
+                                              _seed(seed, Stream.SCAN_PERMUTATION, i, c_i))
+            if iv is not None and not zero else 1.0,
+            "composition": score, "composition_p": comp_p})
+    family = [row for row in rows if not row["structurally_zero"]]
+    for row, p_adj in zip(family, stats.benjamini_hochberg([r["p_value"] for r in family]), strict=True):
         row["p_adjusted"] = p_adj
-        lo, hi = row["effect_ci"] if row["effect_ci"] else (float("nan"), float("nan"))
-        row["use"] = (use_status(lo, hi, p_adj, st.min_effect, st.tolerance, st.alpha)
-                      if row["effect_ci"] else "undetermined")
+    for row in rows:
+        row.setdefault("p_adjusted", 1.0)
+        if row["vacuous"]:
+            row["use"] = UNTESTED
+        elif row["effect_ci"]:
+            lo, hi = row["effect_ci"]
+            row["use"] = use_status(lo, hi, row["p_adjusted"], st.min_effect, st.tolerance, st.alpha,
+                                    row["raw_change"], st.min_raw_change)
+        else:
+            row["use"] = UNDETERMINED
         if row["composition_p"] is not None:
             row["composes"] = row["composition_p"] < st.composition_alpha
             row["class"] = classify(row["composes"], row["use"])
-    rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
-    table = _table(rows[:top], ds.description, len(rows))
-    _write(out, rows, model_source, n_prompts, segment_length, seed, metric, top)
-    return rows, table
+    return rows
 
 
-def _table(rows: list[dict], desc: str, n: int) -> str:
+def _table(rows: list[dict[str, Any]], desc: str, n: int, corruptions: list[str]) -> str:
     from tabulate import tabulate
 
-    body = [(r["edge"], "undefined" if r["effect"] is None else
+    several = len(corruptions) > 1
+    body = [(r["edge"], *([r["corruption"]] if several else []), "undefined" if r["effect"] is None else
              f"{r['effect']:.3f} [{r['effect_ci'][0]:.3f}, {r['effect_ci'][1]:.3f}]", f"{r['p_adjusted']:.2g}",
-             r["use"], "" if r["composition"] is None else f"{r['composition']:.3f}",
+             r["use"], f"{r['relative_change']:.2f}", "" if r["composition"] is None else f"{r['composition']:.3f}",
              "" if r["composition_p"] is None else f"{r['composition_p']:.3g}", r.get("class", ""))
             for r in rows]
-    return (f"{desc}\n{n} edges (noising, resample); top {len(rows)} by effect:\n\n"
-            + tabulate(body, headers=["edge", "effect [CI]", "p_adj", "use", "composition", "comp. p (uncorr.)",
-                                      "weights vs use"]))
+    headers = ["edge", *(["corruption"] if several else []), "effect [CI]", "p_adj", "use", "changed",
+               "composition", "comp. p (uncorr.)", "weights vs use"]
+    return (f"{desc}\n{n} edges x {len(corruptions)} corruption(s) ({', '.join(corruptions)}; noising, resample); "
+            f"top {len(rows)} by effect; changed = how much the patch changes the sender's output where the "
+            f"receiver reads it (below {SCAN_STATS.min_change:g}: untested):\n\n" + tabulate(body, headers=headers))
 
 
-def starter(rows: list[dict], model_source: str, n_prompts: int, segment_length: int, metric: str,
-            top: int = 5) -> dict:
-    """A hypothesis with the strongest used edges as claims (and, for head -> head
-    edges that compose, the composition claim beside them)."""
-    used = [r for r in rows if r["use"] == "used"][:top]
-    claims = []
-    for r in used:
+def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, metric: str,
+            corruptions: list[str], data_file: Path | None = None, top: int = 5) -> dict[str, Any]:
+    """A hypothesis with the strongest used edges as claims (each under the corruption that
+    showed it, and for head -> head edges that compose the composition claim beside them)."""
+    used: list[dict[str, Any]] = []
+    for r in rows:  # the strongest corruption per edge, rows being ranked by effect
+        if r["use"] == USED and all(u["edge"] != r["edge"] for u in used):
+            used.append(r)
+    claims: list[dict[str, Any]] = []
+    for r in used[:top]:
         slug = r["edge"].replace(" -> ", "-to-").replace(".", "-").replace("_", "-")
-        claims.append({"id": f"edge-{slug}", "kind": "edge", "edge": r["edge"], "expect": "used"})
+        claim = {"id": f"edge-{slug}", "kind": "edge", "edge": r["edge"], "expect": "used"}
+        if r["corruption"] != corruptions[0]:
+            claim["corruption"] = r["corruption"]
+        claims.append(claim)
         if r.get("composes"):
             claims.append({"id": f"comp-{slug}", "kind": "composition", "edge": r["edge"], "expect": "composes"})
     if not claims:
         best = next((r for r in rows if r["effect"] is not None), None)
         if best is not None:
-            claims.append({"id": "strongest-edge", "kind": "edge", "edge": best["edge"], "expect": "used"})
+            claim = {"id": "strongest-edge", "kind": "edge", "edge": best["edge"], "expect": "used"}
+            if best["corruption"] != corruptions[0]:
+                claim["corruption"] = best["corruption"]
+            claims.append(claim)
+    if data_file is not None:
+        source: dict[str, Any] = {"file": str(data_file.resolve())}
+        held_out = "it reads the scanned prompt file: point data.file at held-out prompts before testing."
+    else:
+        source = {"generator": "repeated_tokens", "n_prompts": n_prompts, "segment_length": segment_length,
+                  "split": "test", "corruptions": corruptions}
+        held_out = "this file's data uses the held-out test split."
     return {"harness": 1, "name": "starter",
-            "description": "Written by `harness scan` from the strongest used routes (explore split). Edit the "
-                           "claims, then test them: this file's data uses the held-out test split.",
+            "description": "Written by `harness scan` from the strongest routes used under any corruption (explore "
+                           f"split). Edit the claims, then test them: {held_out}",
             "model": str(Path(model_source).resolve()) if not model_source.startswith("hf:") else model_source,
-            "data": {"generator": "repeated_tokens", "n_prompts": n_prompts, "segment_length": segment_length,
-                     "split": "test"},
-            "metric": metric, "claims": claims}
+            "data": source, "metric": metric, "claims": claims}
 
 
-def _write(out: Path, rows: list[dict], model_source: str, n_prompts: int, segment_length: int, seed: int,
-           metric: str, top: int) -> None:
-    doc = starter(rows, model_source, n_prompts, segment_length, metric)
+def _write(out: Path, rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, seed: int,
+           metric: str, corruptions: list[str], data_file: Path | None) -> None:
+    doc = starter(rows, model_source, n_prompts, segment_length, metric, corruptions, data_file)
     load(doc)  # the starter file must be valid
-    files = {"scan.json": to_json({"edges": rows, "seed": seed, "metric": metric}).encode(),
+    files = {"scan.json": to_json({"edges": rows, "seed": seed, "metric": metric,
+                                   "corruptions": corruptions}).encode(),
              "starter.yaml": yaml.safe_dump(doc, sort_keys=False).encode()}
     claimed = {c["edge"] for c in doc["claims"]}
+    first = [r for r in rows if r["corruption"] == corruptions[0]]
     pts = [{"edge": r["edge"], "composition": r["composition"], "effect": r["effect"], "effect_ci": r["effect_ci"],
-            "composes": r.get("composes", False), "claimed": r["edge"] in claimed}
-           for r in rows if r["composition"] is not None]
+            "composes": r.get("composes", False), "claimed": r["edge"] in claimed, "untested": r["use"] == UNTESTED}
+           for r in first if r["composition"] is not None]
     png = signature({"points": pts, "min_effect": SCAN_STATS.min_effect})
     if png is not None:
         files["signature.png"] = png

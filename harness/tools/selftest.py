@@ -39,21 +39,38 @@ from . import constructed
 
 ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "constructed"
 VERDICTS = tuple(v.value for v in Verdict)
+# the weights-vs-use class each test of a known route must give: (file, claim) -> (route, test, class)
+ROUTE_CLASSES = {
+    ("decoy", "decoy-route-unused"): ("decoy L0H1 -> L1H0.k", "resample, first_half",
+                                      "route present, untested by this intervention"),
+    ("decoy", "decoy-route-unused-zero"): ("decoy L0H1 -> L1H0.k", "zero", "route present, unused"),
+    ("query", "q-route-untested"): ("query L0H1 -> L1H0.q", "resample, first_half",
+                                    "route present, untested by this intervention"),
+    ("query", "q-route-used-second-half"): ("query L0H1 -> L1H0.q", "resample, second_half", "route used"),
+    ("clean", "k-edge-used"): ("clean L0H0 -> L1H0.k", "resample, first_half", "route used"),
+    ("clean", "k-edge-alone-not-sufficient"): ("clean L0H0 -> L1H0.k", "denoising, first_half",
+                                               "route used, against the claim's direction"),
+}
 
 
 @dataclass
 class SelftestResult:
     rows: list[dict] = field(default_factory=list)  # file, claim, kind, expected, obtained
     fpr: dict = field(default_factory=dict)  # name -> {k, n, rate, ci, alpha, ok}
-    decoy_class: str | None = None
 
     @property
     def n_ok(self) -> int:
         return sum(r["expected"] == r["obtained"] for r in self.rows)
 
+    def route_classes(self) -> list[tuple[str, str, str, str | None]]:
+        """(route, test, expected class, obtained class) of every ROUTE_CLASSES test."""
+        got = {(r["file"], r["claim"]): r["class"] for r in self.rows}
+        return [(route, test, want, got.get(key)) for key, (route, test, want) in ROUTE_CLASSES.items()]
+
     @property
     def passed(self) -> bool:
-        return self.n_ok == len(self.rows) and all(f["ok"] for f in self.fpr.values())
+        return (self.n_ok == len(self.rows) and all(f["ok"] for f in self.fpr.values())
+                and all(want == got for _, _, want, got in self.route_classes()))
 
     def summary_line(self) -> str:
         f = self.fpr
@@ -66,11 +83,10 @@ def run_validation(root: Path, device: str | None = None) -> list[dict[str, Any]
     rows = []
     for name, claims in expected.items():
         ev = run(root / "validation" / f"{name}.yaml", figures=False, device=device)
-        classes = {r.claim: r.classification for r in ev.weights_vs_use}
         for cid, want in claims.items():
-            c = ev.claim(cid)
+            c = ev.claim(cid)  # the weights-vs-use class of the claim's own test
             rows.append({"file": name, "claim": cid, "kind": c.kind, "expected": want, "obtained": c.verdict,
-                         "value": key_number(c), "class": classes.get(cid)})
+                         "value": key_number(c), "class": getattr(c.details, "weights_vs_use", None)})
     return rows
 
 
@@ -113,7 +129,6 @@ def selftest(out: Path | None = None, null_seeds: int = 20, device: str | None =
         constructed.build_all(root / "models", (0,))
         shutil.copytree(ROOT / "validation", root / "validation", dirs_exist_ok=True)
         res = SelftestResult(rows=run_validation(root, device))
-        res.decoy_class = next((r["class"] for r in res.rows if r["claim"] == "decoy-route-unused"), None)
         res.fpr = null_rates(root, range(1, 1 + null_seeds), alpha_used=0.05, alpha_comp=0.01, device=device)
     finally:
         if out is None:
@@ -137,7 +152,10 @@ def render(res: SelftestResult) -> str:
     for r in wrong:
         lines.append(f"UNEXPECTED {r['file']}::{r['claim']}: expected {r['expected']}, got {r['obtained']} "
                      f"({r['value']})")
-    lines.append(f"decoy edge L0H1 -> L1H0.k classified: {res.decoy_class}")
+    lines.append("Weights vs use of known routes (the class each test gives):")
+    for route, test, want, obtained in res.route_classes():
+        mark = "" if obtained == want else f"   UNEXPECTED: expected {want}"
+        lines.append(f"  {route} ({test}): {obtained}{mark}")
     lines.append("")
     lines.append("False-positive rates on null-model edges (Clopper-Pearson 95% CI):")
     for name, f in res.fpr.items():

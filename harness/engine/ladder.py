@@ -1,0 +1,123 @@
+"""The evidence ladder: for each mechanism a file talks about (each head, set of
+heads and edge its claims name), which levels of evidence the run reached, in
+order (evidence.details.RUNGS):
+
+    weights         the route composes beyond chance (composition claims and the
+                    weights-vs-use table; for a head, its copying score)
+    observation     the head's attention pattern has the role (role claims)
+    necessity       ablating the head(s) removes the behaviour (ablation claims)
+    edge necessity  noising the edge removes it, with a patch that changes what
+                    the receiver reads (noising edge claims)
+    sufficiency     denoising the edge restores it (denoising edge claims); keeping
+                    only a circuit keeps it (circuit claims)
+    robustness      the verdict agrees across ablation/replacement types
+                    (`sensitivity: true`) and across corruptions (the same rung
+                    tested under several corruptions)
+
+Each claim adds steps through its kind (ClaimKind.ladder): `supports`, `against`,
+`inconclusive`, or `untested` (an intervention that changed nothing it reads).  A
+row gives the highest rung some claim supports, the rungs that apply and no claim
+tested, and every contradiction: a rung whose claims disagree, a rung that
+supports the mechanism while another is against it, a robustness failure.  A
+high rung never hides a contradiction on a lower one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..claims.base import LadderEntry
+from ..claims.registry import kind_of
+from ..evidence.details import AS_CLAIMED, RUNGS, LadderRow, LadderStep, WeightsVsUseRow
+from ..evidence.result import ClaimResult
+from ..evidence.verdicts import Verdict
+from ..spec.fields import ClaimSpec
+
+APPLIES = {"head": ("weights", "observation", "necessity", "robustness"),
+           "heads": ("necessity", "sufficiency", "robustness"),
+           "edge": ("weights", "edge necessity", "sufficiency", "robustness")}
+WEIGHTS_VS_USE = "(weights vs use)"
+
+
+def entries(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult], rows: Sequence[WeightsVsUseRow]) -> Steps:
+    """(claim id, entry) for every step the claims and the weights-vs-use table give."""
+    out = [(r.id, e) for c, r in zip(claims, results, strict=True) for e in kind_of(c).ladder(c, r)]
+    for row in rows:  # the composition test of an edge that only edge claims name
+        out.append((WEIGHTS_VS_USE, LadderEntry(row.edge, "edge", "weights", "supports" if row.composes else "against",
+                                                f"composition {row.composition_p_adjusted:.3g} (BH-adjusted p)")))
+    return out
+
+
+Steps = list[tuple[str, LadderEntry]]  # (claim id, entry)
+
+
+def _across_corruptions(mechanism: str, type_: str, found: Steps) -> Steps:
+    """A robustness step for each rung tested under several corruptions."""
+    out = []
+    for rung in ("necessity", "edge necessity", "sufficiency"):
+        by_corruption: dict[str, set[str]] = {}
+        for _, e in found:
+            if e.rung == rung and e.corruption is not None and e.status in ("supports", "against"):
+                by_corruption.setdefault(e.corruption, set()).add(e.status)
+        if len(by_corruption) < 2:
+            continue
+        statuses = set().union(*by_corruption.values())
+        cells = ", ".join(f"{c} {'/'.join(sorted(s))}" for c, s in by_corruption.items())
+        if len(statuses) == 1:
+            out.append(("(corruptions)", LadderEntry(mechanism, type_, "robustness", "supports",
+                                                     f"{rung} agrees across corruptions: {cells}")))
+        else:
+            out.append(("(corruptions)", LadderEntry(mechanism, type_, "robustness", "against",
+                                                     f"{rung} depends on the corruption: {cells}")))
+    return out
+
+
+def contradictions(rungs: dict[str, list[LadderStep]], passed: frozenset[str] = frozenset()) -> list[str]:
+    """Disagreements within a rung and between rungs. When every step against the mechanism
+    comes from a claim that PASSed (the file itself asserts the absence, e.g. a redundant head
+    or a route present but unused) the contradiction is marked "(as the file claims)"."""
+    def claimed(*names: str) -> str:
+        against = [s.claim for r in names for s in rungs[r] if s.status == "against"]
+        return AS_CLAIMED if against and all(c in passed for c in against) else ""
+
+    out = []
+    for rung, steps in rungs.items():
+        statuses = {s.status for s in steps}
+        if {"supports", "against"} <= statuses and rung != "robustness":
+            yes = ", ".join(s.claim for s in steps if s.status == "supports")
+            no = ", ".join(s.claim for s in steps if s.status == "against")
+            out.append(f"{rung}: for it {yes}; against it {no}{claimed(rung)}")
+    if any(s.status == "against" for s in rungs.get("robustness", [])):
+        out += [f"robustness: {s.note}" for s in rungs["robustness"] if s.status == "against"]
+    order = [r for r in RUNGS if r in rungs and r != "robustness"]
+    for i, low in enumerate(order):
+        for high in order[i + 1:]:
+            low_s = {s.status for s in rungs[low]}
+            high_s = {s.status for s in rungs[high]}
+            if "supports" in low_s and "against" in high_s:
+                out.append(f"{low} supports it but {high} is against it{claimed(high)}")
+            elif "against" in low_s and "supports" in high_s:
+                out.append(f"{low} is against it but {high} supports it{claimed(low)}")
+    return out
+
+
+def build(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult],
+          rows: Sequence[WeightsVsUseRow]) -> list[LadderRow]:
+    """One row per mechanism, in the order the file first names them."""
+    passed = frozenset(r.id for r in results if r.verdict == Verdict.PASS)
+    found: dict[tuple[str, str], Steps] = {}
+    for claim_id, e in entries(claims, results, rows):
+        found.setdefault((e.mechanism, e.type), []).append((claim_id, e))
+    out = []
+    for (mechanism, type_), items in found.items():
+        items = items + _across_corruptions(mechanism, type_, items)
+        rungs: dict[str, list[LadderStep]] = {}
+        for claim_id, e in items:
+            rungs.setdefault(e.rung, []).append(LadderStep(claim=claim_id, status=e.status, note=e.note))
+        rungs = {r: rungs[r] for r in RUNGS if r in rungs}
+        supported = [r for r in RUNGS if any(s.status == "supports" for s in rungs.get(r, []))]
+        out.append(LadderRow(mechanism=mechanism, type=type_, rungs=rungs,
+                             highest=supported[-1] if supported else None,
+                             missing=[r for r in APPLIES[type_] if r not in rungs],
+                             contradictions=contradictions(rungs, passed)))
+    return out

@@ -1,0 +1,160 @@
+"""How much an intervention changes what is read: the test of non-vacuity.
+
+An intervention can only show an effect through what it changes.  If the
+corruption leaves a sender's output where its reader reads it as it was, swapping
+clean for corrupted output there is the identity, and "no effect" means "not
+tested".  Per prompt n, with Δ the change the intervention makes to a sender's
+output and out its base-run output:
+
+    r_n = sqrt(sum_p w_np ||Δ_np||^2) / sqrt(sum_p w_np ||out_np||^2)
+
+(NaN where the sender writes nothing at those positions.  A sender silent on every
+prompt is not vacuous but structurally unused: its route carries nothing at all, so
+"unused" is true of it, and its effect is exactly zero)
+
+over positions p weighted by where the output is read (`read_weights`):
+
+* an edge into `logits`, or into the query of a head in the last layer: the
+  scored positions (equal weights);
+* into the key or value of a head in the last layer: the head's base-run
+  attention from the scored positions to each position (averaged over them);
+* into a head of an earlier layer: every position up to the last scored one (a
+  later layer may read any of them).
+
+Edge (A -> R, replacement o'):  Δ = o' - out_A(base).
+Head ablation (each ablated head h):  Δ = out_h(replacement) - out_h(clean),
+with out_h = z_h W_O[h] and the replacement of the ablation type (zero: -out_h),
+over every position up to the last scored one (what any later reader may read),
+and, for the record, at the scored positions alone.  A change there that no
+reader's weights pick up is not detected here: it shows as an ablation type
+that changes the verdict (`sensitivity: true`, the ladder's robustness rung).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..model.devices import wide
+from ..spec import names
+from ..spec.names import hook_pattern, hook_z
+from . import patching
+from .runs import PerPrompt, Runs
+
+UP_TO_LAST = "every position up to the last scored one"
+
+
+def scored_positions(runs: Runs) -> Any:
+    """Weights [n, pos]: 1 at each scored position (counted as often as it is scored)."""
+    import torch
+
+    pos = runs.ds.positions.to(runs.ds.clean.device)
+    n, s = runs.ds.clean.shape
+    scored = torch.zeros(n, s, dtype=torch.float64, device=pos.device)
+    return scored.scatter_add_(1, pos, torch.ones_like(pos, dtype=torch.float64))
+
+
+def read_weights(runs: Runs, receiver: names.Receiver, base: dict[str, Any]) -> tuple[Any, str]:
+    """(weights [n, pos] over positions, where they are), for a receiver of an edge."""
+    pos = runs.ds.positions.to(runs.ds.clean.device)
+    s = runs.ds.clean.shape[1]
+    scored = scored_positions(runs)
+    last = runs.n_layers - 1
+    if isinstance(receiver, names.Logits):
+        return scored, "the scored positions"
+    if isinstance(receiver, names.HeadInput) and receiver.head.layer == last:
+        if receiver.which == "q":
+            return scored, "the scored query positions"
+        pattern = wide(base[hook_pattern(last)][:, receiver.head.head])  # [n, q, key]
+        rows = pattern.gather(1, pos.to(pattern.device).unsqueeze(-1).expand(-1, -1, s))  # [n, k, key]
+        return rows.mean(1), f"the key positions {receiver.head} attends to from the scored positions"
+    return up_to_last(runs), UP_TO_LAST
+
+
+def up_to_last(runs: Runs) -> Any:
+    """Equal weights on every position up to each prompt's last scored position."""
+    import torch
+
+    pos = runs.ds.positions
+    s = runs.ds.clean.shape[1]
+    upto = torch.arange(s, device=pos.device)[None, :] <= pos.max(1, keepdim=True).values
+    return upto.to(torch.float64)
+
+
+def relative_change(delta: Any, out: Any, weights: Any) -> PerPrompt:
+    """r_n (module docstring) from Δ and out [n, pos, d] and weights [n, pos]."""
+    w = weights.to(delta.device)
+    num = (w * (delta ** 2).sum(-1)).sum(-1)
+    den = (w * (out ** 2).sum(-1)).sum(-1)
+    r = (num / den.clamp_min(1e-300)).sqrt()
+    return np.asarray(r.where(den > 0, torch_nan(r)).cpu().numpy())
+
+
+def torch_nan(like: Any) -> Any:
+    import torch
+
+    return torch.full_like(like, float("nan"))
+
+
+def edge_change(runs: Runs, edge: names.Edge, direction: str, replacement: str) -> tuple[PerPrompt, str]:
+    """(r_n, where it is read) for patching `edge` (Runs.patched's arguments)."""
+    import torch
+
+    with torch.no_grad():
+        return _edge_change(runs, edge, direction, replacement)
+
+
+def _edge_change(runs: Runs, edge: names.Edge, direction: str, replacement: str) -> tuple[PerPrompt, str]:
+    noising = direction == "noising"
+    base, source = (runs.clean, runs.corrupt) if noising else (runs.corrupt, runs.clean)
+    out = patching.sender_output(runs.bridge, base, edge.sender)
+    mean_out = runs.mean_output(edge.sender) if replacement == "mean" else None
+    new = patching.replacement_output(runs.bridge, base, source, edge.sender, replacement, mean_out)
+    weights, where = read_weights(runs, edge.receiver, base)
+    return relative_change(new - out, out, weights), where
+
+
+@dataclass(frozen=True)
+class HeadChanges:
+    """r_n of each ablated head's output and of all of them together (numerators and
+    denominators summed over heads), up to the last scored position; and the joint r_n
+    at the scored positions alone."""
+
+    per_head: dict[names.Head, PerPrompt]
+    joint: PerPrompt
+    joint_scored: PerPrompt
+
+
+def head_changes(runs: Runs, heads: list[names.Head], kind: str) -> HeadChanges:
+    """How much ablating `heads` with `kind` on the clean prompts changes their outputs."""
+    import torch
+
+    with torch.no_grad():
+        return _head_changes(runs, heads, kind)
+
+
+def _head_changes(runs: Runs, heads: list[names.Head], kind: str) -> HeadChanges:
+    import torch
+
+    weights, scored = up_to_last(runs), scored_positions(runs)
+    means = runs.mean_z({h.layer for h in heads}) if kind == "mean" else {}
+    per_head: dict[names.Head, PerPrompt] = {}
+    deltas, outs = [], []
+    for h in heads:
+        W_O = wide(runs.bridge.W_O[h.layer, h.head])
+        z = wide(runs.clean[hook_z(h.layer)][:, :, h.head])
+        if kind == "zero":
+            z_new = torch.zeros_like(z)
+        elif kind == "mean":
+            z_new = wide(means[h.layer][:, :, h.head]).expand_as(z)
+        else:
+            z_new = wide(runs.corrupt[hook_z(h.layer)][:, :, h.head])
+        base = z @ W_O.to(z.device)
+        delta = z_new @ W_O.to(z.device) - base
+        per_head[h] = relative_change(delta, base, weights)
+        deltas.append(delta)
+        outs.append(base)
+    delta, out = torch.cat(deltas, -1), torch.cat(outs, -1)
+    return HeadChanges(per_head, relative_change(delta, out, weights), relative_change(delta, out, scored))

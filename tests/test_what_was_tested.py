@@ -193,3 +193,21 @@ def test_structurally_zero_edges_leave_the_bh_family(models, tmp_path):
     adjusted = harness.stats.benjamini_hochberg(ps)  # the family of two, not five
     assert [c["k"].details.p_adjusted, c["noise"].details.p_adjusted] == pytest.approx(list(adjusted))
     assert c["noise"].details.structurally_zero is None
+
+
+@pytest.mark.parametrize("verdicts,supporting,expected", [
+    (("PASS", "PASS", "PASS"), "PASS", ["supports"]),
+    (("PASS", "INCONCLUSIVE", "PASS"), "PASS", ["supports"]),  # inconclusive types do not count
+    (("FAIL", "FAIL", "FAIL"), "PASS", []),  # robustly against: no robustness step
+    (("FAIL", "FAIL", "FAIL"), "FAIL", ["supports"]),  # an at_most claim FAILing everywhere
+    (("PASS", "FAIL", "PASS"), "PASS", ["against"]),  # depends on the type: a contradiction
+    (("PASS", "INCONCLUSIVE", "INCONCLUSIVE"), "PASS", ["inconclusive"]),
+])
+def test_robustness_rung_from_a_sensitivity_run(verdicts, supporting, expected):
+    from harness.claims.base import sensitivity_entry
+    from harness.evidence.details import Sensitivity, Variant
+
+    sens = Sensitivity(by_type={k: Variant(verdict=v, value=0.5, ci=[0.4, 0.6])
+                                for k, v in zip(("zero", "mean", "resample"), verdicts, strict=True)},
+                       agrees=len(set(verdicts)) == 1)
+    assert [e.status for e in sensitivity_entry("L0H0", "head", sens, supporting)] == expected

@@ -47,6 +47,7 @@ from .base import (
     bounded_status,
     heads_mechanism,
     sensitivity_entry,
+    supporting,
 )
 
 FRACTION = "fraction of gap"
@@ -125,7 +126,7 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
             status = "untested"
         note = f"{claim.ablation}-ablated: {result.unit} {fmt(result.value)}"
         return ([LadderEntry(mechanism, type_, "necessity", status, note, d.corruption)]
-                + sensitivity_entry(mechanism, type_, d.sensitivity))
+                + sensitivity_entry(mechanism, type_, d.sensitivity, supporting(claim)))
 
     def measure(self, claims: Sequence[Indexed[AblationClaim]], ctx: Context) -> dict[int, ClaimResult]:
         out = {}

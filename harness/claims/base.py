@@ -94,17 +94,28 @@ def bounded_status(claim: BoundedClaim, result: ClaimResult) -> str:
     return "supports" if (result.verdict == Verdict.PASS) == (claim.at_least is not None) else "against"
 
 
-def sensitivity_entry(mechanism: str, type_: str, sens: Sensitivity | None) -> list[LadderEntry]:
-    """The robustness rung from a sensitivity run: the types that reach a verdict (PASS or
-    FAIL) agree, or not; INCONCLUSIVE types (untested, undefined) do not count."""
+def supporting(claim: BoundedClaim) -> Verdict:
+    """The verdict of a bounded claim that supports the mechanism (bounded_status)."""
+    return Verdict.PASS if claim.at_least is not None else Verdict.FAIL
+
+
+def sensitivity_entry(mechanism: str, type_: str, sens: Sensitivity | None,
+                      supporting: Verdict = Verdict.PASS) -> list[LadderEntry]:
+    """The robustness rung from a sensitivity run, over the types that reach a verdict (PASS
+    or FAIL; INCONCLUSIVE types, untested or undefined, do not count): `against` when they
+    disagree; `supports` when at least two agree on `supporting`, the verdict that supports
+    the mechanism (PASS of an `at_least` or `used` claim, FAIL of an `at_most` or `unused`
+    one); nothing when they agree against it (the lower rung is then robustly against);
+    `inconclusive` when fewer than two decide."""
     if sens is None:
         return []
     cells = ", ".join(f"{k} {v.verdict}" for k, v in sens.by_type.items())
-    decided = {v.verdict for v in sens.by_type.values() if v.verdict != Verdict.INCONCLUSIVE}
-    if len(decided) > 1:
+    decided = [v.verdict for v in sens.by_type.values() if v.verdict != Verdict.INCONCLUSIVE]
+    if len(set(decided)) > 1:
         return [LadderEntry(mechanism, type_, "robustness", "against", f"the verdict depends on the type: {cells}")]
-    if decided and sum(v.verdict != Verdict.INCONCLUSIVE for v in sens.by_type.values()) > 1:
-        return [LadderEntry(mechanism, type_, "robustness", "supports", f"the same verdict under {cells}")]
+    if len(decided) > 1:
+        return ([LadderEntry(mechanism, type_, "robustness", "supports", f"the same verdict under {cells}")]
+                if decided[0] == supporting else [])
     return [LadderEntry(mechanism, type_, "robustness", "inconclusive", f"fewer than two types decide: {cells}")]
 
 

@@ -50,6 +50,7 @@ from .base import (
     bounded_status,
     heads_mechanism,
     sensitivity_entry,
+    supporting,
 )
 
 UNIT = "faithfulness"
@@ -136,7 +137,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         mechanism = f"circuit {heads_mechanism(claim.heads)[0]}"
         return ([LadderEntry(mechanism, "heads", "sufficiency", status,
                              f"faithfulness {fmt(result.value)} with the rest {claim.ablation}-ablated", d.corruption)]
-                + sensitivity_entry(mechanism, "heads", d.sensitivity))
+                + sensitivity_entry(mechanism, "heads", d.sensitivity, supporting(claim)))
 
     def measure(self, claims: Sequence[Indexed[CircuitClaim]], ctx: Context) -> dict[int, ClaimResult]:
         st = ctx.stats

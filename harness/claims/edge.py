@@ -272,7 +272,8 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
             note += ": it works against the claimed direction"
         rung = "edge necessity" if claim.direction == "noising" else "sufficiency"
         return ([LadderEntry(str(claim.edge), "edge", rung, status, note, d.corruption)]
-                + sensitivity_entry(str(claim.edge), "edge", d.sensitivity))
+                + sensitivity_entry(str(claim.edge), "edge", d.sensitivity,
+                                    PASS if claim.expect == "used" else FAIL))
 
     def measure(self, claims: Sequence[Indexed[EdgeClaim]], ctx: Context) -> dict[int, ClaimResult]:
         st = ctx.stats

@@ -19,10 +19,14 @@ prompt n, with m the metric:
   metric's units, always shown beside the normalised effect).
 * the mean's own uncertainty (mean ablation, mean replacement): the statistic is
   recomputed with each of the K reference groups left out of the mean (theta_k,
-  mech.runs.Reference); var_ref = (K-1)/K sum_k (theta_k - mean theta)^2 (the
-  delete-a-group jackknife), and the bootstrap interval [lo, hi] of theta widens
-  to theta - sqrt((theta - lo)^2 + z^2 var_ref), theta + sqrt((hi - theta)^2 + z^2 var_ref),
-  z the normal quantile of the confidence level.
+  mech.runs.Reference).  The delete-a-group jackknife gives the bias a finite
+  reference set causes, b = (K-1) (mean theta_k - theta) (a statistic nonlinear in
+  the mean, e.g. a circuit with every other head mean-ablated, is biased by O(1/m)
+  for m reference prompts), and its variance var_ref = (K-1)/K sum_k (theta_k -
+  mean theta)^2.  The estimate becomes theta' = theta - b and the bootstrap interval
+  [lo, hi] of theta becomes theta' - sqrt((theta - lo)^2 + z^2 var_ref),
+  theta' + sqrt((hi - theta)^2 + z^2 var_ref), z the normal quantile of the
+  confidence level.
 * intervention change (non-vacuity, mech.change): the mean over prompts of the
   relative change r_n the intervention makes where it is read; below `min_change`
   the intervention is vacuous and no "no effect" verdict can pass on it.
@@ -86,16 +90,21 @@ def jackknife_variance(thetas: Sequence[float]) -> float:
 
 
 def widen(iv: stats.Interval, thetas: Sequence[float] | None, confidence: float) -> stats.Interval:
-    """The bootstrap interval widened by the reference mean's jackknife variance (module docstring)."""
+    """The bootstrap interval, bias-corrected and widened by the reference mean's
+    delete-a-group jackknife (module docstring)."""
     if not thetas:
         return iv
     from scipy.stats import norm
 
     extra = norm.ppf(0.5 + confidence / 2) ** 2 * jackknife_variance(thetas)
-    lo = iv.estimate - float(np.sqrt((iv.estimate - iv.low) ** 2 + extra))
-    hi = iv.estimate + float(np.sqrt((iv.high - iv.estimate) ** 2 + extra))
-    return replace(iv, low=lo, high=hi, method=f"{iv.method}, widened by the reference mean's "
-                                              f"delete-a-group jackknife ({len(thetas)} groups)")
+    k = len(thetas)
+    bias = (k - 1) * (float(np.mean(thetas)) - iv.estimate)
+    est = iv.estimate - bias
+    lo = est - float(np.sqrt((iv.estimate - iv.low) ** 2 + extra))
+    hi = est + float(np.sqrt((iv.high - iv.estimate) ** 2 + extra))
+    return replace(iv, estimate=est, low=lo, high=hi,
+                   method=f"{iv.method}, bias-corrected and widened by the reference mean's delete-a-group "
+                          f"jackknife ({k} groups)")
 
 
 def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int, unit: str,

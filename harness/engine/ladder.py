@@ -63,7 +63,9 @@ def _across_corruptions(mechanism: str, type_: str, found: Steps) -> Steps:
             continue
         statuses = set().union(*by_corruption.values())
         cells = ", ".join(f"{c} {'/'.join(sorted(s))}" for c, s in by_corruption.items())
-        if len(statuses) == 1:
+        if statuses == {"against"}:
+            continue  # robustly against: the rung itself says so
+        if statuses == {"supports"}:
             out.append(("(corruptions)", LadderEntry(mechanism, type_, "robustness", "supports",
                                                      f"{rung} agrees across corruptions: {cells}")))
         else:

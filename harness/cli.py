@@ -29,6 +29,7 @@ from .model.loading import load_model
 from .report import writer
 from .report.markdown import claim_table
 from .report.writer import check_new, default_folder, write_report
+from .spec.settings import MAX_PROMPTS
 from .spec.vocabulary import METRICS, WEIGHT_PROCESSING
 from .sweep import document as sweep_document
 from .sweep import executors
@@ -42,6 +43,26 @@ from .tools.selftest import render, selftest
 from .tools.weights_table import composition_tables
 
 DEVICE_HELP = "cpu, cuda, cuda:N or mps; default: best available, or $HARNESS_DEVICE"
+
+
+def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [lo, hi] (a usage error, exit 2, otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{value} must be at least {lo}" if hi is None
+                                             else f"{value} must be between {lo} and {hi:,}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+SEED = _int_in(0)
+PROMPTS = _int_in(2, MAX_PROMPTS)
+SEGMENT = _int_in(2)
 
 
 def _add_device(p: argparse.ArgumentParser) -> None:
@@ -63,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", type=Path, help="report folder (one file only; must not exist)")
     r.add_argument("--reports", type=Path, default=Path("reports"),
                    help="parent folder of new report folders (default: reports/)")
-    r.add_argument("--seed", type=int, help="override the files' seed")
+    r.add_argument("--seed", type=SEED, help="override the files' seed (>= 0)")
     _add_device(r)
 
     sw = sub.add_parser("sweep", help="run hypothesis files on many models (checkpoints, seeds); one combined report")
@@ -73,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", type=Path, help="combined report folder (must not exist)")
     sw.add_argument("--reports", type=Path, default=Path("reports"),
                     help="parent folder of the new report folder (default: reports/)")
-    sw.add_argument("--seed", type=int, help="override the files' seed")
+    sw.add_argument("--seed", type=SEED, help="override the files' seed (>= 0)")
     sw.add_argument("--executor", choices=EXECUTORS, default="inprocess",
                     help="where jobs run (default inprocess; ray needs the harness[ray] extra)")
     sw.add_argument("--ray-address", help="join this Ray cluster (default: start a local instance)")
@@ -91,14 +112,14 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--draws", type=int, default=1000, help="null draws per pair (default 1000)")
     w.add_argument("--alpha", type=float, default=0.01,
                    help="BH-adjusted significance level over all pairs of a mode (default 0.01)")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=SEED, default=0)
     _add_device(w)
 
     sc = sub.add_parser("scan", help="every edge's composition and causal effect; writes a starter hypothesis")
     sc.add_argument("model", help="model directory, or hf:NAME")
     sc.add_argument("--out", type=Path, help="new folder for scan.json, signature.png, starter.yaml")
-    sc.add_argument("--n-prompts", type=int, default=200)
-    sc.add_argument("--segment-length", type=int, default=20)
+    sc.add_argument("--n-prompts", type=PROMPTS, default=200)
+    sc.add_argument("--segment-length", type=SEGMENT, default=20)
     sc.add_argument("--metric", choices=METRICS, default="logprob", help="logit_diff needs --data with wrong tokens")
     sc.add_argument("--processing", choices=WEIGHT_PROCESSING, default="folded")
     sc.add_argument("--draws", type=int, default=1000, help="composition null draws per edge")
@@ -108,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--corruption", action="append", metavar="NAME",
                     help="a corruption to scan under, repeatable (generator: first_half, second_half, both; "
                          "default first_half; with --data: the file's, default all)")
-    sc.add_argument("--seed", type=int, default=0)
+    sc.add_argument("--seed", type=SEED, default=0)
     _add_device(sc)
 
     st = sub.add_parser("selftest", help="check the harness against constructed models with known answers")
@@ -118,9 +139,9 @@ def _parser() -> argparse.ArgumentParser:
 
     ro = sub.add_parser("roles", help="attention-role scores of every head of a model")
     ro.add_argument("model", help="model directory, or hf:NAME")
-    ro.add_argument("--n-prompts", type=int, default=200)
-    ro.add_argument("--segment-length", type=int, default=20)
-    ro.add_argument("--seed", type=int, default=0)
+    ro.add_argument("--n-prompts", type=PROMPTS, default=200)
+    ro.add_argument("--segment-length", type=SEGMENT, default=20)
+    ro.add_argument("--seed", type=SEED, default=0)
     ro.add_argument("--split", choices=("explore", "test"), default="explore",
                     help="prompt split (default explore: keep the test split for hypotheses)")
     _add_device(ro)
@@ -143,6 +164,21 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"harness: error: {exc}", file=sys.stderr)
         return ExitCode.SANITY
+    except KeyboardInterrupt:  # Ctrl-C: one line; report folders are whole or absent (report.folders)
+        print("interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        print("error: out of memory: every prompt runs in one batch; lower data.n_prompts (or --n-prompts), "
+              "the segment length, or the number of claims per file", file=sys.stderr)
+        return ExitCode.INPUT
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation failure (Python's MemoryError or torch's CPU/GPU allocator)."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower()
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -160,8 +196,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.out is not None and len(args.files) != 1:
         raise UserError("--out takes one hypothesis file; use --reports for several")
-    if args.out is not None:
-        check_new(args.out)
+    writer.preflight(args.out, args.reports)  # the report can be written: checked before any work
     load_all(args.files)  # every file is valid before any model loads
     device = resolve_device(args.device)  # a bad device stops the command before any model loads
     code: int = ExitCode.OK
@@ -180,6 +215,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    writer.preflight(args.out, args.reports)  # the report can be written: checked before any work
     if args.device is not None and args.executor == "ray":
         check_form(args.device)  # the workers resolve it where they run
     elif args.device is not None:
@@ -210,6 +246,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.n_prompts < 2 or args.draws < 99 or args.top < 1 or args.budget_mb < 1:
         raise UserError("--n-prompts >= 2, --draws >= 99, --top >= 1 and --budget-mb >= 1 are required")
+    writer.preflight(args.out, Path("reports"))  # the folder can be written: checked before any work
     out = check_new(args.out) if args.out is not None else default_folder("scan", Path("reports"))
     _, table = scan(args.model, out, args.n_prompts, args.segment_length, args.seed, args.metric,
                     args.processing, args.draws, args.top, args.budget_mb, device=device,

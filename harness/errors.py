@@ -18,6 +18,7 @@ class ExitCode(IntEnum):
     INPUT = 2  # bad input: file:line: field: message, nothing written
     SANITY = 3  # a sanity check failed: the run stopped, no report
     JOB_FAILED = 4  # (sweep) a job failed; the others are kept
+    INTERRUPTED = 130  # Ctrl-C (SIGINT): "interrupted" on stderr, no report folder, no temporary files
 
 
 class HarnessError(Exception):
@@ -55,6 +56,11 @@ class UnsupportedError(UserError):
 
 class OutputExistsError(UserError):
     """The report folder asked for already exists; runs never overwrite."""
+
+
+class OutputWriteError(UserError):
+    """A report folder that cannot be written (not a folder, no permission, a full
+    disk); when it happens after the work, the message says where the evidence was kept."""
 
 
 class DeviceError(UserError):

@@ -9,7 +9,10 @@ top-level `harness:` key (the format version), i.e. a line starting with
 `harness:` — other YAML files are left alone.
 
 Each file is run once (lazily, by its first selected item) and every item
-reads its verdict from that run; models are loaded once per session.  PASS ->
+reads its verdict from that run; models are loaded once per session.  A run
+that fails is not repeated: a harness error (bad model, names outside it, a
+sanity check) fails every item with its one-line message; an unexpected error
+shows its traceback once, on the first item, and the others point to it.  PASS ->
 passed; FAIL -> failed with a short evidence summary; INCONCLUSIVE -> failed by
 default, or xfail / skip with `--harness-inconclusive` (ini:
 `harness_inconclusive`).  Schema errors are collection errors with file:line.
@@ -87,6 +90,7 @@ class ClaimNotPassed(Exception):
 class HypothesisFile(pytest.File):
     _evidence: Evidence | None = None
     _error: str | None = None
+    _crash: BaseException | None = None  # an unexpected error, raised (with its traceback) once
 
     def collect(self) -> Any:
         try:
@@ -105,15 +109,22 @@ class HypothesisFile(pytest.File):
         if self._evidence is None and self._error is None:
             config = self.config
             try:
-                self._evidence = run(self.path, seed=config.getoption("harness_seed"),
-                                     command=f"pytest {self.path}", device=device(config))
-            except HarnessError as exc:
-                self._error = str(exc)
-            else:
+                evidence = run(self.path, seed=config.getoption("harness_seed"),
+                               command=f"pytest {self.path}", device=device(config))
                 out = config.getoption("harness_report")
                 if out:
-                    folder = write_report(self._evidence, reports_root=out)
+                    folder = write_report(evidence, reports_root=out)
                     config.stash.setdefault(_REPORTS, []).append(str(folder))
+                self._evidence = evidence
+            except HarnessError as exc:
+                self._error = str(exc)
+            except Exception as exc:  # a bug or an environment failure: its traceback is shown once
+                self._error = (f"the run of {self.path.name} failed with {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''} (traceback on the first item)")
+                self._crash = exc
+        if self._crash is not None:
+            crash, self._crash = self._crash, None
+            raise crash
         if self._error is not None or self._evidence is None:
             raise HypothesisError(self._error or "the file did not run")
         return self._evidence

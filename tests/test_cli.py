@@ -112,8 +112,8 @@ def test_weights_command_marks_the_aligned_route(tmp_path, capsys):
 
 
 def prompt_file(tmp_path, extra=None):
-    rows = [{"clean": [0, 5, 6, 7, 5, 6, 7], "corrupted": [0, 8, 9, 10, 5, 6, 7], "positions": [4, 5],
-             **(extra or {})}] * 4
+    rows = [{"clean": [0, 5 + i, 6, 7, 5 + i, 6, 7], "corrupted": [0, 8, 9, 10, 5 + i, 6, 7], "positions": [4, 5],
+             **(extra or {})} for i in range(4)]  # distinct prompts (repeats would be dropped)
     f = tmp_path / "p.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return f

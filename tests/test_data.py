@@ -64,9 +64,9 @@ def test_jsonl_defaults_answers_to_next_token(tmp_path):
 
 
 def test_jsonl_explicit_answers_and_wrong(tmp_path):
-    rows = [{**ROW, "answers": [9], "wrong": [8]}] * 3
+    rows = [{**ROW, "answers": [9], "wrong": [8]}, {**ROW, "answers": [7], "wrong": [6]}, ROW]
     ds = data.load_jsonl(write(tmp_path, rows), d_vocab=10, limit=2)
-    assert ds.n == 2 and ds.answers.tolist() == [[9], [9]] and ds.wrong.tolist() == [[8], [8]]
+    assert ds.n == 2 and ds.answers.tolist() == [[9], [7]] and ds.wrong.tolist() == [[8], [6]]
 
 
 @pytest.mark.parametrize("rows,needle", [

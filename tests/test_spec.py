@@ -63,7 +63,7 @@ CASES = [
     ("wrong version", ("harness: 1", "harness: 2"), 1, "harness: Input should be 1"),
     ("boolean version", ("harness: 1", "harness: true"), 1, "harness: Input should be 1"),
     ("missing model", ("model: ../fixtures/induction-2l\n", ""), 1, "model: required field is missing"),
-    ("bad name characters", ("name: t", "name: has space"), 2, "name: String should match pattern"),
+    ("bad name characters", ("name: t", "name: has space"), 2, "name: a name is letters, digits, '_', '.' and '-'"),
     ("n_prompts wrong type", ("n_prompts: 20", "n_prompts: many"), 6, "data.n_prompts: Input should be a valid integer"),
     ("n_prompts too small", ("n_prompts: 20", "n_prompts: 1"), 6, "data.n_prompts: Input should be greater than or equal to 2"),
     ("unknown generator", ("generator: repeated_tokens", "generator: ioi"), 5, "data.generator: Input should be 'repeated_tokens' (got 'ioi')"),

@@ -36,6 +36,9 @@ def build_dataset(h: LoadedHypothesis, model: LoadedModel) -> data.Dataset:
     """The file's prompts for this model (model.data.Dataset)."""
     d = h.spec.data
     if isinstance(d, GeneratorData):
+        if d.bos_token is not None and d.bos_token >= model.d_vocab:
+            raise SpecError([f"{h.where('data.bos_token')}: token {d.bos_token} is outside the model's "
+                             f"vocabulary 0..{model.d_vocab - 1}"])
         if d.segment_length * 2 + int(d.bos) > model.n_ctx:
             raise SpecError([f"{h.where('data.segment_length')}: prompts of length "
                              f"{d.segment_length * 2 + int(d.bos)} exceed the model's context "
@@ -45,7 +48,7 @@ def build_dataset(h: LoadedHypothesis, model: LoadedModel) -> data.Dataset:
                                     d.bos_token if d.bos_token is not None else model.bos_token,
                                     tuple(d.corruptions), d.n_reference)
     return data.load_jsonl(h.resolve(d.file), model.d_vocab, d.limit,
-                           h.resolve(d.mean_from) if d.mean_from is not None else None)
+                           h.resolve(d.mean_from) if d.mean_from is not None else None, model.n_ctx)
 
 
 def check_corruptions(h: LoadedHypothesis, ds: data.Dataset) -> None:
@@ -125,7 +128,7 @@ def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
         claims=m.claims,
         weights_vs_use=m.weights_vs_use,
         figures_data=m.figures_data,
-        warnings=m.warnings,
+        warnings=ds.warnings + m.warnings,
         ladder=m.ladder,
         provenance={"versions": provenance.versions(), "command": command or provenance.command_line(),
                     "started": started, "finished": provenance.now(), "device": str(of(loaded.bridge)),

@@ -1,13 +1,17 @@
 """Sanity checks that run every time.
 
-* always: the clean-corrupted gap is reported; normalised effects need it >= min_gap
-  (recorded, not fatal: every normalised effect is then undefined);
+* always: the metric is finite on every prompt of the clean and corrupted runs
+  (a NaN or infinite metric means the model's outputs are not finite, e.g. an
+  overflow: SanityCheckError, the run stops); the clean-corrupted gap is
+  reported; normalised effects need it >= min_gap (recorded, not fatal: every
+  normalised effect is then undefined; a non-finite mean never passes);
 * with interventions: every intervention hook fired (mech.hooks.run_plan raises
   otherwise), and patching a run's own activations into it reproduces its
   metric, on every intervention path the file's claims use (head ablation, over
   the union of the heads; each edge in its direction, with its frozen patterns;
   frozen patterns alone), within IDENTITY_TOL x the metric's scale.  A failure
-  raises SanityCheckError: the run stops, no report.
+  raises SanityCheckError: the run stops, no report.  A NaN difference or scale
+  is a failure (every comparison here is written so that NaN fails it).
 """
 
 from __future__ import annotations
@@ -28,10 +32,22 @@ IDENTITY_TOL = NUMERICAL_TOL  # relative to the metric's magnitude (float32 mode
 
 
 def gap_check(gap: np.ndarray, st: Stats, unit: str, corruption: str | None = None) -> SanityCheck:
-    """The clean-corrupted gap against min_gap (named with its corruption when there are several)."""
+    """The clean-corrupted gap against min_gap (named with its corruption when there are several).
+
+    Raises SanityCheckError when the gap is not finite on some prompt: the clean
+    or the corrupted metric is NaN or infinite, so the model's outputs are not
+    finite and no number of the run would mean anything.  Otherwise `passed` is
+    True exactly when the mean gap is finite and >= min_gap."""
     name = "clean and corrupted metrics differ" + (f" ({corruption})" if corruption else "")
-    return SanityCheck(name=name, passed=bool(gap.mean() >= st.min_gap),
-                       detail=f"mean gap {gap.mean():.3f} {unit} (min_gap {st.min_gap:g}); "
+    gap = np.asarray(gap, dtype=float)
+    bad = int(np.count_nonzero(~np.isfinite(gap)))
+    if bad:
+        raise SanityCheckError(f"the metric is NaN or infinite on {bad} of {gap.size} prompts (clean or "
+                               f"{corruption or 'corrupted'} run): the model's outputs are not finite "
+                               "(overflow, or non-finite weights)")
+    mean = float(gap.mean()) if gap.size else float("nan")
+    return SanityCheck(name=name, passed=bool(np.isfinite(mean) and mean >= st.min_gap),
+                       detail=f"mean gap {mean:.3f} {unit} (min_gap {st.min_gap:g}); "
                               "normalised effects are undefined below it")
 
 
@@ -56,15 +72,24 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
         checks.append(("frozen patterns", hooks.run_plan(runs.bridge, runs.ds.clean, plan), runs.m_clean))
     if not checks:
         return []
-    diffs = {path: float(np.abs(runs.metric(logits) - m).max()) for path, logits, m in checks}
-    worst = max(diffs, key=lambda k: diffs[k])
-    tol = IDENTITY_TOL * max(1.0, float(np.abs(runs.m_clean).max()), float(np.abs(runs.m_corrupt).max()))
-    if diffs[worst] > tol:
+    diffs = {path: _max_abs(runs.metric(logits) - m) for path, logits, m in checks}
+    # NaN sorts first as the worst: max() with a NaN key would pick an arbitrary path
+    worst = max(diffs, key=lambda k: (not np.isfinite(diffs[k]), diffs[k] if np.isfinite(diffs[k]) else 0.0))
+    scale = float(np.max([_max_abs(runs.m_clean), _max_abs(runs.m_corrupt)]))  # NaN if either is
+    tol = IDENTITY_TOL * max(1.0, scale) if np.isfinite(scale) else float("nan")
+    if not diffs[worst] <= tol:  # False for a NaN difference or a NaN scale
         raise SanityCheckError(f"patching a run's own activations into it changed the metric by "
-                               f"{diffs[worst]:.2e} on the {worst} path: the interventions do not do "
-                               "what they should")
+                               f"{diffs[worst]:.2e} on the {worst} path (tolerance {tol:.2g}): the interventions "
+                               "do not do what they should" + ("" if np.isfinite(diffs[worst]) and np.isfinite(tol)
+                                                               else ", or the model's outputs are not finite"))
     return [SanityCheck(name="identity interventions reproduce the base run", passed=True,
                         detail=f"{len(diffs)} path(s) checked ({', '.join(diffs)}); max |metric diff| "
                                f"{diffs[worst]:.2e} (tolerance {tol:.2g} = {IDENTITY_TOL:g} x the metric's scale)"),
             SanityCheck(name="every intervention hook fired", passed=True,
                         detail="checked on every patched forward; a silent hook stops the run")]
+
+
+def _max_abs(x: Any) -> float:
+    """max |x|, NaN when any entry is NaN (numpy's max propagates NaN; inf stays inf)."""
+    a = np.abs(np.asarray(x, dtype=float))
+    return float(a.max()) if a.size else 0.0

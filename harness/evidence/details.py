@@ -13,14 +13,14 @@ number is written as null and read back as None.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .verdicts import Verdict
 
 Num = float | None
-CI = list[Num]  # [low, high]
+CI = Annotated[list[Num], Field(min_length=2, max_length=2)]  # [low, high]
 
 
 def _is_none(value: Any) -> bool:

@@ -3,7 +3,9 @@
 * `to_json(doc)`: pretty-printed JSON; NaN and infinities become null.
 * `problems(doc, kinds)`: everything wrong with a document: the shape, against
   the shipped JSON Schema (`evidence.schema.json`), then each claim's details
-  against its kind's typed model, and its evidence type against its kind's.
+  against its kind's typed model, its evidence type against its kind's, and the
+  figure data's matrices against their labels.  A document without problems
+  renders (`harness report` turns a failure to render one into a clear error).
 * `load(doc, kinds)`: the `Evidence` of a valid document (older versions are
   upgraded first, see `upgrade`).
 
@@ -22,7 +24,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from ..errors import EvidenceFormatError
-from .details import Details, LadderRow, SanityCheck, WeightsVsUseRow
+from .details import Details, LadderRow, Record, SanityCheck, WeightsVsUseRow
 from .result import SCHEMA_VERSION, ClaimResult, Evidence
 from .verdicts import Verdict
 
@@ -103,9 +105,27 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _number_list_problems(doc: Any) -> tuple[Any, list[str]]:
+    """(doc with each claim's `per_prompt` list emptied, what is wrong with those lists):
+    the long per-prompt lists are checked here, fast, instead of item by item by the schema."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("claims"), list):
+        return doc, []
+    found, claims = [], []
+    for i, c in enumerate(doc["claims"]):
+        pp = c.get("per_prompt") if isinstance(c, dict) else None
+        if isinstance(pp, list):
+            bad = next((j for j, x in enumerate(pp) if x is not None and (type(x) not in (int, float))), None)
+            if bad is not None:
+                found.append(f"claims/{i}/per_prompt/{bad}: {pp[bad]!r} is not of type 'number', 'null'")
+            c = dict(c, per_prompt=[])
+        claims.append(c)
+    return dict(doc, claims=claims), found
+
+
 def problems(doc: Any, kinds: Mapping[str, KindInfo]) -> list[str]:
     """Everything wrong with an evidence document ([] when it is valid)."""
-    found = json_schema_problems(doc, schema())
+    light, found = _number_list_problems(doc)
+    found = json_schema_problems(light, schema()) + found
     if found:
         return found
     doc = upgrade(doc)
@@ -118,16 +138,48 @@ def problems(doc: Any, kinds: Mapping[str, KindInfo]) -> list[str]:
         if c["evidence"] != kind.evidence:
             found.append(f"claims/{i}/evidence: a {c['kind']} claim is {kind.evidence} evidence, "
                          f"not {c['evidence']!r}")
-        try:
-            kind.details.model_validate(c["details"])
-        except ValidationError as exc:
-            found += [f"claims/{i}/details/{'/'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        found += _typed_problems(kind.details, c["details"], f"claims/{i}/details")
+    for key, model in (("sanity_checks", SanityCheck), ("weights_vs_use", WeightsVsUseRow), ("ladder", LadderRow)):
+        for i, x in enumerate(doc.get(key, [])):
+            found += _typed_problems(model, x, f"{key}/{i}")
+    return found + figure_problems(doc.get("figures_data", {}))
+
+
+def _typed_problems(model: type[Record], value: Any, where: str) -> list[str]:
+    """`where/field: message` for everything `model` refuses in `value`."""
+    try:
+        model.model_validate(value)
+    except ValidationError as exc:
+        return [f"{where}/{'/'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    return []
+
+
+def _shape_problems(where: str, matrix: list[list[Any]], rows: int | None, cols: int | None) -> list[str]:
+    """`where: ...` if `matrix` is not `rows` x `cols` (None: any number, but every row alike)."""
+    widths = {len(r) for r in matrix}
+    if len(widths) > 1:
+        return [f"{where}: rows of different lengths ({', '.join(map(str, sorted(widths)))})"]
+    if rows is not None and (len(matrix), next(iter(widths))) != (rows, cols):
+        return [f"{where}: {len(matrix)} x {next(iter(widths))}, not {rows} x {cols} (senders x receivers)"]
+    return []
+
+
+def figure_problems(fd: dict[str, Any]) -> list[str]:
+    """Matrices of the figure data that do not fit their labels (the shapes are checked already)."""
+    found = []
+    for i, a in enumerate(fd.get("attention", [])):
+        found += _shape_problems(f"figures_data/attention/{i}/pattern", a["pattern"], None, None)
+    for mode, c in fd.get("composition", {}).items():
+        for key in ("scores", "null_q99"):
+            found += _shape_problems(f"figures_data/composition/{mode}/{key}", c[key], len(c["senders"]),
+                                     len(c["receivers"]))
     return found
 
 
-def load(doc: dict[str, Any], kinds: Mapping[str, KindInfo]) -> Evidence:
-    """The Evidence of a document (EvidenceFormatError listing the problems if invalid)."""
-    found = problems(doc, kinds)
+def load(doc: dict[str, Any], kinds: Mapping[str, KindInfo], checked: bool = False) -> Evidence:
+    """The Evidence of a document (EvidenceFormatError listing the problems if invalid;
+    `checked`: `problems` was run on it already and found none)."""
+    found = [] if checked else problems(doc, kinds)
     if found:
         raise EvidenceFormatError("not a valid evidence document:\n" + "\n".join(found[:10]))
     d = upgrade(doc)

@@ -18,6 +18,7 @@ from ..spec.settings import FileData, GeneratorData, Stats, Strict
 from ..spec.vocabulary import Metric, Processing
 
 FORMAT_VERSION = 1
+NAME_MAX = 100  # the name is part of report folder names
 DATA_KINDS: dict[str, type[BaseModel]] = {"generator": GeneratorData, "file": FileData}
 
 
@@ -48,13 +49,13 @@ class Hypothesis(Strict):
     this one with `claims` narrowed to the registered kinds."""
 
     harness: Literal[1]
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(min_length=1, max_length=NAME_MAX, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     model: str = Field(min_length=1)
     data: Data
     metric: Metric = "logprob"
     weight_processing: Processing = "folded"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     stats: Stats = Stats()
     claims: list[ClaimSpec] = Field(min_length=1)
 

@@ -54,6 +54,15 @@ class LoadedHypothesis:
         return p if p.is_absolute() else (Path(self.base_dir) / p)
 
 
+MAX_FILE_BYTES = 1 << 20  # 1 MiB: thousands of claims; larger files are refused before parsing
+MAX_DEPTH = 32  # nesting of mappings and lists (a hypothesis file needs 5)
+PATTERN_TEXT = {
+    "id": "a claim id is letters, digits and _ . - + = , @ >, starting with a letter or digit, "
+          "no spaces (ids name pytest items: file.yaml::ID)",
+    "name": "a name is letters, digits, '_', '.' and '-' (it names the report folder)",
+}
+
+
 # ---------------------------------------------------------------- line tracking
 KeyPath = tuple[str | int, ...]
 
@@ -104,6 +113,8 @@ def _problems(exc: ValidationError, lines: dict[KeyPath, int], where: str) -> li
         kind = err["type"]
         if kind == "extra_forbidden":
             msg = "unknown key; allowed keys: " + ", ".join(allowed_keys(_model_at(loc[:-1], all_tags)))
+        elif kind == "string_pattern_mismatch":
+            msg = f"{PATTERN_TEXT.get(str(loc[-1]), msg)} (got {err.get('input')!r})"
         elif kind == "literal_error":
             msg = f"{msg} (got {err.get('input')!r})"
         elif kind == "claim_kind":
@@ -144,10 +155,35 @@ def _model_at(loc: tuple[str | int, ...], all_tags: dict[str, type[BaseModel]]) 
 
 
 # ---------------------------------------------------------------- entry points
+def _check_structure(text: str, where: str) -> None:
+    """Refuse YAML aliases (`*name`: each expands to a copy of the anchored node, so a
+    few hundred bytes can stand for billions of nodes) and nesting deeper than
+    MAX_DEPTH, reading the event stream only (nothing is built)."""
+    def line(event: yaml.Event) -> int:
+        return event.start_mark.line + 1 if event.start_mark is not None else 1
+
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            raise SpecError([f"{where}:{line(event)}: (yaml): aliases (*{event.anchor}) are not supported in "
+                             "hypothesis files; write the value out"])
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise SpecError([f"{where}:{line(event)}: (yaml): nested deeper than "
+                                 f"{MAX_DEPTH} levels; a hypothesis file needs a handful"])
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def parse_text(text: str, where: str) -> tuple[Hypothesis, str, dict[str, int]]:
     """Validate YAML text; return (spec, sha256 of the text, {field: line})."""
     digest = hashlib.sha256(text.encode()).hexdigest()
+    if len(text.encode()) > MAX_FILE_BYTES:
+        raise SpecError([f"{where}:1: (file): {len(text.encode()):,} bytes; hypothesis files are limited to "
+                         f"{MAX_FILE_BYTES:,} bytes (split the claims over several files)"])
     try:
+        _check_structure(text, where)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -199,19 +235,45 @@ def load_all(files: list[Path]) -> list[LoadedHypothesis]:
     return loaded
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes a value shared by two places in a dict twice, instead of as an alias."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of a hypothesis file (SpecError: missing, unreadable, too large,
+    not UTF-8 — with the line of the first bad byte)."""
+    if not path.is_file():
+        raise SpecError([f"{path}: no such hypothesis file"])
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise SpecError([f"{path}:1: (file): {size:,} bytes; hypothesis files are limited to "
+                             f"{MAX_FILE_BYTES:,} bytes (split the claims over several files)"])
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SpecError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise SpecError([f"{path}:{line}: (file): not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                         f"{exc.start}); save the file as UTF-8"]) from None
+
+
 def load(source: str | Path | dict[str, Any], base_dir: str | Path | None = None) -> LoadedHypothesis:
     """Load and validate a hypothesis from a file path or a dict.
 
     Relative paths inside the hypothesis resolve against the file's folder
     (for a dict: `base_dir`, default the current directory)."""
     if isinstance(source, dict):
-        text = yaml.safe_dump(source, sort_keys=False)
+        text = yaml.dump(source, Dumper=_NoAliasDumper, sort_keys=False)  # a shared object is written out
         spec, digest, lines = parse_text(text, "<dict>")
         return LoadedHypothesis(spec=spec, path=None, base_dir=str(Path(base_dir or ".").resolve()),
                                 sha256=digest, lines=lines)
     path = Path(source)
-    if not path.is_file():
-        raise SpecError([f"{path}: no such hypothesis file"])
-    spec, digest, lines = parse_text(path.read_text(), str(path))
+    spec, digest, lines = parse_text(read_text(path), str(path))
     return LoadedHypothesis(spec=spec, path=str(path), base_dir=str(path.resolve().parent),
                             sha256=digest, lines=lines)

@@ -11,16 +11,18 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..spec import settings
 from ..spec.vocabulary import CORRUPTIONS
 
 BOS_TOKEN = 0
 _CORRUPTED_KEY = re.compile(r"^corrupted_[A-Za-z0-9_]+$")
 DEFAULT = "default"  # the name of a prompt file's own `corrupted` prompts
+MAX_PROMPTS = settings.MAX_PROMPTS  # prompts per run (generator n_prompts and prompt files)
 
 
 @dataclass
@@ -36,6 +38,8 @@ class Dataset:
     reference:   [m, seq] clean prompts that per-position means are taken over (mean
                  ablation, mean replacement), drawn independently of `clean`; None: the
                  mean over the other clean prompts (leave-one-out)
+    warnings:    what the reader of a report must know about the prompts (e.g. duplicates
+                 dropped)
     """
 
     clean: Any
@@ -46,6 +50,7 @@ class Dataset:
     description: str
     has_bos: bool
     reference: Any | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def corrupted(self) -> Any:
@@ -63,7 +68,16 @@ class Dataset:
             return None if t is None else t.to(device)
 
         return Dataset(move(self.clean), {k: move(v) for k, v in self.corruptions.items()}, move(self.positions),
-                       move(self.answers), move(self.wrong), self.description, self.has_bos, move(self.reference))
+                       move(self.answers), move(self.wrong), self.description, self.has_bos, move(self.reference),
+                       list(self.warnings))
+
+    def select(self, keep: list[int]) -> Dataset:
+        """The prompts at indices `keep` (reference prompts unchanged)."""
+        def take(t: Any) -> Any:
+            return None if t is None else t[keep]
+
+        return replace(self, clean=take(self.clean), corruptions={k: take(v) for k, v in self.corruptions.items()},
+                       positions=take(self.positions), answers=take(self.answers), wrong=take(self.wrong))
 
     @property
     def n(self) -> int:
@@ -74,6 +88,43 @@ class Dataset:
         return int(self.clean.shape[1])
 
 
+def drop_duplicates(ds: Dataset, source: str, labels: list[str] | None = None) -> Dataset:
+    """`ds` without prompts that repeat an earlier one exactly (clean prompt, every
+    corruption, positions, answers and wrong tokens), with a warning saying how many
+    were dropped.  The statistics treat prompts as independent draws: a repeated
+    prompt would count its evidence twice and narrow every interval.  `labels[i]`
+    names prompt i in the warning (e.g. `file:line`).  DataError (naming `source`)
+    when fewer than 2 distinct prompts remain."""
+    tensors = [ds.clean, *ds.corruptions.values(), ds.positions, ds.answers]
+    if ds.wrong is not None:
+        tensors.append(ds.wrong)
+    seen: dict[tuple, int] = {}
+    keep, repeats = [], []
+    for i in range(ds.n):
+        key = tuple(tuple(t[i].tolist()) for t in tensors)
+        if key in seen:
+            repeats.append((i, seen[key]))
+        else:
+            seen[key] = i
+            keep.append(i)
+    if not repeats:
+        return ds
+    def name(i: int) -> str:
+        return labels[i] if labels is not None else f"prompt {i}"
+
+    if len(keep) < 2:
+        raise DataError(f"{source}: only {len(keep)} distinct prompt(s) among {ds.n}; "
+                        "the statistics need at least 2 independent prompts")
+    examples = ", ".join(f"{name(i)} repeats {name(j)}" for i, j in repeats[:3])
+    warning = (f"data: {len(repeats)} of {ds.n} prompts repeat an earlier prompt exactly ({examples}"
+               f"{', ...' if len(repeats) > 3 else ''}); they were dropped, and the statistics use the "
+               f"{len(keep)} distinct prompts")
+    out = ds.select(keep)
+    out.warnings = [*ds.warnings, warning]
+    out.description = f"{ds.description}; {len(repeats)} duplicate prompts dropped ({len(keep)} distinct)"
+    return out
+
+
 def _split_seed(seed: int, split: str) -> int:
     """Independent seed streams per split, so `explore`, `test` and `reference` prompts differ."""
     return (seed * 1_000_003 + zlib.crc32(split.encode())) % (2**63)
@@ -82,7 +133,8 @@ def _split_seed(seed: int, split: str) -> int:
 def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int = 0,
                     split: str = "test", bos: bool = True, vocab_min: int = 1,
                     vocab_max: int | None = None, bos_token: int = BOS_TOKEN,
-                    corruptions: tuple[str, ...] = ("first_half",), n_reference: int | None = None) -> Dataset:
+                    corruptions: tuple[str, ...] = ("first_half",), n_reference: int | None = None,
+                    n_ctx: int | None = None) -> Dataset:
     """Repeated random tokens: clean = [BOS] + S + S, S uniform on [vocab_min, vocab_max).
 
     Corruptions (same length, fresh random tokens R1, R2 drawn independently):
@@ -93,8 +145,16 @@ def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int
     answer at the boundary (predicting S[0]) is not scored.  The start token
     `bos_token` never occurs inside S or R.  `n_reference` (default n_prompts) clean
     prompts are drawn from the independent `reference` stream for per-position means.
+    Prompts longer than `n_ctx` (the model's context, when given) are refused.
     """
     import torch
+
+    length = 2 * segment_length + int(bos)
+    if n_ctx is not None and length > n_ctx:
+        raise DataError(f"segment length {segment_length} makes prompts of {length} tokens; the model's context "
+                        f"is {n_ctx} tokens (segment length at most {(n_ctx - int(bos)) // 2})")
+    if not 2 <= n_prompts <= MAX_PROMPTS:
+        raise DataError(f"{n_prompts} prompts: between 2 and {MAX_PROMPTS:,} are supported")
 
     unknown = [c for c in corruptions if c not in CORRUPTIONS]
     if unknown or not corruptions:
@@ -129,22 +189,58 @@ def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int
             f"|S| = {segment_length}, tokens in [{vocab_min}, {hi}), seed {seed}, split {split}; "
             + "; ".join(f"corruption {c}: {what[c]}" for c in corruptions)
             + f"; means over {n_ref} reference prompts")
-    return Dataset(clean, corrupted, positions, answers, None, desc, bos, reference)
+    return drop_duplicates(Dataset(clean, corrupted, positions, answers, None, desc, bos, reference),
+                           "data (generator repeated_tokens)")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"key(s) {twice} given twice")
+    return dict(pairs)
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, split at line feeds only (so a U+2028 inside a
+    string does not shift line numbers); DataError when missing, unreadable or not UTF-8."""
+    if not path.is_file():
+        raise DataError(f"{path}: data file not found")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
+                        "save the file as UTF-8") from None
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def parse_line(line: str, where: str) -> Any:
+    """One JSONL line as a value: DataError on invalid JSON, a key given twice, or
+    nesting Python cannot follow."""
+    try:
+        return json.loads(line, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+    except ValueError as exc:
+        raise DataError(f"{where}: {exc}") from None
+    except RecursionError:
+        raise DataError(f"{where}: nested too deeply to be a prompt") from None
 
 
 def _read_rows(path: Path, check: Any, limit: int | None = None) -> list[dict[str, Any]]:
     """The checked rows of a JSONL file (blank lines skipped), each with its `where`."""
-    if not path.is_file():
-        raise DataError(f"{path}: data file not found")
     rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(read_lines(path), 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
-        rows.append(check(obj, f"{path}:{lineno}"))
+        rows.append(check(parse_line(line, f"{path}:{lineno}"), f"{path}:{lineno}"))
+        if len(rows) > MAX_PROMPTS:
+            raise DataError(f"{path}: more than {MAX_PROMPTS:,} prompts; use data.limit, or split the file")
         if limit is not None and len(rows) >= limit:
             break
     if len(rows) < 2:
@@ -152,7 +248,8 @@ def _read_rows(path: Path, check: Any, limit: int | None = None) -> list[dict[st
     return rows
 
 
-def load_jsonl(path: Path, d_vocab: int, limit: int | None = None, mean_from: Path | None = None) -> Dataset:
+def load_jsonl(path: Path, d_vocab: int, limit: int | None = None, mean_from: Path | None = None,
+               n_ctx: int | None = None) -> Dataset:
     """Load token-id prompts, one JSON object per line:
 
     {"clean": [ids], "corrupted": [ids], "positions": [p...],
@@ -162,12 +259,17 @@ def load_jsonl(path: Path, d_vocab: int, limit: int | None = None, mean_from: Pa
     All prompts must have one length (so per-position means are defined).  The
     `corrupted` prompts are the corruption named `default`.  `mean_from`: a JSONL file
     of `{"clean": [ids]}` lines (same length) whose clean prompts per-position means
-    are taken over; without it, each prompt's mean leaves that prompt out.
+    are taken over; without it, each prompt's mean leaves that prompt out.  Prompts
+    longer than `n_ctx` (the model's context) are refused; prompts that repeat an
+    earlier one exactly are dropped with a warning (drop_duplicates).
     """
     import torch
 
     rows = _read_rows(path, lambda obj, where: _check_row(obj, where, d_vocab), limit)
     first = rows[0]
+    if n_ctx is not None and len(first["clean"]) > n_ctx:
+        raise DataError(f"{first['where']}: prompts have {len(first['clean'])} tokens; the model's context "
+                        f"is {n_ctx} tokens")
     extra = sorted(k for k in first if k.startswith("corrupted_"))
     for key in ("clean", "positions"):
         for r in rows:
@@ -191,10 +293,11 @@ def load_jsonl(path: Path, d_vocab: int, limit: int | None = None, mean_from: Pa
         ref = _read_rows(mean_from, lambda obj, where: _check_reference(obj, where, d_vocab, len(first["clean"])))
         reference = torch.tensor([r["clean"] for r in ref], dtype=torch.long)
     means = f"means over {mean_from.name}" if mean_from is not None else "means leave each prompt out"
-    return Dataset(t("clean"), corruptions, t("positions"), t("answers"), t("wrong") if "wrong" in first else None,
-                   f"file {path.name}: {len(rows)} prompts of length {len(first['clean'])}; corruptions "
-                   f"{', '.join(corruptions)}; {means}",
-                   has_bos=all(r["clean"][0] == BOS_TOKEN for r in rows), reference=reference)
+    ds = Dataset(t("clean"), corruptions, t("positions"), t("answers"), t("wrong") if "wrong" in first else None,
+                 f"file {path.name}: {len(rows)} prompts of length {len(first['clean'])}; corruptions "
+                 f"{', '.join(corruptions)}; {means}",
+                 has_bos=all(r["clean"][0] == BOS_TOKEN for r in rows), reference=reference)
+    return drop_duplicates(ds, str(path), [r["where"] for r in rows])
 
 
 def _ids(obj: dict[str, Any], key: str, where: str) -> list[int]:

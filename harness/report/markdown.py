@@ -8,9 +8,10 @@ from tabulate import tabulate
 
 from ..claims import registry
 from ..evidence.details import RUNGS, LadderRow, WeightsVsUseRow
-from ..evidence.format import fmt
+from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
+from .text import literal_result, md_block, md_cell, md_code, md_text, plain
 
 FIGURE_CAPTIONS = {
     "attention.png": "Attention patterns of the claimed heads on the first clean prompt.",
@@ -24,14 +25,22 @@ FIGURE_PLACES = {"weights": "composition.png", "observational": "attention.png",
 
 
 def key_number(r: ClaimResult) -> str:
-    """The number the claim table shows for a result (its kind decides the form)."""
+    """The number the claim table shows for a result (its kind decides the form; an
+    interval with an undefined bound, e.g. from fewer than 2 prompts, reads `undefined`)."""
+    if r.ci is not None and None in r.ci:
+        return f"{fmt(r.value)} {fmt_ci(r.ci)}"
     return registry.get(r.kind).key_number(r)
 
 
 def claim_table(ev: Evidence, tablefmt: str = "simple") -> str:
-    """The claim table: id, kind, expectation, verdict, value [CI] (a tabulate format)."""
-    rows = [(c.id, c.kind, c.expectation, c.verdict, key_number(c)) for c in ev.claims]
-    return tabulate(rows, headers=["claim", "kind", "expectation", "verdict", "value [CI]"], tablefmt=tablefmt)
+    """The claim table: id, kind, expectation, verdict, value [CI] (a tabulate format).
+
+    In the "github" format (report.md) every cell is literal Markdown (`md_cell`); in any
+    other format (the terminal) every cell is one line without control characters."""
+    cell = md_cell if tablefmt == "github" else plain
+    rows = [tuple(cell(x) for x in (c.id, c.kind, c.expectation, c.verdict, key_number(c))) for c in ev.claims]
+    return tabulate(rows, headers=["claim", "kind", "expectation", "verdict", "value [CI]"], tablefmt=tablefmt,
+                    disable_numparse=[0, 1, 2])
 
 
 def _figure(name: str, figures: frozenset[str] | set[str]) -> list[str]:
@@ -41,13 +50,16 @@ def _figure(name: str, figures: frozenset[str] | set[str]) -> list[str]:
 
 
 def _claim_section(r: ClaimResult, unit: str) -> list[str]:
+    """A claim's section; every string of the result (its details' too) is literal text."""
+    description = md_block(r.description) if r.description.strip() else ""
+    r = literal_result(r)
     out = [f"#### {r.id} — {r.verdict}", ""]
-    if r.description:
-        out += [r.description.strip(), ""]
+    if description:
+        out += [description, ""]
     confidence = getattr(r.details, "confidence", None) or 0.95
     ci = f", {int(round(100 * confidence))}% CI [{fmt(r.ci[0])}, {fmt(r.ci[1])}]" if r.ci else ""
     out += [f"- expectation: {r.expectation}", f"- value: {fmt(r.value)} ({r.unit}){ci}", f"- rule: {r.rule}"]
-    return out + registry.get(r.kind).render(r, unit) + [""]
+    return out + registry.get(r.kind).render(r, md_text(unit)) + [""]
 
 
 SYMBOLS = {"supports": "✓", "against": "✗", "inconclusive": "?", "untested": "∅"}
@@ -63,14 +75,16 @@ def ladder_table(rows: list[LadderRow]) -> list[str]:
         cells = []
         for rung in RUNGS:
             steps = r.rungs.get(rung)
-            cells.append(" ".join(f"{SYMBOLS[s.status]} {s.claim}" for s in steps) if steps
+            cells.append(" ".join(f"{SYMBOLS[s.status]} {md_cell(s.claim)}" for s in steps) if steps
                          else "—" if rung in r.missing else "")
-        body.append([r.mechanism, *cells, r.highest or "none", "; ".join(r.contradictions) or "none"])
+        body.append([md_cell(r.mechanism), *cells, md_cell(r.highest or "none"),
+                     md_cell("; ".join(r.contradictions) or "none")])
     return ["## Evidence ladder", "",
             "Per mechanism the file names, the levels of evidence this run reached, lowest first: ✓ supports it, "
             "✗ is against it, ? inconclusive, ∅ untested (the intervention changed nothing it reads), — applies "
             "but no claim tested it. A high rung does not erase a contradiction on a lower one.", "",
-            tabulate(body, headers=["mechanism", *RUNGS, "highest", "contradictions"], tablefmt="github"), ""]
+            tabulate(body, headers=["mechanism", *RUNGS, "highest", "contradictions"], tablefmt="github",
+                     disable_numparse=True), ""]
 
 
 def weights_vs_use_table(rows: list[WeightsVsUseRow]) -> list[str]:
@@ -78,28 +92,30 @@ def weights_vs_use_table(rows: list[WeightsVsUseRow]) -> list[str]:
     every claim that tests it."""
     if not rows:
         return []
-    body = [(r.edge, r.direction, fmt(r.composition), f"{r.composition_p_adjusted:.3g}", "yes" if r.composes else "no",
+    body = [(md_cell(r.edge), md_cell(r.direction), fmt(r.composition), f"{r.composition_p_adjusted:.3g}",
+             "yes" if r.composes else "no",
              "undefined" if r.effect is None or not r.effect_ci
              else f"{r.effect:.3f} [{fmt(r.effect_ci[0])}, {fmt(r.effect_ci[1])}]",
-             r.use, r.classification, "; ".join(f"{t.claim} ({t.replacement}"
-                                                + (f", {t.corruption}" if t.corruption else "") + f"): {t.use}"
-                                                for t in r.tests)) for r in rows]
+             md_cell(r.use), md_cell(r.classification),
+             md_cell("; ".join(f"{t.claim} ({t.replacement}" + (f", {t.corruption}" if t.corruption else "")
+                               + f"): {t.use}" for t in r.tests))) for r in rows]
     return ["## Weights vs use", "",
             "A high composition score proposes a route; only the intervention shows it is used. *Unused* means an "
             "intervention that changes what the receiver reads moved the metric by less than the tolerance; an "
             "intervention that changes nothing there (*untested*) is no evidence either way.", "",
             tabulate(body, headers=["edge", "direction", "composition", "p_adj", "composes", "effect [CI]", "use",
-                                    "class", "tests"], tablefmt="github"), ""]
+                                    "class", "tests"], tablefmt="github", disable_numparse=[0, 1, 6, 7, 8]), ""]
 
 
 def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset()) -> str:
     """The report: verdicts, evidence per claim (with figures), weights vs use,
     settings, provenance, sanity checks."""
     h, m, d, s, b = ev.hypothesis, ev.model, ev.data, ev.settings, ev.baseline
+    t = md_text  # every value of the document is shown literally
     c = ev.counts()
-    out = [f"# Evidence report: {h['name']}", ""]
-    if h.get("description"):
-        out += [h["description"].strip(), ""]
+    out = [f"# Evidence report: {t(h['name'])}", ""]
+    if str(h.get("description") or "").strip():
+        out += [md_block(h["description"]), ""]
     out += [f"**{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive** "
             f"of {len(ev.claims)} claims.", "", "## Verdicts", "", claim_table(ev, "github"), ""]
     out += ladder_table(ev.ladder)
@@ -112,17 +128,16 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
         for r in group:
             out += _claim_section(r, b["unit"])
     out += weights_vs_use_table(ev.weights_vs_use) + _figure("signature.png", figures)
-    st = s["stats"]
+    st = {k: t(v) if isinstance(v, str) else v for k, v in s["stats"].items()}
     out += ["## Settings", "",
-            f"- data: {d['description']} ({d['n_prompts']} prompts of length {d['seq_len']}, "
-            f"{d['scored_positions_per_prompt']} scored positions each; BOS at position 0: "
-            f"{d['bos_at_position_0']})",
-            f"- metric: {s['metric']} ({b['unit']}); clean {fmt(b['clean']['mean'])}, corrupted "
-            f"{fmt(b['corrupted']['mean'])}, gap {fmt(b['gap']['mean'])} "
-            f"[{fmt(b['gap']['ci'][0])}, {fmt(b['gap']['ci'][1])}]",
-            f"- ablations: mean over {s['mean_ablation_reference']}; resample from "
-            f"{s['resample_ablation_source']}",
-            f"- weight processing: {s['weight_processing']}",
+            f"- data: {t(d['description'])} ({t(d['n_prompts'])} prompts of length {t(d['seq_len'])}, "
+            f"{t(d['scored_positions_per_prompt'])} scored positions each; BOS at position 0: "
+            f"{t(d['bos_at_position_0'])})",
+            f"- metric: {t(s['metric'])} ({t(b['unit'])}); clean {fmt(b['clean']['mean'])}, corrupted "
+            f"{fmt(b['corrupted']['mean'])}, gap {fmt(b['gap']['mean'])} {fmt_ci(b['gap']['ci'])}",
+            f"- ablations: mean over {t(s['mean_ablation_reference'])}; resample from "
+            f"{t(s['resample_ablation_source'])}",
+            f"- weight processing: {t(s['weight_processing'])}",
             f"- statistics: {st['bootstrap']} BCa bootstrap resamples, "
             f"{st['confidence']:.0%} intervals, {st['permutations']} sign-flip "
             f"permutations, min_gap {st['min_gap']}, min_prompt_gap {st['min_prompt_gap']}; "
@@ -130,18 +145,18 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
             f"{st.get('tolerance')} (Benjamini-Hochberg over edge claims), min_change {st.get('min_change')}, "
             f"min_raw_change {st.get('min_raw_change')}; composition alpha "
             f"{st.get('composition_alpha')} with at least {st.get('null_draws')} null draws; "
-            f"seed {s['seed']}", ""]
+            f"seed {t(s['seed'])}", ""]
     p = ev.provenance
     out += ["## Provenance", "",
-            f"- model: `{m['source']}` ({m['kind']}, {m['n_layers']} layers x {m['n_heads']} heads, "
-            f"d_model {m['d_model']}, d_head {m['d_head']}), sha256 `{m['sha256'][:16]}…`",
-            f"- hypothesis: `{h['file'] or '<dict>'}`, sha256 `{h['sha256'][:16]}…`",
-            "- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()),
-            f"- command: `{p['command']}`",
-            f"- run: {p['started']} to {p['finished']} on {p['host']['platform']}"
-            + (f", device {p['device']}" if p.get("device") else ""), ""]
+            f"- model: {md_code(m['source'])} ({t(m['kind'])}, {t(m['n_layers'])} layers x {t(m['n_heads'])} heads, "
+            f"d_model {t(m['d_model'])}, d_head {t(m['d_head'])}), sha256 {md_code(str(m['sha256'])[:16] + '…')}",
+            f"- hypothesis: {md_code(h['file'] or '<dict>')}, sha256 {md_code(str(h['sha256'])[:16] + '…')}",
+            "- versions: " + ", ".join(f"{t(k)} {t(v)}" for k, v in p["versions"].items()),
+            f"- command: {md_code(p['command'])}",
+            f"- run: {t(p['started'])} to {t(p['finished'])} on {t(p['host']['platform'])}"
+            + (f", device {t(p['device'])}" if p.get("device") else ""), ""]
     if ev.warnings:
-        out += ["## Warnings", ""] + [f"- {w}" for w in ev.warnings] + [""]
+        out += ["## Warnings", ""] + [f"- {t(w)}" for w in ev.warnings] + [""]
     out += ["## Sanity checks", ""]
-    out += [f"- {'ok' if ch.passed else 'FAILED'}: {ch.name} — {ch.detail}" for ch in ev.sanity_checks]
+    out += [f"- {'ok' if ch.passed else 'FAILED'}: {t(ch.name)} — {t(ch.detail)}" for ch in ev.sanity_checks]
     return "\n".join(out) + "\n"

@@ -1,53 +1,41 @@
 """Writing report folders: `evidence.json`, `report.md`, a self-contained
-`report.html` (figures embedded) and `figures/*.png`.
+`report.html` (figures embedded) and `figures/*.png`; and `harness report`.
 
-A run never overwrites: the folder is new (`reports/<name>-<UTC time>` or the
-`--out` path, which must not exist).  Files are written into a temporary
-sibling folder that is renamed into place at the end, so an interrupted run
-leaves no half report.  Everything but evidence.json is rendered from the
-evidence document alone, which is what `harness report` does too.
+A run never overwrites: the folder is new (`reports/<name>-<UTC time>`, with a
+suffix when another run took that name, or the `--out` path, which must not exist).
+Folders are written whole or not at all (report.folders).  Everything but
+evidence.json is rendered from the evidence document alone, which is what
+`harness report` does too; it reads the document defensively (report.reading),
+validates it, and turns any failure to render a valid document into one clear error.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..claims import registry
-from ..errors import OutputExistsError, UserError
+from ..errors import EvidenceFormatError, UserError
 from ..evidence import document
 from ..evidence.result import Evidence
 from . import figures
+from .folders import check_new, default_folder, preflight, replace_folder, write_folder
 from .html import render_html
 from .markdown import render_markdown
+from .reading import load_bytes, parse, read_json
+from .text import plain
+
+__all__ = ["check_new", "default_folder", "preflight", "read_json", "write_folder", "write_report", "rerender",
+           "render_files", "report_files", "load_evidence", "validate_evidence", "replace_in_place", "render_error"]
+
+REPORT_FILES = frozenset({"report.md", "report.html", "figures"})
 
 
-def default_folder(name: str, reports_root: Path) -> Path:
-    """`reports_root/<name>-<UTC time>` (with `-2`, `-3`, ... if taken)."""
-    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    base = reports_root / f"{name}-{stamp}"
-    path, i = base, 1
-    while path.exists():
-        i += 1
-        path = base.with_name(f"{base.name}-{i}")
-    return path
-
-
-def check_new(target: Path) -> Path:
-    """`target`, which must not exist yet (OutputExistsError otherwise)."""
-    if target.exists():
-        raise OutputExistsError(f"{target} already exists; harness never overwrites a report (choose another --out)")
-    return target
-
-
-def load_evidence(doc: dict[str, Any]) -> Evidence:
-    """The Evidence of an evidence.json document, read with the registered claim kinds."""
-    return document.load(doc, registry.kinds())
+def load_evidence(doc: dict[str, Any], checked: bool = False) -> Evidence:
+    """The Evidence of an evidence.json document, read with the registered claim kinds
+    (`checked`: the document was validated already)."""
+    return document.load(doc, registry.kinds(), checked=checked)
 
 
 def validate_evidence(doc: Any) -> list[str]:
@@ -55,9 +43,9 @@ def validate_evidence(doc: Any) -> list[str]:
     return document.problems(doc, registry.kinds())
 
 
-def render_files(doc: dict[str, Any]) -> dict[str, bytes]:
+def render_files(doc: dict[str, Any], checked: bool = False) -> dict[str, bytes]:
     """{relative path: bytes} of report.md, report.html and figures/*.png for a document."""
-    ev = load_evidence(doc)
+    ev = load_evidence(doc, checked)
     pngs = figures.render_all(ev)
     md = render_markdown(ev, set(pngs))
     files = {f"figures/{name}": png for name, png in pngs.items()}
@@ -74,64 +62,67 @@ def report_files(ev: Evidence) -> dict[str, bytes]:
     return files
 
 
-def write_folder(target: Path, files: dict[str, bytes]) -> None:
-    """Write `files` into a temporary sibling of `target`, then rename it into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        for rel, data in files.items():
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_bytes(data)
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def replace_files(folder: Path, files: dict[str, bytes]) -> None:
-    """Replace files inside an existing folder, each written to a temporary name and renamed."""
-    for rel, data in files.items():
-        path = folder / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-
-
 def write_report(ev: Evidence, out_dir: Any | None = None, reports_root: Any | None = None) -> Path:
-    """Write a run's report folder (new, never overwriting); return it."""
-    if out_dir is not None:
-        target = check_new(Path(out_dir))
-    else:
-        target = default_folder(ev.hypothesis["name"], Path(reports_root or "reports"))
-    write_folder(target, report_files(ev))
-    return target
+    """Write a run's report folder (new, never overwriting) and return it: `out_dir`
+    (which must not exist), else a new `<name>-<UTC time>` folder under `reports_root`
+    (default `reports/`).  Errors are UserErrors: the place cannot be written
+    (checked before rendering), or the write failed (the evidence is then kept under
+    the system temp folder, and the message says where)."""
+    out = Path(out_dir) if out_dir is not None else None
+    root = Path(reports_root or "reports")
+    preflight(out, root)
+    files = report_files(ev)
+    if out is not None:
+        return write_folder(out, files, unique=False)
+    return write_folder(default_folder(ev.hypothesis["name"], root), files, unique=True)
 
 
-def read_json(path: Path, what: str) -> Any:
-    """The JSON document at `path` (UserError with file:line when it is missing or malformed)."""
-    if not path.is_file():
-        raise UserError(f"{path}: no such {what} file")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+def render_error(path: Path, exc: Exception) -> EvidenceFormatError:
+    """A failure to render a validated document, as one line naming the document."""
+    return EvidenceFormatError(f"{path}: cannot render this document ({type(exc).__name__}: {plain(exc)[:300]}); "
+                               "it passes the schema, so this is a harness bug: please report it")
+
+
+def replace_in_place(json_path: Path, files: dict[str, bytes], known: frozenset[str], carry: tuple[str, ...] = ()) \
+        -> Path:
+    """Swap the folder of `json_path` for one holding `files` (and its entries in `carry`),
+    refusing a folder that holds anything but a report (`known` names, the JSON) or
+    that holds the working directory."""
+    folder = json_path.resolve().parent
+    cwd = Path.cwd().resolve()
+    if folder == cwd or folder in cwd.parents:
+        raise UserError(f"{json_path}: cannot re-render in place the folder you are in; run from outside it "
+                        "or give --out NEW_FOLDER")
+    foreign = sorted(e.name for e in os.scandir(folder) if e.name not in known | {json_path.name}
+                     and not (e.name.startswith(".") and e.name.endswith(".tmp")))  # stale temp files go
+    if foreign:
+        raise UserError(f"{json_path}: its folder holds more than a report ({', '.join(foreign[:3])}"
+                        f"{', ...' if len(foreign) > 3 else ''}); give --out NEW_FOLDER")
+    replace_folder(folder, files, carry)
+    return json_path.parent
 
 
 def rerender(evidence_json: Path, out_dir: Path | None = None) -> Path:
-    """`harness report`: render report.md/html and figures from evidence.json alone.
+    """`harness report`: report.md/html and figures from evidence.json alone.
 
-    Without `out_dir` the files beside evidence.json are replaced (each written to a
-    temporary name and renamed); with it, a new folder gets a copy of the JSON too."""
-    doc = read_json(evidence_json, "evidence")
+    Without `out_dir` the report folder holding the JSON is replaced at once by a
+    complete new one (the JSON, report.md, report.html, figures/); with it, a new
+    folder gets a copy of the JSON too.  Bad documents, places that cannot be written
+    and failures to render are one-line UserErrors; nothing is half-written."""
+    evidence_json = Path(evidence_json)
+    raw = load_bytes(evidence_json, "evidence")
+    doc = parse(raw, evidence_json)
     problems = validate_evidence(doc)
     if problems:
-        raise UserError(f"{evidence_json}: not a valid evidence document:\n" + "\n".join(problems[:10]))
-    files = render_files(doc)
+        raise EvidenceFormatError("\n".join(f"{evidence_json}: not a valid evidence document: {p}"
+                                            for p in problems[:10]))
     if out_dir is not None:
-        check_new(out_dir)
-        files[evidence_json.name] = evidence_json.read_bytes()
-        write_folder(out_dir, files)
-        return out_dir
-    replace_files(evidence_json.parent, files)
-    return evidence_json.parent
+        preflight(Path(out_dir))
+    try:
+        files = render_files(doc, checked=True)
+    except Exception as exc:
+        raise render_error(evidence_json, exc) from exc
+    files[evidence_json.name] = raw
+    if out_dir is not None:
+        return write_folder(Path(out_dir), files, unique=False, keep=False)
+    return replace_in_place(evidence_json, files, REPORT_FILES)

@@ -20,6 +20,8 @@ from . import names
 from .settings import Stats, Strict
 
 T = TypeVar("T")
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+=,@>-]*$"  # addressable as a pytest node id, no shell quoting needed
+ID_MAX = 100
 
 
 def _parsed(parse: Callable[[str], T]) -> Callable[[Any], T]:
@@ -61,7 +63,7 @@ class ClaimSpec(Strict):
     """What every claim has.  A kind's schema subclasses this (or `BoundedClaim`)
     and narrows `kind` to a literal."""
 
-    id: str = Field(min_length=1)
+    id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
     kind: str
     description: str = ""
 

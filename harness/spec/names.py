@@ -96,7 +96,9 @@ def parse_component(text: str) -> Component:
     """Parse one component name; raise ComponentNameError saying what is allowed."""
     if not isinstance(text, str):
         raise ComponentNameError(f"expected a component name ({_ALLOWED}), got {text!r}")
-    s = text.strip()
+    if text != text.strip():
+        raise ComponentNameError(f"{text!r} has spaces around the name; write {text.strip()!r}")
+    s = text
     if s == "embed":
         return Embed()
     if s == "logits":
@@ -124,6 +126,8 @@ def parse_edge(text: str) -> Edge:
         raise ComponentNameError(
             f"{text!r} is not an edge; expected 'sender -> receiver', e.g. 'L0H3 -> L1H6.k'"
         )
+    if text != text.strip():
+        raise ComponentNameError(f"{text!r} has spaces around the edge; write {text.strip()!r}")
     left, right = (part.strip() for part in text.split("->"))
     sender, receiver = parse_component(left), parse_component(right)
     if not isinstance(sender, (Head, Mlp, Embed)):

@@ -11,12 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from .vocabulary import Corruption
 
 DEFAULT_CORRUPTIONS: tuple[Corruption, ...] = ("first_half",)
+MAX_PROMPTS = 10_000  # prompts run in one batch: memory grows linearly (about 0.5 MB per prompt on the fixture)
 
 
 class Strict(BaseModel):
-    """Every model of the format: unknown keys are errors; values are frozen."""
+    """Every model of the format: unknown keys are errors; values are frozen; numbers
+    are finite (`.nan` and `.inf` are rejected wherever a number is allowed)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GeneratorData(Strict):
@@ -24,16 +26,16 @@ class GeneratorData(Strict):
     more corruptions of it (model.data.repeated_tokens)."""
 
     generator: Literal["repeated_tokens"]
-    n_prompts: int = Field(200, ge=2, le=100_000)
+    n_prompts: int = Field(200, ge=2, le=MAX_PROMPTS)
     segment_length: int = Field(20, ge=2)
     bos: StrictBool = True
     bos_token: int | None = Field(None, ge=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     split: Literal["test", "explore"] = "test"
     vocab_min: int = Field(1, ge=0)
     vocab_max: int | None = Field(None, ge=1)
     corruptions: list[Corruption] = Field(default_factory=lambda: list(DEFAULT_CORRUPTIONS), min_length=1)
-    n_reference: int | None = Field(None, ge=2, le=100_000)
+    n_reference: int | None = Field(None, ge=2, le=MAX_PROMPTS)
 
     @model_validator(mode="after")
     def _range(self) -> GeneratorData:
@@ -52,7 +54,7 @@ class FileData(Strict):
     """A JSONL file of token-id prompts (see docs/data-format.md)."""
 
     file: str
-    limit: int | None = Field(None, ge=2)
+    limit: int | None = Field(None, ge=2, le=MAX_PROMPTS)
     mean_from: str | None = None
 
     def corruption_names(self) -> list[str] | None:

@@ -5,6 +5,7 @@ job, its counts and exit code, and its validation against the shipped schema
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -78,10 +79,38 @@ def exit_code(doc: dict[str, Any]) -> int:
 
 
 def problems(doc: Any) -> list[str]:
-    """Everything wrong with a sweep document's shape ([] when valid)."""
+    """Everything wrong with a sweep document ([] when valid, and then it renders): its
+    shape against the shipped schema, then what the shape cannot say (references)."""
     import json
 
-    return document.json_schema_problems(doc, json.loads(SCHEMA_FILE.read_text()))
+    return document.json_schema_problems(doc, json.loads(SCHEMA_FILE.read_text())) or reference_problems(doc)
+
+
+def _duplicates(values: list[str]) -> list[str]:
+    """The values that appear more than once (each once, in order)."""
+    counts = Counter(values)
+    return [v for v in counts if counts[v] > 1]
+
+
+def reference_problems(doc: dict[str, Any]) -> list[str]:
+    """Names that must be unique and are not; jobs naming a hypothesis or model the
+    document does not list; a job that ran without a result for each planned claim."""
+    found = [f"hypotheses: the name {n!r} appears twice" for n in _duplicates([h["name"] for h in doc["hypotheses"]])]
+    found += [f"models: the label {m!r} appears twice" for m in _duplicates([m["label"] for m in doc["models"]])]
+    plans = {h["name"]: [c["id"] for c in h["claims"]] for h in doc["hypotheses"]}
+    labels = {m["label"] for m in doc["models"]}
+    pairs = [f"{j['hypothesis']!r} on {j['model']!r}" for j in doc["jobs"]]
+    found += [f"jobs: {p} appears twice" for p in _duplicates(pairs)]
+    for i, j in enumerate(doc["jobs"]):
+        if j["hypothesis"] not in plans:
+            found.append(f"jobs/{i}/hypothesis: {j['hypothesis']!r} is not one of the document's hypotheses")
+        if j["model"] not in labels:
+            found.append(f"jobs/{i}/model: {j['model']!r} is not the label of one of the document's models")
+        if j["status"] == "ok" and j["hypothesis"] in plans:
+            missing = set(plans[j["hypothesis"]]) - {c["id"] for c in j["claims"]}
+            if missing:
+                found.append(f"jobs/{i}/claims: no result for the planned claim(s) {', '.join(sorted(missing))}")
+    return found
 
 
 def is_sweep(doc: Any) -> bool | None:

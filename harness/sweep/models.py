@@ -19,11 +19,11 @@ by step within a series; models without `checkpoint.json` keep their order.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..model.files import list_dir, read_json
 
 CHECKPOINT_FILE = "checkpoint.json"
 
@@ -47,14 +47,13 @@ class SweepModel:
 
 
 def read_checkpoint(folder: Path) -> dict:
-    """The validated contents of `folder/checkpoint.json` ({} when absent)."""
+    """The validated contents of `folder/checkpoint.json` ({} when absent): `step` an
+    int >= 0, `seed` an int or None, `run` a str or None.  A file that cannot be read,
+    is not UTF-8 JSON or breaks these rules is a UserError naming the file."""
     f = folder / CHECKPOINT_FILE
     if not f.is_file():
         return {}
-    try:
-        meta = json.loads(f.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{f}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    meta = read_json(f, UserError)  # unreadable, not UTF-8, not JSON: one line naming the file
     if not isinstance(meta, dict):
         raise UserError(f"{f}: expected a JSON object with 'step' (and optionally 'seed', 'run')")
     step, seed, run = meta.get("step"), meta.get("seed"), meta.get("run")
@@ -84,7 +83,7 @@ def expand(arguments: list[str]) -> list[SweepModel]:
         if (path / "config.json").exists():
             found.append((str(path.resolve()), read_checkpoint(path)))
             continue
-        subs = sorted(p for p in path.iterdir() if p.is_dir() and (p / "config.json").exists())
+        subs = [p for p in list_dir(path, UserError) if p.is_dir() and (p / "config.json").exists()]
         if not subs:
             raise UserError(f"--models {arg}: neither a model directory (no config.json) nor a "
                             "folder of model directories")

@@ -8,20 +8,26 @@ failed job counts as not PASS.  "never" when the last model does not PASS.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from tabulate import tabulate
 
-from ..errors import UserError
+from ..errors import EvidenceFormatError
 from ..evidence.details import AS_CLAIMED
-from ..report.html import mark_cells, render_html
-from ..report.writer import check_new, read_json, replace_files, write_folder
+from ..report.folders import preflight, write_folder
+from ..report.html import render_html
+from ..report.reading import load_bytes, parse
+from ..report.text import md_cell, md_code, md_link_text, md_text
+from ..report.writer import render_error, replace_in_place
 from . import document
 from . import figures as sweep_figures
 from .document import folder_name, plan_of
 
 ERROR_CELL = "job failed"
+SWEEP_FILES = frozenset({"sweep.md", "sweep.html", "figures", "runs"})
 
 
 def column_names(doc: dict) -> dict[str, str]:
@@ -102,14 +108,14 @@ def render_markdown(doc: dict, figures: set[str]) -> str:
     c = doc["counts"]
     s = doc["settings"]
     names = column_names(doc)
-    hyp_names = ", ".join(h["name"] for h in doc["hypotheses"])
+    hyp_names = ", ".join(md_text(h["name"]) for h in doc["hypotheses"])
     out = [f"# Sweep: {hyp_names} over {len(doc['models'])} models", ""]
     out.append(f"{c['jobs']} jobs: {c['ok']} ran, {c['failed']} failed. Claims over all jobs: "
                f"{c['PASS']} PASS, {c['FAIL']} FAIL, {c['INCONCLUSIVE']} INCONCLUSIVE. "
-               f"Executor `{s['executor']}`"
-               + (f" at `{s['ray_address']}`" if s.get("ray_address") else "")
-               + f", device `{s['device']}`, seed "
-               + ("from each file" if s["seed"] is None else f"`{s['seed']}`") + ".")
+               f"Executor {md_code(s['executor'])}"
+               + (f" at {md_code(s['ray_address'])}" if s.get("ray_address") else "")
+               + f", device {md_code(s['device'])}, seed "
+               + ("from each file" if s["seed"] is None else md_code(s["seed"])) + ".")
     out += ["", "Each model runs every claim of the file on the same prompts and seed. A verdict "
             "table reads left to right along training; each column header links to that job's "
             "full evidence report. Weight evidence proposes routes; only the causal claims show a "
@@ -119,27 +125,26 @@ def render_markdown(doc: dict, figures: set[str]) -> str:
         out += ["## Failed jobs", "", "These jobs did not produce evidence; every other job's result is kept.", ""]
         failures = [(j["hypothesis"], j["model"], j["error"]["type"], j["error"]["where"],
                      j["error"]["message"].splitlines()[0] if j["error"]["message"] else "") for j in failed]
-        out += [tabulate(failures, headers=["hypothesis", "model", "error", "while", "message"],
-                         tablefmt="github"), ""]
+        out += [_table(failures, ["hypothesis", "model", "error", "while", "message"]), ""]
     for h in doc["hypotheses"]:
         name = h["name"]
         jobs = _jobs(doc, name)
-        out += [f"## {name} (`{h['file']}`)", "", "### Verdicts per model", ""]
+        out += [f"## {md_text(name)} ({md_code(h['file'])})", "", "### Verdicts per model", ""]
         headers = ["claim", "kind"]
         for m in doc["models"]:  # each column's header links to that job's own report
             j = jobs.get(m["label"])
             report = j.get("report") if j else None
-            headers.append(f"[{names[m['label']]}]({report}/report.md)" if report else names[m["label"]])
-        out += [tabulate(verdict_rows(doc, name), headers=headers, tablefmt="github"), ""]
+            headers.append(f"[{md_link_text(names[m['label']])}]({quote(report)}/report.md)" if report
+                           else md_cell(names[m["label"]]))
+        out += [_table(verdict_rows(doc, name), headers, escape_headers=False), ""]
         out += ["### When each claim starts to hold", "",
                 "*Holds from*: the first model from which the claim passes on it and on every later "
                 "model of the series. Sequence: P pass, F fail, I inconclusive, E job failed.", ""]
-        out += [tabulate(holds_from(doc, name), headers=["claim", "series", "holds from", "first PASS",
-                                                          "sequence"], tablefmt="github"), ""]
+        out += [_table(holds_from(doc, name), ["claim", "series", "holds from", "first PASS", "sequence"]), ""]
         for key, title in (("claims", "Key numbers"), ("together", "Evidence together")):
             fname = f"{folder_name(name)}-{key}.png"
             if fname in figures:
-                out += [f"### {title}", "", f"![{name}: {title.lower()}](figures/{fname})", ""]
+                out += [f"### {title}", "", f"![{md_text(name)}: {title.lower()}](figures/{quote(fname)})", ""]
         out += _ladder(doc, name, names)
         out += _weights_vs_use(doc, name, names)
         out += _numbers(doc, name, names)
@@ -149,11 +154,19 @@ def render_markdown(doc: dict, figures: set[str]) -> str:
         shas = {j.get("model_sha256") for j in doc["jobs"] if j["model"] == m["label"] and j.get("model_sha256")}
         rows.append((i, m["label"], m["series"] or "-", "-" if m["step"] is None else m["step"], m["source"],
                      next(iter(shas))[:12] if shas else "-"))
-    out += [tabulate(rows, headers=["#", "model", "series", "step", "source", "sha256"], tablefmt="github"), ""]
+    out += [_table(rows, ["#", "model", "series", "step", "source", "sha256"]), ""]
     p = doc["provenance"]
-    out += ["## Provenance", "", f"- command: `{p['command']}`", f"- started {p['started']}, finished {p['finished']}",
-            "- versions: " + ", ".join(f"{k} {v}" for k, v in p["versions"].items()), ""]
+    out += ["## Provenance", "", f"- command: {md_code(p['command'])}",
+            f"- started {md_text(p['started'])}, finished {md_text(p['finished'])}",
+            "- versions: " + ", ".join(f"{md_text(k)} {md_text(v)}" for k, v in p["versions"].items()), ""]
     return "\n".join(out)
+
+
+def _table(rows: list[Any], headers: list[str], escape_headers: bool = True) -> str:
+    """A GitHub table of `rows` whose every cell (and header) is literal text (report.text)."""
+    body = [[md_cell(x) for x in row] for row in rows]
+    return tabulate(body, headers=[md_cell(h) for h in headers] if escape_headers else headers,
+                    tablefmt="github", disable_numparse=True)
 
 
 def _row_key(row: dict[str, Any]) -> str:
@@ -183,7 +196,7 @@ def _weights_vs_use(doc: dict, hypothesis: str, names: dict[str, str]) -> list[s
             "whether the weights propose the route (composition) and whether the model uses it "
             "(edge patching). *route present, unused* and *used without a weight route* mark where "
             "the two kinds of evidence diverge.", "",
-            tabulate(rows, headers=["edge"] + [names[m["label"]] for m in doc["models"]], tablefmt="github"), ""]
+            _table(rows, ["edge"] + [names[m["label"]] for m in doc["models"]]), ""]
 
 
 def _ladder(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
@@ -209,7 +222,7 @@ def _ladder(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
             "The highest level of evidence each mechanism reaches on each model (weights, observation, necessity, "
             "edge necessity, sufficiency, robustness); `!` marks evidence on that model that contradicts the rest "
             "beyond what the file itself claims (each job's report lists it).", "",
-            tabulate(rows, headers=["mechanism"] + [names[m["label"]] for m in doc["models"]], tablefmt="github"), ""]
+            _table(rows, ["mechanism"] + [names[m["label"]] for m in doc["models"]]), ""]
 
 
 def _numbers(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
@@ -233,8 +246,7 @@ def _numbers(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
         j = jobs.get(m["label"])
         gap.append(_cell(j["baseline_gap"]["mean"]) if j and j["status"] == "ok" else "-")
     return ["### Key numbers (95% CI)", "",
-            tabulate(rows + [gap], headers=["claim"] + [names[m["label"]] for m in doc["models"]],
-                     tablefmt="github"), ""]
+            _table(rows + [gap], ["claim"] + [names[m["label"]] for m in doc["models"]]), ""]
 
 
 def render_sweep(doc: dict) -> dict[str, bytes]:
@@ -247,8 +259,8 @@ def render_sweep(doc: dict) -> dict[str, bytes]:
                 figures[f"{folder_name(h['name'])}-{key}.png"] = png
     md = render_markdown(doc, set(figures))
     title = "sweep: " + ", ".join(h["name"] for h in doc["hypotheses"])
-    page = render_html(md, figures, title).replace("/report.md\"", "/report.html\"")
-    page = mark_cells(page, ERROR_CELL, "FAIL")
+    page = render_html(md, figures, title, marks={ERROR_CELL: "FAIL"},
+                       rewrite=lambda body: re.sub(r'(href="[^"]*/report)\.md"', r'\1.html"', body))
     files = {f"figures/{k}": v for k, v in figures.items()}
     files["sweep.md"] = md.encode()
     files["sweep.html"] = page.encode()
@@ -258,22 +270,28 @@ def render_sweep(doc: dict) -> dict[str, bytes]:
 def rerender(sweep_json: Path, out_dir: Path | None = None) -> Path:
     """`harness report` on a sweep.json: sweep.md, sweep.html and figures from the JSON alone.
 
-    Without `out_dir` the files beside sweep.json are replaced; with it, a new
-    folder gets copies of the JSON and of the per-job reports it links to."""
-    doc: Any = read_json(sweep_json, "sweep")
+    Without `out_dir` the sweep folder is replaced at once by a complete new one (the
+    JSON, the new pages and figures, and its runs/); with it, a new folder gets copies
+    of the JSON and of the per-job reports it links to.  Bad documents, places that
+    cannot be written and failures to render are one-line UserErrors."""
+    sweep_json = Path(sweep_json)
+    raw = load_bytes(sweep_json, "sweep")
+    doc: Any = parse(raw, sweep_json)
     problems = document.problems(doc)
     if problems:
-        raise UserError(f"{sweep_json}: not a valid sweep document:\n" + "\n".join(problems[:10]))
-    files = render_sweep(doc)
+        raise EvidenceFormatError("\n".join(f"{sweep_json}: not a valid sweep document: {p}" for p in problems[:10]))
+    if out_dir is not None:
+        preflight(Path(out_dir))
+    try:
+        files = render_sweep(doc)
+    except Exception as exc:
+        raise render_error(sweep_json, exc) from exc
+    files[sweep_json.name] = raw
     if out_dir is None:
-        replace_files(sweep_json.parent, files)
-        return sweep_json.parent
-    check_new(out_dir)
-    files[sweep_json.name] = sweep_json.read_bytes()
+        return replace_in_place(sweep_json, files, SWEEP_FILES, carry=("runs",))
     runs = sweep_json.parent / "runs"
     if runs.is_dir():  # the per-job reports the sweep report links to
         for f in runs.rglob("*"):
-            if f.is_file():
+            if f.is_file() and not f.is_symlink():
                 files[str(f.relative_to(sweep_json.parent))] = f.read_bytes()
-    write_folder(out_dir, files)
-    return out_dir
+    return write_folder(Path(out_dir), files, unique=False, keep=False)

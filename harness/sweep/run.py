@@ -24,7 +24,7 @@ from ..engine import provenance
 from ..errors import UserError
 from ..evidence.document import normalised, to_json
 from ..hypothesis.loading import LoadedHypothesis, load_all
-from ..report.writer import check_new, default_folder, write_folder
+from ..report.folders import check_new, default_folder, preflight, write_folder
 from . import document
 from .document import claim_plan, folder_name, job_summary
 from .jobs import Job, run_job
@@ -47,7 +47,9 @@ def load_hypotheses(files: list[Path]) -> list[LoadedHypothesis]:
 def sweep(files: list[Path], model_args: list[str], executor: Any, seed: int | None = None,
           device: str | None = None, out: Path | None = None, reports_root: Path = Path("reports"),
           command: str = "", on_done: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], Path]:
-    """Run the sweep and write its folder; return (sweep document, folder)."""
+    """Run the sweep and write its folder; return (sweep document, folder).  That the
+    folder can be written is checked before any job runs (report.folders.preflight)."""
+    preflight(out, reports_root)
     hyps = load_hypotheses(files)
     models = expand(model_args)
     target = check_new(out) if out is not None else default_folder("sweep", reports_root)
@@ -87,8 +89,7 @@ def sweep(files: list[Path], model_args: list[str], executor: Any, seed: int | N
     })
     files_out.update(render_sweep(doc))
     files_out["sweep.json"] = to_json(doc).encode()
-    write_folder(target, files_out)
-    return doc, target
+    return doc, write_folder(target, files_out, unique=out is None)
 
 
 def _model_entry(m: SweepModel) -> dict[str, Any]:

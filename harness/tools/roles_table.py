@@ -22,7 +22,7 @@ def role_table(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, s
     """The printable table (with the data's description above it)."""
     import torch
 
-    ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, split).to(of(m.bridge))
+    ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, split, n_ctx=m.n_ctx).to(of(m.bridge))
     with torch.no_grad():
         _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))
     rows: list[list[Any]] = []

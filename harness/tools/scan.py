@@ -72,7 +72,7 @@ def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int
     m = load_model(model_source, device=device)
     bridge, L, H = m.bridge, m.n_layers, m.n_heads
     if data_file is not None:
-        ds = data.load_jsonl(data_file, m.d_vocab)
+        ds = data.load_jsonl(data_file, m.d_vocab, n_ctx=m.n_ctx)
         chosen = list(ds.corruptions) if corruptions is None else list(corruptions)
         missing = [c for c in chosen if c not in ds.corruptions]
         if missing:
@@ -80,7 +80,7 @@ def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int
     else:
         chosen = list(corruptions or DEFAULT_CORRUPTIONS)
         ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, "explore", bos_token=m.bos_token,
-                                  corruptions=tuple(chosen))
+                                  corruptions=tuple(chosen), n_ctx=m.n_ctx)
     ds = ds.to(of(bridge))
     hooks = batched_edges.cache_names(L) + [hook_pattern(L - 1)]
     clean = cache_hooks(bridge, ds.clean, hooks)

@@ -98,8 +98,9 @@ def null_rates(root: Path, seeds: range, alpha_used: float, alpha_comp: float,
         claims = []
         for edge in all_edges(2, 2, embed=False, logits=False):  # every L0 head -> L1 head input
             e = str(edge)
-            claims += [{"id": f"edge {e}", "kind": "edge", "edge": e, "expect": "used"},
-                       {"id": f"comp {e}", "kind": "composition", "edge": e, "expect": "composes"}]
+            slug = e.replace(" ", "")
+            claims += [{"id": f"edge-{slug}", "kind": "edge", "edge": e, "expect": "used"},
+                       {"id": f"comp-{slug}", "kind": "composition", "edge": e, "expect": "composes"}]
         ev = run({"harness": 1, "name": f"null-{seed}", "model": str(path), "seed": seed,
                   "data": {"generator": "repeated_tokens", "n_prompts": 60, "segment_length": 10, "seed": seed},
                   "stats": {"alpha": alpha_used, "composition_alpha": alpha_comp, "bootstrap": 500,

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from ..claims import registry
 from ..errors import SpecError
 from ..spec.fields import BoundedClaim, ClaimSpec
+from ..textfile import utf8
 from .document import Hypothesis, document_model, tags
 
 
@@ -255,12 +256,7 @@ def read_text(path: Path) -> str:
         raw = path.read_bytes()
     except OSError as exc:
         raise SpecError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise SpecError([f"{path}:{line}: (file): not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
-                         f"{exc.start}); save the file as UTF-8"]) from None
+    return utf8(raw, path, lambda message: SpecError([message]), "(file): ")
 
 
 def load(source: str | Path | dict[str, Any], base_dir: str | Path | None = None) -> LoadedHypothesis:

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import DataError
 from ..spec import settings
 from ..spec.vocabulary import CORRUPTIONS
+from ..textfile import utf8
 
 BOS_TOKEN = 0
 _CORRUPTED_KEY = re.compile(r"^corrupted_[A-Za-z0-9_]+$")
@@ -210,13 +211,7 @@ def read_lines(path: Path) -> list[str]:
         raw = path.read_bytes()
     except OSError as exc:
         raise DataError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
-                        "save the file as UTF-8") from None
-    return [line.removesuffix("\r") for line in text.split("\n")]
+    return [line.removesuffix("\r") for line in utf8(raw, path, DataError).split("\n")]
 
 
 def parse_line(line: str, where: str) -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EvidenceFormatError
+from ..textfile import utf8
 
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 18
@@ -87,12 +88,7 @@ def load_bytes(path: Path, what: str) -> bytes:
 
 def parse(raw: bytes, path: Path) -> Any:
     """The JSON document in `raw` (EvidenceFormatError with file:line if it is not one)."""
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise EvidenceFormatError(f"{path}:{line}: not UTF-8 text (byte {exc.start}); JSON documents are UTF-8") \
-            from None
+    text = utf8(raw, path, EvidenceFormatError).removeprefix("\ufeff")  # a byte-order mark is allowed
     try:
         doc = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
     except _NotFinite as exc:

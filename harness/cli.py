@@ -244,13 +244,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_scan(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    if args.n_prompts < 2 or args.draws < 99 or args.top < 1 or args.budget_mb < 1:
-        raise UserError("--n-prompts >= 2, --draws >= 99, --top >= 1 and --budget-mb >= 1 are required")
+    if args.draws < 99 or args.top < 1 or args.budget_mb < 1:  # --n-prompts: checked by its argparse type
+        raise UserError("--draws >= 99, --top >= 1 and --budget-mb >= 1 are required")
     writer.preflight(args.out, Path("reports"))  # the folder can be written: checked before any work
     out = check_new(args.out) if args.out is not None else default_folder("scan", Path("reports"))
     _, table = scan(args.model, out, args.n_prompts, args.segment_length, args.seed, args.metric,
                     args.processing, args.draws, args.top, args.budget_mb, device=device,
-                    corruptions=tuple(dict.fromkeys(args.corruption)) if args.corruption else None, data_file=args.data)
+                    corruptions=tuple(dict.fromkeys(args.corruption)) if args.corruption else None, data_file=args.data,
+                    unique=args.out is None)
     print(table)
     print(f"\nwrote {out / 'scan.json'}, {out / 'signature.png'} and {out / 'starter.yaml'}")
     return ExitCode.OK

@@ -6,9 +6,9 @@
 * `write_folder(target, files)`: the files are written into a hidden temporary
   sibling, which is renamed onto `target` only after `target` was claimed with
   `os.mkdir` (atomic: two writers never get the same name, and nobody's folder is
-  ever replaced).  A name `default_folder` chose moves on to the next free suffix
-  when another process took it meanwhile; an explicit `--out` that was taken is an
-  `OutputExistsError`.  A write that fails (a full disk, permissions) removes
+  ever replaced).  With `unique` (for a name `default_folder` chose) it moves on to
+  the next free suffix when another process took it meanwhile; an explicit `--out`
+  that was taken is an `OutputExistsError`.  A write that fails (a full disk, permissions) removes
   everything it made and raises `OutputWriteError`, after keeping the JSON
   documents under the system temp folder and naming the place.
 * `replace_folder(folder, files)`: `harness report` in place: the complete new
@@ -31,8 +31,6 @@ from pathlib import Path
 
 from ..errors import OutputExistsError, OutputWriteError
 
-_AUTO: set[Path] = set()  # folders default_folder chose: they may move on to the next free suffix
-
 
 def _numbered(base: Path, i: int) -> Path:
     return base if i == 1 else base.with_name(f"{base.name}-{i}")
@@ -40,15 +38,13 @@ def _numbered(base: Path, i: int) -> Path:
 
 def default_folder(name: str, reports_root: Path) -> Path:
     """`reports_root/<name>-<UTC time>` (with `-2`, `-3`, ... if taken); `write_folder`
-    takes the next free suffix if another process claims this one first."""
+    takes the next free suffix (with `unique=True`) if another process claims this one first."""
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     base = reports_root / f"{name}-{stamp}"
     i = 1
     while os.path.lexists(_numbered(base, i)):
         i += 1
-    path = _numbered(base, i)
-    _AUTO.add(path)
-    return path
+    return _numbered(base, i)
 
 
 def check_new(target: Path) -> Path:
@@ -156,13 +152,12 @@ def _failed(target: Path, exc: OSError, files: dict[str, bytes], keep: bool) -> 
     return OutputWriteError(f"{target}: could not write the report: {_why(exc)}{where}")
 
 
-def write_folder(target: Path, files: dict[str, bytes], unique: bool | None = None, keep: bool = True) -> Path:
+def write_folder(target: Path, files: dict[str, bytes], unique: bool = False, keep: bool = True) -> Path:
     """Write `files` ({relative path: bytes}) as the new folder `target`, all at once;
-    return the folder written.  `unique` (default: whether `default_folder` chose
-    `target`) moves on to `target-2`, `-3`, ... while the name is taken; otherwise a
+    return the folder written.  `unique` (for a name `default_folder` chose) moves on to
+    `target-2`, `-3`, ... while the name is taken; otherwise a
     taken `target` is an OutputExistsError.  On an OSError nothing is left behind and
     the OutputWriteError says where the JSON documents were kept (with `keep`)."""
-    unique = target in _AUTO if unique is None else unique
     tmp = _temp_sibling(target, "tmp")
     try:
         try:
@@ -182,7 +177,6 @@ def write_folder(target: Path, files: dict[str, bytes], unique: bool | None = No
             raise _failed(target, exc, files, keep) from None
     finally:
         _remove(tmp)
-    _AUTO.discard(target)
     return final
 
 

@@ -63,11 +63,13 @@ def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int
          metric: str = "logprob", processing: str = "folded", draws: int = 1000, top: int = 15,
          budget_mb: int = 32, bootstrap: int = 1000, device: str | None = None,
          corruptions: tuple[str, ...] | None = None, data_file: Path | None = None,
-         ) -> tuple[list[dict[str, Any]], str]:
+         unique: bool = False) -> tuple[list[dict[str, Any]], str]:
     """Run the scan; return (rows ranked by effect, printable table).  `device`: where the
     model runs (model.devices.resolve_device); prompts are drawn on the CPU and moved there,
     the statistics run on the CPU.  `corruptions`: the generator's (default first_half), or with
-    `data_file` (a JSONL prompt file instead of the generator) some of the file's (default all)."""
+    `data_file` (a JSONL prompt file instead of the generator) some of the file's (default all).
+    `unique`: `out` was chosen by report.folders.default_folder, and moves on to the next free
+    suffix if another process takes it first."""
     device = resolve_device(device)
     m = load_model(model_source, device=device)
     bridge, L, H = m.bridge, m.n_layers, m.n_heads
@@ -106,7 +108,7 @@ def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int
         rows += _rows(runs, edges, patched, composition, st, seed, c_i, metrics.UNITS[metric])
     rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
     table = _table(rows[:top], ds.description, len(edges), chosen)
-    _write(out, rows, model_source, n_prompts, segment_length, seed, metric, chosen, data_file)
+    _write(out, rows, model_source, n_prompts, segment_length, seed, metric, chosen, data_file, unique)
     return rows, table
 
 
@@ -222,7 +224,7 @@ def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segme
 
 
 def _write(out: Path, rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, seed: int,
-           metric: str, corruptions: list[str], data_file: Path | None) -> None:
+           metric: str, corruptions: list[str], data_file: Path | None, unique: bool) -> None:
     doc = starter(rows, model_source, n_prompts, segment_length, metric, corruptions, data_file)
     load(doc)  # the starter file must be valid
     files = {"scan.json": to_json({"edges": rows, "seed": seed, "metric": metric,
@@ -236,4 +238,4 @@ def _write(out: Path, rows: list[dict[str, Any]], model_source: str, n_prompts: 
     png = signature({"points": pts, "min_effect": SCAN_STATS.min_effect})
     if png is not None:
         files["signature.png"] = png
-    write_folder(out, files)
+    write_folder(out, files, unique=unique)

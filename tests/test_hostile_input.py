@@ -249,7 +249,7 @@ def test_plugin_runs_a_crashing_file_once_and_shows_one_traceback(pytester, tmp_
     doc = with_(claims=[{"id": f"c{i}", "kind": "ablation", "heads": ["L0H7"], "at_least": 0.5}
                         for i in range(4)])
     pytester.makefile(".yaml", crash=yaml.safe_dump(doc, sort_keys=False))
-    result = pytester.runpytest_inprocess()
+    result = pytester.runpytest_inprocess("-rN")  # no short summary: its lines depend on the terminal width
     result.assert_outcomes(failed=4)
     out = result.stdout.str()
     assert calls.read_text().count("run") == 1  # the file ran once, not once per item

@@ -20,12 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import threads
 from .engine.provenance import command_line
 from .engine.runner import run
 from .errors import ExitCode, HarnessError, SanityCheckError, SpecError, UserError
 from .hypothesis.loading import load, load_all
 from .model.devices import check_form, resolve_device
 from .model.loading import load_model
+from .progress import clock, stage
 from .report import writer
 from .report.markdown import claim_table
 from .report.writer import check_new, default_folder, write_report
@@ -40,7 +42,7 @@ from .sweep.run import sweep
 from .tools.roles_table import role_table
 from .tools.scan import scan
 from .tools.selftest import render, selftest
-from .tools.weights_table import composition_tables
+from .tools.weights_table import MAX_DRAWS, composition_tables
 
 DEVICE_HELP = "cpu, cuda, cuda:N or mps; default: best available, or $HARNESS_DEVICE"
 
@@ -63,11 +65,15 @@ def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
 SEED = _int_in(0)
 PROMPTS = _int_in(2, MAX_PROMPTS)
 SEGMENT = _int_in(2)
+THREADS = _int_in(1)
 
 
 def _add_device(p: argparse.ArgumentParser) -> None:
-    """--device for every command that loads or builds a model (checked before any load)."""
+    """--device and --threads for every command that loads or builds a model (checked before any load)."""
     p.add_argument("--device", default=None, help=DEVICE_HELP)
+    p.add_argument("--threads", type=THREADS, default=None,
+                   help="torch threads for forward passes (default: $HARNESS_THREADS, else the cores this "
+                        "process may use); small linear algebra always runs on one")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,6 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--processing", choices=WEIGHT_PROCESSING, default="folded",
                    help="weight processing (default folded: LayerNorm folded, writers centred)")
     w.add_argument("--draws", type=int, default=1000, help="null draws per pair (default 1000)")
+    w.add_argument("--max-draws", type=int, default=MAX_DRAWS,
+                   help=f"at most this many null draws for a pair with p < alpha (default {MAX_DRAWS:,})")
     w.add_argument("--alpha", type=float, default=0.01,
                    help="BH-adjusted significance level over all pairs of a mode (default 0.01)")
     w.add_argument("--seed", type=SEED, default=0)
@@ -154,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         "validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,
         "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan, "sweep": cmd_sweep}
     try:
-        return commands[args.command](args)
+        with clock():
+            if hasattr(args, "threads"):  # the commands that run a model
+                threads.configure(args.threads)
+            return commands[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INPUT
@@ -202,6 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     code: int = ExitCode.OK
     for f in args.files:
         ev = run(f, seed=args.seed, command=command_line(), device=device)
+        stage("writing the report")
         folder = write_report(ev, out_dir=args.out, reports_root=args.reports)
         c = ev.counts()
         print(f"\n{ev.hypothesis['name']} ({f})\n")
@@ -286,7 +298,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
     if not 0 < args.alpha < 1:
         raise UserError("--alpha must lie in (0, 1)")
     m = load_model(args.model, device=device)
-    print(composition_tables(m.bridge, args.processing, args.draws, args.alpha, args.seed))
+    print(composition_tables(m.bridge, args.processing, args.draws, args.alpha, args.seed,
+                             max_draws=args.max_draws))
     return ExitCode.OK
 
 

@@ -1,24 +1,75 @@
-"""Progress bars for long loops: shown on stderr only when it is a terminal and
-not under CI, so logs stay quiet."""
+"""What a long run is doing, on stderr.
+
+* `progress(items, label)`: a tqdm bar over a loop when stderr is an interactive
+  terminal (and not under CI); otherwise one line when the loop starts and one
+  when it ends, with its duration.
+* `stage(label)`: one line per stage of a command (`[  12.3 s] base runs: ...`),
+  the time counted from the start of the command (`clock()`, entered by the CLI
+  and by `harness.run`; the first stage starts it otherwise).  Printed whether or
+  not stderr is a terminal, so CI logs show what a long run is doing; set
+  HARNESS_PROGRESS=0 to silence both.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TypeVar
 
 T = TypeVar("T")
+_START: ContextVar[float | None] = ContextVar("harness_progress_start", default=None)
 
 
-def enabled() -> bool:
+def silenced() -> bool:
+    return os.environ.get("HARNESS_PROGRESS", "1") == "0"
+
+
+def interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-def progress(items: Iterable[T], label: str) -> Iterable[T]:
-    """Iterate `items`, with a tqdm bar on an interactive stderr."""
-    if not enabled():
-        return items
-    from tqdm import tqdm
+@contextmanager
+def clock() -> Iterator[None]:
+    """Count stage times from here (nested clocks keep the outermost start)."""
+    token = _START.set(_START.get() or time.perf_counter())
+    try:
+        yield
+    finally:
+        _START.reset(token)
 
-    return tqdm(items, desc=label, file=sys.stderr, leave=False)
+
+def elapsed() -> float:
+    start = _START.get()
+    return 0.0 if start is None else time.perf_counter() - start
+
+
+def stage(label: str) -> None:
+    """One progress line on stderr: the time since the command started, and `label`."""
+    if silenced():
+        return
+    if _START.get() is None:
+        _START.set(time.perf_counter())
+    print(f"[{elapsed():7.1f} s] {label}", file=sys.stderr, flush=True)
+
+
+def progress(items: Iterable[T], label: str) -> Iterable[T]:
+    """Iterate `items`: a tqdm bar on an interactive stderr, else a start and an end line."""
+    if silenced():
+        return items
+    if interactive():
+        from tqdm import tqdm
+
+        return tqdm(items, desc=label, file=sys.stderr, leave=False)
+    return _lines(items, label)
+
+
+def _lines(items: Iterable[T], label: str) -> Iterator[T]:
+    seq = list(items)
+    t = time.perf_counter()
+    stage(f"{label}: {len(seq)} steps")
+    yield from seq
+    stage(f"{label}: done in {time.perf_counter() - t:.1f} s")

@@ -18,21 +18,14 @@ import numpy as np
 
 class Stream(IntEnum):
     #: baseline clean/corrupted/gap CIs use the run seed itself (no stream)
-    COMPOSITION_CLAIMS = 1  #: rotation nulls of a file's composition claims; key: position among them
     CLAIM = 2  #: bootstrap and permutations of claim i (file order); key: i
-    WEIGHTS_VS_USE = 4  #: rotation nulls of the weights-vs-use table; key: position among its edges
-    COMPOSITION_FIGURE = 5  #: per-cell nulls of the composition figure; keys: mode index, sender, receiver
-    SIGNATURE_NULL = 6  #: rotation nulls of the signature plot's candidates; key: candidate index
     SIGNATURE_EFFECT = 7  #: bootstrap of the signature plot's edge effects; no key
     SCAN_EFFECT = 8  #: `harness scan`: bootstrap of edge i's effect; key: i
     SCAN_PERMUTATION = 9  #: `harness scan`: sign-flip test of edge i; key: i
-    SCAN_NULL = 10  #: `harness scan`: rotation null of edge i; key: i
-    #: `harness weights`: the stream is the mode's index in (q, k, v), i.e. 0, 1, 2; key: pair index
-    #: a rotation null extended for BH resolution draws the extra samples from derive_seed(its seed, 1)
-
-
-WEIGHTS_TABLE_MODE_STREAMS = {"q": 0, "k": 1, "v": 2}
-NULL_EXTENSION = 1
+    #: the rotation null shared by every composition pair of a run, `harness weights` and
+    #: `harness scan` (mech.rotation_null); keys: block size r (d_head), null_dim, chunk index
+    #: (1000 draws per chunk).  Streams 1, 4, 5, 6 and 10 (one null per pair) are retired.
+    ROTATION_NULL = 11
 
 
 def derive_seed(*keys: int) -> int:

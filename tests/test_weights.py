@@ -9,6 +9,8 @@ import torch
 
 from harness import stats
 from harness.mech import weights as W
+from harness.mech.factored import Composition
+from harness.mech.rotation_null import haar_block_squares
 from harness.model.loading import load_model
 from harness.spec.names import Head, HeadInput
 
@@ -22,6 +24,29 @@ def boot(cfg: dict, seed_weights: int | None = None):
     return TransformerBridge.boot_native(TransformerBridgeConfig(**cfg), dtype=torch.float64)
 
 
+def all_scores(hw, mode):
+    return Composition(hw, 0).scores(mode)
+
+
+def composition(hw, sender, receiver, n_draws, seed):
+    """One pair with its own null draws (a fresh Composition per seed)."""
+    return Composition(hw, seed).result(sender, receiver, n_draws)
+
+
+def dense_score(X, Y):
+    """||X Y||_F / (||X||_F ||Y||_F) on explicit d x d matrices (the slow reference)."""
+    return float(torch.linalg.norm(X @ Y) / (torch.linalg.norm(X) * torch.linalg.norm(Y)))
+
+
+def null_from_matrices(X, Y, n_draws, seed, r):
+    """The shared-draw null of one explicit pair: sqrt(a^T (F o F) b) with a, b the top-r
+    normalised squared spectra."""
+    sx, sy = torch.linalg.svdvals(X)[:r], torch.linalg.svdvals(Y)[:r]
+    a, b = sx ** 2 / (sx ** 2).sum(), sy ** 2 / (sy ** 2).sum()
+    P = haar_block_squares(r, X.shape[0], n_draws, seed)
+    return torch.einsum("r,mrs,s->m", a, P, b).sqrt().numpy()
+
+
 def tl_scores(bridge, mode):
     return bridge.all_composition_scores(mode.upper()).scores.detach().numpy()
 
@@ -29,7 +54,7 @@ def tl_scores(bridge, mode):
 @pytest.mark.parametrize("mode", W.MODES)
 def test_raw_scores_match_transformer_lens_on_fixture(mode):
     b = load_model(FIXTURE, dtype=torch.float64).bridge
-    ours = W.all_scores(W.head_weights(b, "raw"), mode)
+    ours = all_scores(W.head_weights(b, "raw"), mode)
     np.testing.assert_allclose(ours, tl_scores(b, mode), atol=1e-5, rtol=0)
     assert ours[0, :, 1, :].min() > 0.01  # and the numbers are not all zero
 
@@ -37,18 +62,18 @@ def test_raw_scores_match_transformer_lens_on_fixture(mode):
 @pytest.mark.parametrize("mode", W.MODES)
 def test_raw_scores_match_transformer_lens_on_random_model(mode):
     b = boot(tiny_config(n_layers=3, n_heads=3, d_head=2, d_model=10, seed=4))
-    np.testing.assert_allclose(W.all_scores(W.head_weights(b, "raw"), mode), tl_scores(b, mode),
+    np.testing.assert_allclose(all_scores(W.head_weights(b, "raw"), mode), tl_scores(b, mode),
                                atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("mode", W.MODES)
 def test_folded_scores_match_transformer_lens_processed_weights(mode):
     b = load_model(FIXTURE, dtype=torch.float64).bridge
-    ours = W.all_scores(W.head_weights(b, "folded"), mode)
+    ours = all_scores(W.head_weights(b, "folded"), mode)
     b.process_weights(fold_ln=True, center_writing_weights=True, center_unembed=True,
                       fold_value_biases=True)
     np.testing.assert_allclose(ours, tl_scores(b, mode), atol=1e-5, rtol=0)
-    assert np.abs(ours - W.all_scores(W.head_weights(load_model(FIXTURE, dtype=torch.float64).bridge,
+    assert np.abs(ours - all_scores(W.head_weights(load_model(FIXTURE, dtype=torch.float64).bridge,
                                                      "raw"), mode)).max() > 1e-4  # folding matters
 
 
@@ -75,12 +100,10 @@ def aligned_k_route(seed: int = 0):
 @pytest.mark.parametrize("processing", W.PROCESSING)
 def test_aligned_route_is_significant_and_others_are_not(processing):
     hw = W.head_weights(aligned_k_route(), processing)
-    scores = W.all_scores(hw, "k")
-    claimed = W.composition(hw, Head(0, 0), HeadInput(Head(1, 0), "k"), 2000, seed=1, all_mode_scores=scores)
+    claimed = composition(hw, Head(0, 0), HeadInput(Head(1, 0), "k"), 2000, seed=1)
     assert claimed.p_value < 0.001 and claimed.percentile == 100.0
     assert claimed.fraction_of_max > 0.9  # nearly as aligned as the spectra allow
-    others = [W.composition(hw, Head(0, s), HeadInput(Head(1, r), "k"), 2000, seed=2 + 4 * s + r,
-                            all_mode_scores=scores)
+    others = [composition(hw, Head(0, s), HeadInput(Head(1, r), "k"), 2000, seed=2 + 4 * s + r)
               for s in range(4) for r in range(4) if (s, r) != (0, 0)]
     assert all(o.p_value > 0.001 for o in others)
     assert min(o.p_value for o in others if o.sender != "L0H0") > 0.01
@@ -97,11 +120,9 @@ def test_random_models_give_calibrated_p_values(processing):
         hw = W.head_weights(b, processing)
         assert hw.null_dim == (23 if processing == "folded" else 24)
         for mode in W.MODES:
-            scores = W.all_scores(hw, mode)
             for s in range(4):
                 for r in range(4):
-                    res = W.composition(hw, Head(0, s), HeadInput(Head(1, r), mode), 400, seed=seed * 97 + s * 4 + r,
-                                        all_mode_scores=scores)
+                    res = composition(hw, Head(0, s), HeadInput(Head(1, r), mode), 400, seed=seed * 97 + s * 4 + r)
                     pvals.append(res.p_value)
     pvals = np.array(pvals)  # 384 p-values
     for alpha in (0.05, 0.1, 0.2):
@@ -117,7 +138,7 @@ def test_null_dimension_matches_random_models(processing):
     for seed in range(40):
         hw = W.head_weights(boot(tiny_config(d_model=8, d_head=2, n_heads=4, seed=300 + seed)), processing)
         for mode in W.MODES:
-            sq.append(W.all_scores(hw, mode)[0, :, 1, :].ravel() ** 2)
+            sq.append(all_scores(hw, mode)[0, :, 1, :].ravel() ** 2)
     mean_sq = np.concatenate(sq).mean()  # 1920 pairs
     assert mean_sq == pytest.approx(1 / hw.null_dim, rel=0.05)
     wrong = 8 if processing == "folded" else 7
@@ -133,8 +154,8 @@ def test_null_spread_depends_on_rank():
     rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     X1, Y1 = rnd(d, 1) @ rnd(1, d), rnd(d, 1) @ rnd(1, d)
     Xf, Yf = rnd(d, 16) @ rnd(16, d), rnd(d, 16) @ rnd(16, d)
-    n1 = W.null_scores(X1, Y1, 4000, seed=0)
-    nf = W.null_scores(Xf, Yf, 4000, seed=0)
+    n1 = null_from_matrices(X1, Y1, 4000, 0, r=1)
+    nf = null_from_matrices(Xf, Yf, 4000, 0, r=16)
     assert np.mean(n1 ** 2) == pytest.approx(1 / d, rel=0.1)
     assert np.mean(nf ** 2) == pytest.approx(1 / d, rel=0.1)
     assert n1.std() > 4 * nf.std()
@@ -148,9 +169,9 @@ def test_null_matches_explicit_rotations():
     g = torch.Generator().manual_seed(3)
     X = torch.randn(12, 3, generator=g, dtype=torch.float64) @ torch.randn(3, 12, generator=g, dtype=torch.float64)
     Y = torch.randn(12, 3, generator=g, dtype=torch.float64) @ torch.randn(3, 12, generator=g, dtype=torch.float64)
-    fast = W.null_scores(X, Y, 3000, seed=0)
+    fast = null_from_matrices(X, Y, 3000, 0, r=3)
     Rs = ortho_group.rvs(12, size=3000, random_state=1)
-    slow = np.array([W.composition_score(X, torch.as_tensor(R) @ Y) for R in Rs])
+    slow = np.array([dense_score(X, torch.as_tensor(R) @ Y) for R in Rs])
     assert ks_2samp(fast, slow).pvalue > 0.01
 
 
@@ -182,7 +203,7 @@ def test_basis_freedom(processing):
     with torch.no_grad():
         before_out = b(toks)
     hw0 = W.head_weights(b, processing)
-    before = {m: W.all_scores(hw0, m) for m in W.MODES}
+    before = {m: all_scores(hw0, m) for m in W.MODES}
     copy0 = [W.copying_score(hw0, 1, h).value for h in range(8)]
     change_head_bases(b)
     hw1 = W.head_weights(b, processing)
@@ -190,7 +211,7 @@ def test_basis_freedom(processing):
     with torch.no_grad():
         assert torch.allclose(b(toks), before_out, atol=1e-9)
     for m in W.MODES:
-        np.testing.assert_allclose(W.all_scores(hw1, m), before[m], atol=1e-9)
+        np.testing.assert_allclose(all_scores(hw1, m), before[m], atol=1e-9)
     np.testing.assert_allclose([W.copying_score(hw1, 1, h).value for h in range(8)], copy0, atol=1e-9)
 
 

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from ..evidence.details import Details, Sensitivity, WeightsVsUseRow
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import EvidenceType, Verdict
+from ..mech.factored import Composition
 from ..mech.runs import Runs
 from ..mech.weights import HeadWeights, head_weights
 from ..spec import names
@@ -138,6 +139,7 @@ class Context:
     baseline: float | None = None  # the metric of a guess with no information (claims.effects)
     weights_vs_use: list[WeightsVsUseRow] = field(default_factory=list)
     _weights: HeadWeights | None = None
+    _composition: Composition | None = None
 
     def runs_for(self, corruption: str | None) -> Runs:
         """The base runs with the claim's corruption (None: the data's default)."""
@@ -148,6 +150,13 @@ class Context:
         if self._weights is None:
             self._weights = head_weights(self.runs.bridge, self.processing)
         return self._weights
+
+    def composition(self) -> Composition:
+        """Composition scores and the shared rotation null on those weights (mech.factored),
+        computed once per run and read by claims, the weights-vs-use table and the figures."""
+        if self._composition is None:
+            self._composition = Composition(self.weights(), self.seed)
+        return self._composition
 
     def claim_seed(self, index: int) -> int:
         """The seed of claim `index` (its position in the file): Stream.CLAIM."""

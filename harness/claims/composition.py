@@ -28,10 +28,10 @@ from ..evidence.format import fmt
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, PASS
 from ..mech import weights
+from ..mech.factored import Composition
 from ..spec import names
 from ..spec.fields import ClaimSpec, EdgeName
 from ..spec.settings import Stats
-from ..streams import Stream, derive_seed
 from .base import ClaimKind, Context, Indexed, LadderEntry
 
 UNIT = "composition score"
@@ -71,21 +71,17 @@ class RouteEvidence:
     p_adjusted: float
 
 
-def route_evidence(hw: weights.HeadWeights, edges: Sequence[names.Edge], st: Stats, seed: int,
-                   stream: Stream) -> list[RouteEvidence]:
+def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats) -> list[RouteEvidence]:
     """Composition evidence for head -> head-input edges; p-values BH-adjusted over them.
-    Edge k's null is drawn from derive_seed(seed, stream, k)."""
+    Every pair reads the same shared null draws (mech.rotation_null), so an edge has the
+    same score, null and raw p in a claim, the weights-vs-use table and the figures."""
     extend = weights.draws_needed(len(edges), st.composition_alpha)
-    mode_scores: dict[str, Any] = {}
     results = []
-    for k, e in enumerate(edges):
+    for e in edges:
         sender, receiver = e.sender, e.receiver
         if not isinstance(sender, names.Head) or not isinstance(receiver, names.HeadInput):
             raise ValueError(f"{e} is not a head -> head-input edge")
-        if receiver.which not in mode_scores:
-            mode_scores[receiver.which] = weights.all_scores(hw, receiver.which)
-        results.append(weights.composition(hw, sender, receiver, st.null_draws, derive_seed(seed, stream, k),
-                                           mode_scores[receiver.which], extend, st.composition_alpha))
+        results.append(comp.result(sender, receiver, st.null_draws, extend, st.composition_alpha))
     adjusted = stats.benjamini_hochberg([r.p_value for r in results])
     return [RouteEvidence(r, p) for r, p in zip(results, adjusted, strict=True)]
 
@@ -113,8 +109,7 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
                             f"{'composes' if composes else 'does not compose'} (p_adj {d.p_adjusted:.3g})")]
 
     def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> dict[int, ClaimResult]:
-        found = route_evidence(ctx.weights(), [c.edge for _, c in claims], ctx.stats, ctx.seed,
-                               Stream.COMPOSITION_CLAIMS)
+        found = route_evidence(ctx.composition(), [c.edge for _, c in claims], ctx.stats)
         return {i: self.evaluate(c, r, ctx.stats.composition_alpha, len(claims))
                 for (i, c), r in zip(claims, found, strict=True)}
 

@@ -52,7 +52,6 @@ from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.names import hook_pattern
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Normalization, Replacement
-from ..streams import Stream
 from . import effects
 from .base import ClaimKind, Context, EdgePatchPath, Indexed, InterventionPath, LadderEntry, sensitivity_entry
 from .composition import route_evidence
@@ -365,8 +364,7 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
         if not rows:
             return
         edges = list(dict.fromkeys(e for e, _ in rows))
-        found = dict(zip(edges, route_evidence(ctx.weights(), edges, ctx.stats, ctx.seed, Stream.WEIGHTS_VS_USE),
-                         strict=True))
+        found = dict(zip(edges, route_evidence(ctx.composition(), edges, ctx.stats), strict=True))
         specs = dict(claims)
         for (edge, direction), members in rows.items():
             r = found[edge]

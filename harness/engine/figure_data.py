@@ -7,10 +7,11 @@ from the JSON alone.
 * composition: for each mode (q/k/v) read by a head input that a claim names
                (ClaimKind.edges), the cross-layer score matrix and each cell's
                own null 99th percentile (per-cell, uncorrected: a guide to the
-               eye; claims use BH).  Cell (i, j) draws from Stream.COMPOSITION_FIGURE.
+               eye; claims use BH), from the run's shared null draws
+               (mech.rotation_null).
 * signature:   for every head input a claim names, every earlier head as a
                candidate sender: composition score (x), BH-adjusted null p over
-               the candidates (Stream.SIGNATURE_NULL), and the noising edge
+               the candidates (the shared null draws), and the noising edge
                effect with its CI (y, resample replacement,
                Stream.SIGNATURE_EFFECT); claimed edges are marked, and edges whose
                patch changes nothing the receiver reads (mech.change) are
@@ -28,7 +29,7 @@ from ..claims import effects
 from ..claims.composition import route_evidence
 from ..claims.registry import kind_of
 from ..mech import change as read_change
-from ..mech import weights
+from ..mech.factored import Composition
 from ..mech.runs import Runs
 from ..spec import names
 from ..spec.fields import ClaimSpec
@@ -81,41 +82,40 @@ def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], tokens: Any) -
     return out
 
 
-def composition(hw: weights.HeadWeights, claims: Sequence[ClaimSpec], st: Stats, seed: int,
-                progress: Callable[..., Any]) -> dict[str, Any]:
+def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> dict[str, Any]:
+    """Per mode a claim reads: every cross-layer score and each cell's own null 99th percentile
+    (the shared null draws, mech.rotation_null)."""
     out = {}
+    hw = comp.hw
     L, H = hw.n_layers, hw.n_heads
     senders = names.Head.every(L - 1, H)
     targets = [h for h in names.Head.every(L, H) if h.layer >= 1]
-    for m, mode in enumerate(sorted({r.which for r in receivers(claims)})):
-        scores = weights.all_scores(hw, mode)
+    for mode in sorted({r.which for r in receivers(claims)}):
+        scores = comp.scores(mode)
         q99 = np.full((len(senders), len(targets)), np.nan)
         val = np.full_like(q99, np.nan)
-        for i, s in progress(list(enumerate(senders)), f"composition null ({mode})"):
-            X = weights.sender_matrix(hw, s.layer, s.head)
-            for j, r in enumerate(targets):
-                if r.layer <= s.layer:
-                    continue
-                val[i, j] = scores[s.layer, s.head, r.layer, r.head]
-                null = weights.null_scores(X, weights.receiver_matrix(hw, r.layer, r.head, mode), st.null_draws,
-                                           derive_seed(seed, Stream.COMPOSITION_FIGURE, m, i, j), hw.null_dim)
-                q99[i, j] = np.quantile(null, 0.99)
+        for l1 in range(L - 1):
+            rows = slice(l1 * H, (l1 + 1) * H)
+            cols = slice(l1 * H, (L - 1) * H)  # receivers in layers l1 + 1 .. L - 1
+            q99[rows, cols] = comp.null_grid(mode, l1, st.null_draws).quantile(0.99, dim=-1).numpy()
+            val[rows, cols] = scores[l1, :, l1 + 1:, :].reshape(H, -1)
         out[mode] = {"senders": [str(s) for s in senders],
                      "receivers": [str(names.HeadInput(r, mode)) for r in targets],
                      "scores": _clean(np.round(val, 6).tolist()), "null_q99": _clean(np.round(q99, 6).tolist())}
     return out
 
 
-def signature(hw: weights.HeadWeights, claims: Sequence[ClaimSpec], runs: Runs, st: Stats, seed: int, unit: str,
+def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: Stats, seed: int, unit: str,
               progress: Callable[..., Any]) -> dict[str, Any]:
     claimed = {str(e) for e in named_edges(claims)}
-    candidates = [names.Edge(h, r) for r in receivers(claims) for h in names.Head.every(r.head.layer, hw.n_heads)]
+    candidates = [names.Edge(h, r) for r in receivers(claims)
+                  for h in names.Head.every(r.head.layer, comp.hw.n_heads)]
     if not candidates:
         return {}
-    comp = route_evidence(hw, candidates, st, seed, Stream.SIGNATURE_NULL)
+    found = route_evidence(comp, candidates, st)
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
     points = []
-    for e, r in progress(list(zip(candidates, comp, strict=True)), "signature edges"):
+    for e, r in progress(list(zip(candidates, found, strict=True)), "signature edges"):
         eff = noising_effect(runs, e, st, effect_seed, unit)
         per_prompt, _ = read_change.edge_change(runs, e, "noising", "resample")
         read = effects.intervention_change(per_prompt, st, "")

@@ -29,7 +29,7 @@ from ..mech import hooks
 from ..mech.runs import Lazy, Reference, Runs
 from ..model import metrics
 from ..model.devices import of
-from ..progress import progress
+from ..progress import progress, stage
 from ..spec.fields import ClaimSpec
 from ..spec.settings import Stats
 from . import figure_data, ladder, sanity
@@ -71,6 +71,7 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads
     names_ = hooks_needed(claims, n_layers)
+    stage(f"base runs: {ds.n} prompts, clean and {len(ds.corruptions)} corruption(s)")
     clean = hooks.cache_hooks(bridge, ds.clean, names_)
 
     def metric_of(logits: Any) -> np.ndarray:
@@ -107,6 +108,7 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
     ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing, baseline=m_base)
     found: dict[int, ClaimResult] = {}
     for kind, items in by_kind(claims).items():
+        stage(f"claims: {len(items)} {kind.name}")
         found.update(kind.measure(items, ctx))
     results = [found[i] for i in range(len(claims))]
 
@@ -114,9 +116,9 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
     if figures:
         figs["attention"] = figure_data.attention(claims, clean, ds.clean)
         if any(kind_of(c).needs_weights(c) for c in claims):
-            hw = ctx.weights()
-            figs["composition"] = figure_data.composition(hw, claims, st, seed, progress)
-            figs["signature"] = figure_data.signature(hw, claims, runs, st, seed, unit, progress)
+            stage("figure data: composition matrices and the signature plot")
+            figs["composition"] = figure_data.composition(ctx.composition(), claims, st)
+            figs["signature"] = figure_data.signature(ctx.composition(), claims, runs, st, seed, unit, progress)
     return Measurements(baseline, checks, results, ctx.weights_vs_use, figs, st.warnings(),
                         ladder.build(claims, results, ctx.weights_vs_use))
 

@@ -19,6 +19,7 @@ from ..model import data
 from ..model.cache import ModelCache
 from ..model.devices import of, resolve_device
 from ..model.loading import LoadedModel, load_model
+from ..progress import clock, stage
 from ..spec import names
 from ..spec.settings import FileData, GeneratorData
 from . import provenance
@@ -91,11 +92,18 @@ def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
     and provenance["device"] records the device the model ran on (e.g. "cpu").
     `command` is recorded in the provenance (default: this process's command line).
     """
+    with clock():
+        return _run(hypothesis, seed, base_dir, command, figures, model, device)
+
+
+def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: str | Path | None,
+         command: str | None, figures: bool, model: LoadedModel | str | None, device: str | None) -> Evidence:
     started = provenance.now()
     h = load(hypothesis, base_dir=base_dir)
     s = h.spec
     seed = s.seed if seed is None else seed
     device = resolve_device(device)
+    stage(f"{s.name}: {len(s.claims)} claim(s); loading the model")
     if isinstance(model, LoadedModel):
         loaded = model
     elif model is not None:

@@ -19,15 +19,9 @@ Weight processing (`processing`):
             RMSNorm weights are folded without centring (RMSNorm keeps the
             mean); models without norm weights are left as they are.
 
-Null: keep both heads' spectra and draw their relative orientation uniformly:
-    C_null = ||X R Y||_F / (||X||_F ||Y||_F),  R Haar-random orthogonal.
-After centring, X's outputs and Y's inputs lie in the (d-1)-dimensional
-complement of the all-ones direction, so R is drawn there (`null_dim` = d - 1);
-otherwise null_dim = d.
-With X = U_x S_x V_x^T and Y = U_y S_y V_y^T (thin SVDs, ranks r_x, r_y),
-||X R Y||_F = ||S_x (V_x^T R U_y) S_y||_F and V_x^T R U_y is distributed as the
-top-left r_x x r_y block of a Haar orthogonal matrix, so each draw costs one
-small QR.  One-sided p = (1 + #{C_null >= C}) / (1 + n_draws).
+The scores, their rotation null and the context numbers are computed in
+factored form by mech.factored (and mech.rotation_null); this module holds the
+weights they start from and the record they produce.
 
 Monte Carlo resolution: the smallest attainable p is 1/(1 + n_draws), so with
 n tests corrected by Benjamini-Hochberg nothing can be significant at alpha
@@ -54,16 +48,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..evidence.details import Num, Record
-from ..spec.names import Head, HeadInput
 from ..spec.vocabulary import MODES
 from ..spec.vocabulary import WEIGHT_PROCESSING as PROCESSING
-from ..streams import NULL_EXTENSION, derive_seed
+from ..threads import single_threaded
 
-__all__ = ["MODES", "PROCESSING", "HeadWeights", "head_weights", "composition", "copying_score",
-           "CopyingScore", "CompositionResult"]
+__all__ = ["MODES", "PROCESSING", "HeadWeights", "head_weights", "copying_score", "CopyingScore",
+           "CompositionResult", "draws_needed"]
 
 
 @dataclass
@@ -102,27 +93,31 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
         raise ValueError(f"unknown weight processing {processing!r}; allowed: {', '.join(PROCESSING)}")
     with torch.no_grad():
         def get(name: str) -> Any:
-            return getattr(bridge, name).detach().cpu().to(torch.float64).clone()
+            return getattr(bridge, name).detach().to("cpu", torch.float64, copy=True)
 
         W_Q, W_K, W_V, W_O, W_E, W_U = (get(n) for n in ("W_Q", "W_K", "W_V", "W_O", "W_E", "W_U"))
-        d = W_Q.shape[-2]
-        null_dim = d
+        null_dim = int(W_Q.shape[-2])
         if processing == "folded":
             centre = str(getattr(bridge.cfg, "normalization_type", "") or "").upper().startswith("LN")
-            P = torch.eye(d, dtype=torch.float64) - (1.0 / d if centre else 0.0)
             for layer in range(W_Q.shape[0]):
                 w = _ln_weight(bridge.blocks[layer], "ln1")
                 if w is None and not centre:
                     continue
-                reader = P if w is None else P @ torch.diag(w)
-                W_Q[layer], W_K[layer], W_V[layer] = (reader @ W[layer] for W in (W_Q, W_K, W_V))
-            if centre:
-                W_O, W_E = W_O @ P, W_E @ P
-                null_dim = d - 1
+                W_Q[layer], W_K[layer], W_V[layer] = (_read(W[layer], w, centre) for W in (W_Q, W_K, W_V))
+            if centre:  # W P = W minus each row's mean
+                W_O, W_E = W_O - W_O.mean(-1, keepdim=True), W_E - W_E.mean(-1, keepdim=True)
+                null_dim -= 1
             wf = _ln_weight(bridge, "ln_final")
             if wf is not None or centre:
-                W_U = (P if wf is None else P @ torch.diag(wf)) @ W_U
+                W_U = _read(W_U, wf, centre)
     return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_U, processing, null_dim)
+
+
+def _read(W: Any, w: Any | None, centre: bool) -> Any:
+    """P diag(w) W for a reading matrix W [..., d, k] (P = I - 11^T/d when `centre`, else I),
+    computed as a scaling and a mean subtraction over the d axis."""
+    out = W if w is None else w[:, None] * W
+    return out - out.mean(-2, keepdim=True) if centre else out
 
 
 def _ln_weight(module: Any, name: str) -> Any | None:
@@ -131,87 +126,6 @@ def _ln_weight(module: Any, name: str) -> Any | None:
     ln = getattr(module, name, None)
     w = getattr(ln, "weight", None) if ln is not None else None
     return w.detach().cpu().to(torch.float64) if isinstance(w, torch.Tensor) else None
-
-
-def factors(hw: HeadWeights, layer: int, head: int, which: str) -> tuple[Any, Any]:
-    """(A, B) with the d_model x d_model matrix = A @ B for OV or QK (or QK^T)."""
-    if which == "ov":
-        return hw.W_V[layer, head], hw.W_O[layer, head]
-    if which == "qk":
-        return hw.W_Q[layer, head], hw.W_K[layer, head].T
-    if which == "qkT":
-        return hw.W_K[layer, head], hw.W_Q[layer, head].T
-    raise ValueError(which)
-
-
-def receiver_matrix(hw: HeadWeights, layer: int, head: int, mode: str) -> Any:
-    """Y for the receiver: QK (q), QK^T (k) or OV (v)."""
-    a, b = factors(hw, layer, head, {"q": "qk", "k": "qkT", "v": "ov"}[mode])
-    return a @ b
-
-
-def sender_matrix(hw: HeadWeights, layer: int, head: int) -> Any:
-    a, b = factors(hw, layer, head, "ov")
-    return a @ b
-
-
-def composition_score(X: Any, Y: Any) -> float:
-    """||X Y||_F / (||X||_F ||Y||_F); NaN (undefined) when either matrix is zero,
-    which means there is no route at all."""
-    import torch
-
-    denom = float(torch.linalg.norm(X) * torch.linalg.norm(Y))
-    return float(torch.linalg.norm(X @ Y)) / denom if denom > 0 else float("nan")
-
-
-def all_scores(hw: HeadWeights, mode: str) -> np.ndarray:
-    """[L, H, L, H] scores C(sender L1 H1 -> receiver L2 H2), 0 unless L1 < L2."""
-    import torch
-
-    L, H = hw.n_layers, hw.n_heads
-    X = torch.stack([torch.stack([sender_matrix(hw, l, h) for h in range(H)]) for l in range(L)])
-    Y = torch.stack([torch.stack([receiver_matrix(hw, l, h, mode) for h in range(H)]) for l in range(L)])
-    xn = torch.linalg.norm(X, dim=(-2, -1))
-    yn = torch.linalg.norm(Y, dim=(-2, -1))
-    out = np.zeros((L, H, L, H))
-    for l1 in range(L):
-        for l2 in range(l1 + 1, L):
-            prod = torch.einsum("hij,gjk->hgik", X[l1], Y[l2])
-            denom = xn[l1][:, None] * yn[l2][None, :]
-            ratio = torch.linalg.norm(prod, dim=(-2, -1)) / denom
-            out[l1, :, l2, :] = torch.where(denom > 0, ratio, torch.full_like(ratio, float("nan"))).numpy()
-    return out
-
-
-def _spectrum(M: Any, tol: float = 1e-10) -> tuple[np.ndarray, Any]:
-    import torch
-
-    s = torch.linalg.svdvals(M)
-    keep = s > tol * max(float(s[0]), 1e-300)
-    return s[keep].numpy(), s
-
-
-def null_scores(X: Any, Y: Any, n_draws: int, seed: int, null_dim: int | None = None) -> np.ndarray:
-    """n_draws samples of ||X R Y||_F / (||X|| ||Y||) for Haar-random orthogonal R
-    on a `null_dim`-dimensional space holding X's outputs and Y's inputs."""
-    import torch
-
-    sx, _ = _spectrum(X)
-    sy, _ = _spectrum(Y)
-    d = X.shape[-1] if null_dim is None else null_dim
-    rx, ry = len(sx), len(sy)
-    if rx == 0 or ry == 0:
-        return np.zeros(n_draws)
-    g = torch.Generator().manual_seed(seed)
-    k = max(rx, ry)
-    G = torch.randn(n_draws, d, k, generator=g, dtype=torch.float64)
-    Q, Rr = torch.linalg.qr(G)  # Q [n, d, k] Haar frame after the sign fix below
-    Q = Q * torch.sign(torch.diagonal(Rr, dim1=-2, dim2=-1)).unsqueeze(-2)
-    block = Q[:, :rx, :ry]  # distributed as V_x^T R U_y
-    Sx = torch.as_tensor(sx)
-    Sy = torch.as_tensor(sy)
-    num = torch.linalg.norm(Sx[None, :, None] * block * Sy[None, None, :], dim=(-2, -1))
-    return (num / (torch.linalg.norm(Sx) * torch.linalg.norm(Sy))).numpy()
 
 
 class CompositionResult(Record):
@@ -243,50 +157,6 @@ def draws_needed(n_tests: int, alpha: float) -> int:
     return max(0, math.ceil(2 * n_tests / alpha) - 1)
 
 
-def null_p_value(X: Any, Y: Any, c: float, n_draws: int, seed: int, extend_to: int = 0,
-                 alpha: float = 0.0, null_dim: int | None = None) -> tuple[float, np.ndarray]:
-    """(p, null samples): n_draws draws, extended to `extend_to` when p < alpha.
-    An undefined score (a zero matrix: no route) gets p = 1."""
-    null = null_scores(X, Y, n_draws, seed, null_dim)
-    if math.isnan(c):
-        return 1.0, null
-    p = (1 + int(np.sum(null >= c - 1e-12))) / (1 + len(null))
-    if p < alpha and extend_to > len(null):
-        more = null_scores(X, Y, extend_to - len(null), derive_seed(seed, NULL_EXTENSION), null_dim)
-        null = np.concatenate([null, more])
-        p = (1 + int(np.sum(null >= c - 1e-12))) / (1 + len(null))
-    return p, null
-
-
-def composition(hw: HeadWeights, sender: Head, receiver: HeadInput, n_draws: int, seed: int,
-                all_mode_scores: np.ndarray | None = None, extend_to: int = 0,
-                alpha: float = 0.0) -> CompositionResult:
-    """Score, null and context numbers for one sender -> receiver.{q,k,v} pair."""
-    import torch
-
-    mode = receiver.which
-    X = sender_matrix(hw, sender.layer, sender.head)
-    Y = receiver_matrix(hw, receiver.head.layer, receiver.head.head, mode)
-    c = composition_score(X, Y)
-    p, null = null_p_value(X, Y, c, n_draws, seed, extend_to, alpha, hw.null_dim)
-    sx, sx_all = _spectrum(X)
-    sy, sy_all = _spectrum(Y)
-    nx, ny = float(torch.linalg.norm(X)), float(torch.linalg.norm(Y))
-    c_max = min(float(sx_all[0]) / nx, float(sy_all[0]) / ny) if nx > 0 and ny > 0 else 0.0
-    if all_mode_scores is None:
-        all_mode_scores = all_scores(hw, mode)
-    L = hw.n_layers
-    pool = np.concatenate([all_mode_scores[l1, :, l2, :].ravel() for l1 in range(L) for l2 in range(l1 + 1, L)])
-    pool = pool[~np.isnan(pool)]
-    return CompositionResult(
-        sender=str(sender), receiver=str(receiver), mode=mode,
-        score=c, p_value=p, null_mean=float(null.mean()), null_std=float(null.std()),
-        null_q95=float(np.quantile(null, 0.95)), null_q99=float(np.quantile(null, 0.99)), n_draws=len(null),
-        ratio_to_isotropic=c * math.sqrt(hw.null_dim), fraction_of_max=c / c_max if c_max > 0 else float("nan"),
-        c_max=c_max, percentile=float(100.0 * np.mean(pool <= c + 1e-15)) if not math.isnan(c) else float("nan"),
-        rank_sender=len(sx), rank_receiver=len(sy), processing=hw.processing, null_dim=hw.null_dim)
-
-
 @dataclass(frozen=True)
 class CopyingScore:
     value: float | None  # None: undefined (the OV circuit never reaches the unembedding)
@@ -299,11 +169,12 @@ def copying_score(hw: HeadWeights, layer: int, head: int, tol: float = 1e-12) ->
     """Re(sum lambda) / sum |lambda| of W_E OV W_U via the d_head x d_head form."""
     import torch
 
-    M = hw.W_O[layer, head] @ hw.W_U @ hw.W_E @ hw.W_V[layer, head]
-    lam = torch.linalg.eigvals(M)
+    M = (hw.W_O[layer, head] @ hw.W_U) @ (hw.W_E @ hw.W_V[layer, head])
+    with single_threaded():
+        lam = torch.linalg.eigvals(M)
+        R_v = torch.linalg.qr(hw.W_V[layer, head], mode="r").R  # ||W_V W_O|| = ||R_v W_O||
     total = float(lam.abs().sum())
-    scale = float(torch.linalg.norm(hw.W_E) * torch.linalg.norm(hw.W_U)
-                  * torch.linalg.norm(hw.W_V[layer, head] @ hw.W_O[layer, head]))
+    scale = float(torch.linalg.norm(hw.W_E) * torch.linalg.norm(hw.W_U) * torch.linalg.norm(R_v @ hw.W_O[layer, head]))
     defined = scale > 0.0 and total > tol * scale
     return CopyingScore(float(lam.sum().real) / total if defined else None, total, int(lam.numel()),
                         hw.processing)

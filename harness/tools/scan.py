@@ -38,6 +38,7 @@ from ..errors import UserError
 from ..evidence.document import to_json
 from ..hypothesis.loading import load
 from ..mech import batched_edges, change, weights
+from ..mech.factored import Composition
 from ..mech.hooks import cache_hooks
 from ..mech.runs import Runs
 from ..model import data, metrics
@@ -97,8 +98,7 @@ def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int
     m_clean = metric_of(clean["logits"])
     edges = batched_edges.all_edges(L, H)
     st = SCAN_STATS.model_copy(update={"bootstrap": bootstrap})
-    hw = weights.head_weights(bridge, processing)
-    composition = _composition(hw, edges, draws, seed)
+    composition = _composition(Composition(weights.head_weights(bridge, processing), seed), edges, draws)
     rows: list[dict[str, Any]] = []
     for c_i, name in enumerate(chosen):
         corrupt = cache_hooks(bridge, ds.corruptions[name], hooks)
@@ -112,18 +112,18 @@ def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int
     return rows, table
 
 
-def _composition(hw: weights.HeadWeights, edges: list[names.Edge], draws: int, seed: int) -> dict[int, tuple]:
-    """{edge index: (score or None, uncorrected null p)} for head -> head-input edges."""
-    mode_scores = {x: weights.all_scores(hw, x) for x in "qkv"}
+def _composition(comp: Composition, edges: list[names.Edge], draws: int) -> dict[int, tuple]:
+    """{edge index: (score or None, uncorrected null p)} for head -> head-input edges (the shared
+    null draws; the tail bound below the Monte Carlo floor, as `harness weights`)."""
+    pv = {x: comp.p_values(x, draws)[0] for x in sorted({e.receiver.which for e in edges
+                                                       if isinstance(e.receiver, names.HeadInput)})}
     out = {}
     for i, e in enumerate(edges):
         if isinstance(e.sender, names.Head) and isinstance(e.receiver, names.HeadInput):
             r = e.receiver
-            c = float(mode_scores[r.which][e.sender.layer, e.sender.head, r.head.layer, r.head.head])
-            p, _ = weights.null_p_value(weights.sender_matrix(hw, e.sender.layer, e.sender.head),
-                                        weights.receiver_matrix(hw, r.head.layer, r.head.head, r.which), c,
-                                        draws, derive_seed(seed, Stream.SCAN_NULL, i), null_dim=hw.null_dim)
-            out[i] = (None if c != c else c, p)
+            c = comp.score(e.sender, r)
+            p = pv[r.which][e.sender.layer, e.sender.head, r.head.layer, r.head.head]
+            out[i] = (None if c != c else c, float(p))
     return out
 
 

@@ -1,0 +1,244 @@
+"""Composition scores in factored form: nothing d_model x d_model is ever formed.
+
+A sender's OV and a receiver's input matrix are products of thin factors
+(row-vector convention, d = d_model, r = d_head):
+
+    X = W_V W_O                       (sender; d x r times r x d)
+    Y = a b:  q: W_Q W_K^T,  k: W_K W_Q^T,  v: W_V W_O   (receiver)
+
+With thin QR factorisations W_V = Q_v R_v and b^T = Q_b R_b (Q with orthonormal
+columns), the r x d and d x r cores
+
+    core_X = R_v W_O,   core_Y = a R_b^T
+
+have X = Q_v core_X and Y = core_Y Q_b^T, so ||X||_F = ||core_X||_F,
+||Y||_F = ||core_Y||_F, the singular values agree, and
+
+    ||X Y||_F = ||core_X core_Y||_F        (an r x r product)
+
+    C = ||core_X core_Y||_F / (||core_X||_F ||core_Y||_F).
+
+All cross-layer pairs of a mode are one matrix product per sender layer:
+[H r, d] x [d, (receivers) r].  `Composition` computes the cores, spectra and
+score grids of one `HeadWeights` once, and holds the shared rotation null
+(mech.rotation_null), so claims, the weights-vs-use table, the figures and
+`harness weights` / `harness scan` read the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..spec.names import Head, HeadInput
+from ..threads import single_threaded
+from .rotation_null import CHUNK, SharedNull, mc_or_bound_p, mc_p, normalised_squares, tail_bound
+from .weights import CompositionResult, HeadWeights
+
+
+def _r_factor(A: Any) -> Any:
+    """R of the thin QR of A [..., d, r] (so A = Q R, Q with orthonormal columns): [..., r, r]."""
+    import torch
+
+    with single_threaded():
+        return torch.linalg.qr(A, mode="r").R
+
+
+def sender_cores(hw: HeadWeights) -> Any:
+    """core_X = R_v W_O per head: [L, H, r, d]."""
+    return _r_factor(hw.W_V) @ hw.W_O
+
+
+def receiver_cores(hw: HeadWeights, mode: str) -> Any:
+    """core_Y = a R_b^T per head for input `mode`: [L, H, d, r]."""
+    if mode == "q":
+        a, bT = hw.W_Q, hw.W_K
+    elif mode == "k":
+        a, bT = hw.W_K, hw.W_Q
+    elif mode == "v":
+        a, bT = hw.W_V, hw.W_O.mT
+    else:
+        raise ValueError(f"unknown receiver input {mode!r}")
+    return a @ _r_factor(bT).mT
+
+
+@dataclass
+class Composition:
+    """Composition scores and their rotation null on one model's head weights,
+    each piece computed on first use and kept (see the module docstring)."""
+
+    hw: HeadWeights
+    seed: int
+    _sender: Any = None
+    _receiver: dict[str, Any] = field(default_factory=dict)
+    _spectra: dict[str, Any] = field(default_factory=dict)
+    _scores: dict[str, np.ndarray] = field(default_factory=dict)
+    _null: SharedNull | None = None
+    _results: dict[tuple[Any, ...], CompositionResult] = field(default_factory=dict)
+
+    # -------------------------------------------------------------- cores, spectra, scores
+    def sender_core(self) -> Any:
+        if self._sender is None:
+            self._sender = sender_cores(self.hw)
+        return self._sender
+
+    def receiver_core(self, mode: str) -> Any:
+        if mode not in self._receiver:
+            self._receiver[mode] = receiver_cores(self.hw, mode)
+        return self._receiver[mode]
+
+    def spectrum(self, side: str) -> Any:
+        """Singular values [L, H, r] of every head's X (`side` "x") or Y of mode `side`."""
+        import torch
+
+        if side not in self._spectra:  # of the r x r R factor: the same singular values, a small SVD
+            thin = self.sender_core().mT if side == "x" else self.receiver_core(side)
+            R = _r_factor(thin)
+            with single_threaded():
+                self._spectra[side] = torch.linalg.svdvals(R)
+        return self._spectra[side]
+
+    def scores(self, mode: str) -> np.ndarray:
+        """[L, H, L, H] scores C(sender l1 h1 -> receiver l2 h2 .mode), 0 unless l1 < l2;
+        NaN where a matrix is zero (no route)."""
+        import torch
+
+        if mode in self._scores:
+            return self._scores[mode]
+        X, Y = self.sender_core(), self.receiver_core(mode)
+        L, H, r, d = X.shape
+        xn, yn = torch.linalg.norm(X, dim=(-2, -1)), torch.linalg.norm(Y, dim=(-2, -1))
+        out = np.zeros((L, H, L, H))
+        for l1 in range(L - 1):
+            later = Y[l1 + 1:]  # [L', H, d, r]
+            right = later.permute(2, 0, 1, 3).reshape(d, -1)  # [d, L' H r]
+            prod = (X[l1].reshape(H * r, d) @ right).reshape(H, r, L - l1 - 1, H, r)
+            num = torch.linalg.norm(prod, dim=(1, 4))  # [H, L', H]
+            denom = xn[l1][:, None, None] * yn[l1 + 1:][None]
+            ratio = torch.where(denom > 0, num / torch.where(denom > 0, denom, 1.0), float("nan"))
+            out[l1, :, l1 + 1:, :] = ratio.numpy()
+        self._scores[mode] = out
+        return out
+
+    def score(self, sender: Head, receiver: HeadInput) -> float:
+        return float(self.scores(receiver.which)[sender.layer, sender.head, receiver.head.layer, receiver.head.head])
+
+    # -------------------------------------------------------------- the shared null
+    @property
+    def null(self) -> SharedNull:
+        if self._null is None:
+            self._null = SharedNull(int(self.hw.W_V.shape[-1]), self.hw.null_dim, self.seed)
+        return self._null
+
+    def weights_of(self, side: str) -> Any:
+        """a (or b): normalised squared spectra [L, H, r]."""
+        return normalised_squares(self.spectrum(side))
+
+    def null_samples(self, sender: Head, receiver: HeadInput, stop: int, start: int = 0) -> np.ndarray:
+        """Null draws start..stop-1 of one pair."""
+        a = self.weights_of("x")[sender.layer, sender.head][None]
+        b = self.weights_of(receiver.which)[receiver.head.layer, receiver.head.head][None]
+        return self.null.pair_samples(a, b, stop, start)[0]
+
+    def null_grid(self, mode: str, sender_layer: int, n_draws: int) -> Any:
+        """Null draws of every head of `sender_layer` with every head input `mode` of the later
+        layers: [H, (L - sender_layer - 1) H, n_draws]."""
+        a = self.weights_of("x")[sender_layer]
+        b = self.weights_of(mode)[sender_layer + 1:].reshape(-1, a.shape[-1])
+        return self.null.grid_samples(a, b, n_draws)
+
+    def p_values(self, mode: str, n_draws: int, extend_to: int = 0,
+                 alpha: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """([L, H, L, H] p, [L, H, L, H] draws used) of every cross-layer pair of `mode`: the
+        one-sided p from the first n_draws shared draws; pairs with p < alpha extended to
+        `extend_to` draws; where no draw reached C the tail bound stands in if lower
+        (rotation_null.mc_or_bound_p); 1 where the score is undefined; NaN off the pairs."""
+        import torch
+
+        L, H = self.hw.n_layers, self.hw.n_heads
+        scores = self.scores(mode)
+        exceed = np.zeros((L, H, L, H), dtype=np.int64)
+        for l1 in range(L - 1):
+            c = torch.from_numpy(scores[l1, :, l1 + 1:, :].reshape(H, -1))
+            grid = (self.null_grid(mode, l1, n_draws) >= (c - 1e-12)[..., None]).sum(-1)
+            exceed[l1, :, l1 + 1:, :] = grid.reshape(H, L - l1 - 1, H).numpy()
+        used = np.full((L, H, L, H), n_draws)
+        pairs = [(l1, h1, l2, h2) for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L) for h2 in range(H)]
+        short = [q for q in pairs if not math.isnan(scores[q]) and (1 + exceed[q]) / (1 + n_draws) < alpha]
+        if short and extend_to > n_draws:
+            idx = tuple(np.array(short).T)
+            a = self.weights_of("x")[idx[0], idx[1]]
+            b = self.weights_of(mode)[idx[2], idx[3]]
+            c = scores[idx][:, None]
+            for start in range(n_draws, extend_to, CHUNK):
+                more = self.null.pair_samples(a, b, min(extend_to, start + CHUNK), start)
+                exceed[idx] += (more >= c - 1e-12).sum(1)
+            used[idx] = extend_to
+        out = np.full((L, H, L, H), np.nan)
+        for q in pairs:
+            c = float(scores[q])
+            if math.isnan(c):
+                out[q] = 1.0
+                continue
+            bound = tail_bound(c, self.lipschitz(Head(q[0], q[1]), HeadInput(Head(q[2], q[3]), mode)),
+                               self.hw.null_dim)
+            out[q] = mc_or_bound_p(int(exceed[q]), int(used[q]), bound)
+        return out, used
+
+    def lipschitz(self, sender: Head, receiver: HeadInput) -> float:
+        """s1(X) s1(Y) / (||X|| ||Y||): the null statistic's Lipschitz constant (rotation_null.tail_bound)."""
+        sx = self.spectrum("x")[sender.layer, sender.head]
+        sy = self.spectrum(receiver.which)[receiver.head.layer, receiver.head.head]
+        nx, ny = float(sx.norm()), float(sy.norm())
+        return float(sx[0]) * float(sy[0]) / (nx * ny) if nx > 0 and ny > 0 else 0.0
+
+    # -------------------------------------------------------------- one pair, with its context
+    def result(self, sender: Head, receiver: HeadInput, n_draws: int, extend_to: int = 0,
+               alpha: float = 0.0) -> CompositionResult:
+        """Score, null and context numbers of one pair: n_draws shared null draws, extended to
+        `extend_to` when p < alpha (pairs at or above alpha cannot become significant)."""
+        key = (sender, receiver, n_draws, extend_to, alpha)
+        if key not in self._results:
+            self._results[key] = self._result(sender, receiver, n_draws, extend_to, alpha)
+        return self._results[key]
+
+    def _result(self, sender: Head, receiver: HeadInput, n_draws: int, extend_to: int,
+                alpha: float) -> CompositionResult:
+        hw, mode = self.hw, receiver.which
+        c = self.score(sender, receiver)
+        null = self.null_samples(sender, receiver, n_draws)
+        p, used = mc_p(null, c), n_draws
+        if p < alpha and extend_to > n_draws:
+            exceed = int(np.sum(null >= c - 1e-12))
+            for start in range(n_draws, extend_to, CHUNK):
+                more = self.null_samples(sender, receiver, min(extend_to, start + CHUNK), start)
+                exceed += int(np.sum(more >= c - 1e-12))
+            used = extend_to
+            p = (1 + exceed) / (1 + used)
+        sx = self.spectrum("x")[sender.layer, sender.head].numpy()
+        sy = self.spectrum(mode)[receiver.head.layer, receiver.head.head].numpy()
+        nx, ny = float(np.linalg.norm(sx)), float(np.linalg.norm(sy))
+        c_max = min(sx[0] / nx, sy[0] / ny) if nx > 0 and ny > 0 else 0.0
+        grid = self.scores(mode)
+        L = hw.n_layers
+        pool = np.concatenate([grid[l1, :, l2, :].ravel() for l1 in range(L) for l2 in range(l1 + 1, L)])
+        pool = pool[~np.isnan(pool)]
+        return CompositionResult(
+            sender=str(sender), receiver=str(receiver), mode=mode,
+            score=c, p_value=p, null_mean=float(null.mean()), null_std=float(null.std()),
+            null_q95=float(np.quantile(null, 0.95)), null_q99=float(np.quantile(null, 0.99)), n_draws=used,
+            ratio_to_isotropic=c * math.sqrt(hw.null_dim), fraction_of_max=c / c_max if c_max > 0 else float("nan"),
+            c_max=float(c_max),
+            percentile=float(100.0 * np.mean(pool <= c + 1e-15)) if not math.isnan(c) else float("nan"),
+            rank_sender=_rank(sx), rank_receiver=_rank(sy), processing=hw.processing, null_dim=hw.null_dim)
+
+    def bound(self, sender: Head, receiver: HeadInput) -> float:
+        """The concentration tail bound on P(C_null >= C) for this pair."""
+        return tail_bound(self.score(sender, receiver), self.lipschitz(sender, receiver), self.hw.null_dim)
+
+
+def _rank(s: np.ndarray, tol: float = 1e-10) -> int:
+    return int(np.sum(s > tol * max(float(s[0]), 1e-300))) if len(s) else 0

@@ -15,6 +15,7 @@ load or build one (run, sweep, weights, scan, roles, selftest) take `--device`
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -72,8 +73,8 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     """--device and --threads for every command that loads or builds a model (checked before any load)."""
     p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--threads", type=THREADS, default=None,
-                   help="torch threads for forward passes (default: $HARNESS_THREADS, else the cores this "
-                        "process may use); small linear algebra always runs on one")
+                   help="torch threads (sets $HARNESS_THREADS; default: 1 for models with d_model < 512, else "
+                        "the cores this process may use); small linear algebra always runs on one")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -163,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan, "sweep": cmd_sweep}
     try:
         with clock():
-            if hasattr(args, "threads"):  # the commands that run a model
-                threads.configure(args.threads)
+            if getattr(args, "threads", None) is not None:  # the same as HARNESS_THREADS (workers inherit it)
+                os.environ[threads.ENV] = str(args.threads)
             return commands[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -9,11 +9,14 @@ Two rules, measured on a 2-core machine while another 2-thread torch process ran
   job, 200 QRs of 120 x 48 matrices took 27 s against 0.06 s on one thread
   (OpenMP workers spin-waiting for a core), and one thread is never slower
   for matrices this small.
-* Everything else (forward passes, batched patching) uses `configure()`'s count:
-  `--threads N`, else $HARNESS_THREADS, else the number of cores this process may
-  run on (os.sched_getaffinity), since large matrix products do gain from more
-  threads even on a busy machine (a 2050 x 768 by 768 x 3072 product: 2.7 s on
-  one thread, 2.0 s on two, with the same competing job).
+* Forward passes and batched patching use `chosen()`'s count: `--threads N`, else
+  $HARNESS_THREADS, else by model size: one thread for models with d_model below
+  LARGE_D_MODEL, the cores this process may run on (os.sched_getaffinity) above.
+  Small models are dominated by small operations, where a second thread only adds
+  spin-waiting on a busy machine (the fixture's 200-prompt forward: 0.12 s on one
+  thread, 0.84 s on two, with two other jobs running); large matrix products do gain
+  from more threads even on a busy machine (a 2050 x 768 by 768 x 3072 product: 2.7 s
+  on one thread, 2.0 s on two, with the competing job).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from contextlib import contextmanager
 from .errors import UserError
 
 ENV = "HARNESS_THREADS"
+LARGE_D_MODEL = 512  # from this width on, forwards use every available core by default
 
 
 def available_cores() -> int:
@@ -46,24 +50,41 @@ def parse(text: str, source: str) -> int:
     return n
 
 
-def chosen(requested: int | None = None) -> int:
-    """`requested`, else $HARNESS_THREADS, else available_cores()."""
+def chosen(requested: int | None = None, d_model: int | None = None) -> int:
+    """`requested`, else $HARNESS_THREADS, else 1 for a model narrower than LARGE_D_MODEL,
+    else available_cores() (also when the model is not known yet)."""
     if requested is not None:
         return requested
     env = os.environ.get(ENV)
     if env:
         return parse(env, f"${ENV}")
+    if d_model is not None and d_model < LARGE_D_MODEL:
+        return 1
     return available_cores()
 
 
-def configure(requested: int | None = None) -> int:
-    """Set torch's intra-op thread count to `chosen(requested)` and return it."""
+def configure(requested: int | None = None, d_model: int | None = None) -> int:
+    """Set torch's intra-op thread count to `chosen(requested, d_model)` and return it."""
     import torch
 
-    n = chosen(requested)
+    n = chosen(requested, d_model)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n
+
+
+@contextmanager
+def using(requested: int | None = None, d_model: int | None = None) -> Iterator[int]:
+    """Run the block with `chosen(requested, d_model)` threads, then restore the previous count."""
+    import torch
+
+    before = torch.get_num_threads()
+    n = configure(requested, d_model)
+    try:
+        yield n
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 @contextmanager

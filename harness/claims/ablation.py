@@ -32,7 +32,7 @@ from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE, threshold_verdict
 from ..mech.runs import Runs
 from ..spec.fields import BoundedCausalClaim, HeadList
-from ..spec.names import hook_pattern, hook_z
+from ..spec.names import hook_pattern, hook_resid_pre, hook_z
 from ..spec.settings import Stats
 from ..spec.vocabulary import Ablation, Normalization
 from . import effects
@@ -98,8 +98,12 @@ class Ablated:
 def ablate(runs: Runs, claim: AblationClaim, kind: str, st: Stats) -> Ablated:
     heads = list(claim.heads)
     m = runs.ablated(heads, kind, claim.freeze_patterns)
-    jack = ([runs.ablated(heads, kind, claim.freeze_patterns, drop=k) for k in range(runs.reference.groups)]
-            if kind == "mean" else [])
+    jack: list[np.ndarray] = []
+    if kind == "mean" and claim.freeze_patterns:
+        jack = [runs.ablated(heads, kind, True, drop=k) for k in range(runs.reference.groups)]
+    elif kind == "mean":
+        groups: list[int | None] = list(range(runs.reference.groups))
+        jack = runs.ablated_many([heads] * len(groups), kind, groups)
     return Ablated(m, jack, effects.head_change(runs, heads, kind, st))
 
 
@@ -112,7 +116,8 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
 
     def hooks(self, claim: AblationClaim, n_layers: int) -> list[str]:
         frozen = [hook_pattern(layer) for layer in range(n_layers)] if claim.freeze_patterns else []
-        return [hook_z(h.layer) for h in claim.heads] + frozen
+        first = hook_resid_pre(min(h.layer for h in claim.heads))  # interventions start there (Runs.run)
+        return [hook_z(h.layer) for h in claim.heads] + frozen + [first]
 
     def interventions(self, claim: AblationClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
         paths: list[InterventionPath] = [HeadAblationPath(tuple(claim.heads))]

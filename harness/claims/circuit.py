@@ -33,10 +33,10 @@ from ..evidence.format import fmt
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_verdict
 from ..mech.runs import Runs
-from ..progress import progress
+from ..progress import stage
 from ..spec import names
 from ..spec.fields import BoundedCausalClaim, HeadList
-from ..spec.names import hook_z
+from ..spec.names import hook_resid_pre, hook_z
 from ..spec.settings import Stats
 from ..spec.vocabulary import Ablation
 from . import effects
@@ -105,15 +105,16 @@ def random_faithfulness(runs: Runs, claim: CircuitClaim, m_empty: np.ndarray, ke
     gap = runs.m_clean - m_empty
     rng = np.random.default_rng(seed)
     claimed = sorted(every.index(h) for h in claim.heads)
-    out = []
-    for _ in progress(range(claim.random_circuits), f"random circuits ({claim.id})"):
+    complements = []
+    for _ in range(claim.random_circuits):
         pick = claimed
         while pick == claimed:
             pick = sorted(rng.choice(len(every), size=size, replace=False).tolist())
         chosen = set(pick)
-        m_r = runs.ablated([h for j, h in enumerate(every) if j not in chosen], claim.ablation)
-        out.append(float((m_r - m_empty)[kept].sum() / gap[kept].sum()))
-    return np.asarray(out)
+        complements.append([h for j, h in enumerate(every) if j not in chosen])
+    stage(f"random circuits ({claim.id}): {len(complements)}, stacked along the batch")
+    m_r = runs.ablated_many(complements, claim.ablation)
+    return np.asarray([float((m - m_empty)[kept].sum() / gap[kept].sum()) for m in m_r])
 
 
 class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
@@ -124,7 +125,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
     summary = "keeping only these heads recovers the behaviour (faithfulness) better than random circuits"
 
     def hooks(self, claim: CircuitClaim, n_layers: int) -> list[str]:
-        return [hook_z(layer) for layer in range(n_layers)]
+        return [hook_z(layer) for layer in range(n_layers)] + [hook_resid_pre(0)]  # Runs.run starts there
 
     def interventions(self, claim: CircuitClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
         return [HeadAblationPath(tuple(names.Head.every(n_layers, n_heads)))]
@@ -147,15 +148,17 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             every = names.Head.every(runs.n_layers, runs.n_heads)
             keep = set(c.heads)
             rest = [h for h in every if h not in keep]
-            m_circuit = runs.ablated(rest, c.ablation)
-            m_empty = runs.ablated(every, c.ablation)
+            m_circuit, m_empty = runs.ablated_many([rest, every], c.ablation)
             kept = (runs.m_clean - m_empty) >= st.min_prompt_gap
             random_f = None
             if c.at_least is not None and kept.sum() > 0:
                 random_f = random_faithfulness(runs, c, m_empty, kept, seed)
             change = effects.head_change(runs, rest, c.ablation, st) if rest else None
-            jack = ([(runs.ablated(rest, "mean", drop=k), runs.ablated(every, "mean", drop=k))
-                     for k in range(runs.reference.groups)] if c.ablation == "mean" else None)
+            jack = None
+            if c.ablation == "mean":
+                groups = list(range(runs.reference.groups))
+                both = runs.ablated_many([rest] * len(groups) + [every] * len(groups), "mean", groups + groups)
+                jack = list(zip(both[:len(groups)], both[len(groups):], strict=True))
             result = self.evaluate(c, runs.m_clean, m_circuit, m_empty, random_f, st, seed, ctx.unit, change,
                                    runs.corruption, jack=jack)
             if c.sensitivity:

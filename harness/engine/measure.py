@@ -67,6 +67,8 @@ def by_kind(claims: Sequence[ClaimSpec]) -> dict[ClaimKind[Any, Any], list[tuple
 def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, st: Stats, processing: str,
                 seed: int, figures: bool = True) -> Measurements:
     """Run every claim on `model` (model.loading.LoadedModel) and `ds` (model.data.Dataset)."""
+    import torch
+
     bridge = model.bridge
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads
@@ -76,6 +78,12 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
 
     def metric_of(logits: Any) -> np.ndarray:
         return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong).cpu().numpy()
+
+    def metric_at(logits_at: Any) -> np.ndarray:  # logits at the scored positions [V n, k, vocab]
+        V = logits_at.shape[0] // ds.n
+        at = torch.arange(ds.positions.shape[1], device=logits_at.device).expand(V * ds.n, -1)
+        wrong = None if ds.wrong is None else ds.wrong.repeat(V, 1)
+        return metrics.per_prompt(logits_at, at, ds.answers.repeat(V, 1), metric, wrong).cpu().numpy()
 
     def reference() -> Reference:
         if ds.reference is None:  # the clean prompts themselves, each prompt's mean leaving it out
@@ -89,7 +97,7 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
         corruptions[name] = (cache, metric_of(cache["logits"]))
     default = ds.default_corruption
     runs = Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
-                corruption=default, corruptions=corruptions, reference_source=Lazy(reference))
+                metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference))
     unit = metrics.UNITS[metric]
     m_base = baseline_metric(metric, model.d_vocab)
     gap = runs.m_clean - runs.m_corrupt

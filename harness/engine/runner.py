@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import threads
 from ..claims.base import component_names
 from ..errors import ComponentNameError, SpecError
 from ..evidence.result import Evidence
@@ -77,7 +78,7 @@ def check_names(h: LoadedHypothesis, model: LoadedModel) -> None:
 def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
         base_dir: str | Path | None = None, command: str | None = None,
         figures: bool = True, model: LoadedModel | str | None = None,
-        device: str | None = None) -> Evidence:
+        device: str | None = None, threads: int | None = None) -> Evidence:
     """Run every claim of a hypothesis (file path or dict) and return the Evidence.
 
     `seed` overrides the file's `seed` (bootstrap and permutation streams).
@@ -91,13 +92,17 @@ def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
     already loaded model runs where it is.  The data is moved to the model's device,
     and provenance["device"] records the device the model ran on (e.g. "cpu").
     `command` is recorded in the provenance (default: this process's command line).
+    `threads`: torch threads while the claims are measured (harness.threads.chosen: default
+    $HARNESS_THREADS, else 1 for models narrower than 512, else every available core);
+    the previous count is restored afterwards.
     """
     with clock():
-        return _run(hypothesis, seed, base_dir, command, figures, model, device)
+        return _run(hypothesis, seed, base_dir, command, figures, model, device, threads)
 
 
 def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: str | Path | None,
-         command: str | None, figures: bool, model: LoadedModel | str | None, device: str | None) -> Evidence:
+         command: str | None, figures: bool, model: LoadedModel | str | None, device: str | None,
+         n_threads: int | None) -> Evidence:
     started = provenance.now()
     h = load(hypothesis, base_dir=base_dir)
     s = h.spec
@@ -115,7 +120,9 @@ def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: st
     check_corruptions(h, ds)
     if s.metric == "logit_diff" and ds.wrong is None:
         raise SpecError([f"{h.where('metric')}: logit_diff needs 'wrong' tokens in the data"])
-    m = measure_all(loaded, ds, s.claims, s.metric, s.stats, s.weight_processing, seed, figures)
+    with threads.using(n_threads, int(loaded.bridge.cfg.d_model)) as used:
+        stage(f"measuring on {used} thread(s)")
+        m = measure_all(loaded, ds, s.claims, s.metric, s.stats, s.weight_processing, seed, figures)
     cfg = loaded.bridge.cfg
     return Evidence(
         hypothesis={"name": s.name, "description": s.description, "file": provenance.shown_path(h.path),

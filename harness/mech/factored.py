@@ -162,8 +162,8 @@ class Composition:
         scores = self.scores(mode)
         exceed = np.zeros((L, H, L, H), dtype=np.int64)
         for l1 in range(L - 1):
-            c = torch.from_numpy(scores[l1, :, l1 + 1:, :].reshape(H, -1))
-            grid = (self.null_grid(mode, l1, n_draws) >= (c - 1e-12)[..., None]).sum(-1)
+            row = torch.from_numpy(scores[l1, :, l1 + 1:, :].reshape(H, -1))
+            grid = (self.null_grid(mode, l1, n_draws) >= (row - 1e-12)[..., None]).sum(-1)
             exceed[l1, :, l1 + 1:, :] = grid.reshape(H, L - l1 - 1, H).numpy()
         used = np.full((L, H, L, H), n_draws)
         pairs = [(l1, h1, l2, h2) for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L) for h2 in range(H)]
@@ -172,18 +172,18 @@ class Composition:
             idx = tuple(np.array(short).T)
             a = self.weights_of("x")[idx[0], idx[1]]
             b = self.weights_of(mode)[idx[2], idx[3]]
-            c = scores[idx][:, None]
+            target = scores[idx][:, None]
             for start in range(n_draws, extend_to, CHUNK):
                 more = self.null.pair_samples(a, b, min(extend_to, start + CHUNK), start)
-                exceed[idx] += (more >= c - 1e-12).sum(1)
+                exceed[idx] += (more >= target - 1e-12).sum(1)
             used[idx] = extend_to
         out = np.full((L, H, L, H), np.nan)
         for q in pairs:
-            c = float(scores[q])
-            if math.isnan(c):
+            score = float(scores[q])
+            if math.isnan(score):
                 out[q] = 1.0
                 continue
-            bound = tail_bound(c, self.lipschitz(Head(q[0], q[1]), HeadInput(Head(q[2], q[3]), mode)),
+            bound = tail_bound(score, self.lipschitz(Head(q[0], q[1]), HeadInput(Head(q[2], q[3]), mode)),
                                self.hw.null_dim)
             out[q] = mc_or_bound_p(int(exceed[q]), int(used[q]), bound)
         return out, used

@@ -74,6 +74,59 @@ def run_plan(bridge: Any, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Ten
     return logits
 
 
+def first_layer(plan: Plan) -> int | None:
+    """The lowest block index a plan's hooks touch (`blocks.N.` names), or None if a hook sits
+    outside the blocks (e.g. the embedding) or the plan is empty."""
+    layers = []
+    for name, _ in plan.hooks:
+        parts = name.split(".")
+        if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
+            return None
+        layers.append(int(parts[1]))
+    return min(layers) if layers else None
+
+
+def can_start_inside(bridge: Any) -> bool:
+    """Whether blocks can run from a cached residual (`run_from`): the position information
+    enters only through the embedding (standard or no positional embedding)."""
+    return str(getattr(bridge.cfg, "positional_embedding_type", "standard")) == "standard"
+
+
+def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], plan: Plan,
+             positions: Int[Tensor, "n k"]) -> Float[Tensor, "n k vocab"]:
+    """Blocks `layer`.. of the model from `resid` (that run's blocks.{layer}.hook_resid_pre),
+    with the plan's hooks (all on blocks >= layer), then ln_final and the unembedding at the
+    scored `positions` only: the logits there [n, k, vocab].  Layers below `layer` are not
+    recomputed: an intervention that starts at `layer` cannot change them."""
+    import torch
+
+    start = first_layer(plan)
+    if start is not None and start < layer:
+        raise ValueError(f"a hook of the plan sits below layer {layer}")
+    unknown = [name for name, _ in plan.hooks if name not in bridge.hook_dict]
+    if unknown:
+        raise SanityCheckError(f"the model has no hook named {', '.join(unknown)}")
+    fired = [0] * len(plan.hooks)
+
+    def counting(i: int, fn: Callable) -> Callable:
+        def wrapped(x, hook):
+            fired[i] += 1
+            return fn(x, hook)
+        return wrapped
+
+    x = resid
+    with torch.no_grad(), bridge.hooks(fwd_hooks=[(n, counting(i, fn)) for i, (n, fn) in enumerate(plan.hooks)]):
+        for block in list(bridge.blocks)[layer:]:
+            out = block(x)
+            x = out[0] if isinstance(out, tuple) else out
+        idx = positions.to(x.device).unsqueeze(-1).expand(-1, -1, x.shape[-1])
+        logits = bridge.unembed(bridge.ln_final(x.gather(1, idx)))
+    silent = [plan.hooks[i][0] for i, n in enumerate(fired) if n == 0]
+    if silent:
+        raise SanityCheckError(f"hook(s) never fired: {', '.join(silent)}; the intervention did not happen")
+    return logits
+
+
 def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str]) -> Cache:
     """One clean forward caching the named hooks; returns {name: tensor} (and 'logits'),
     on the model's device (the tokens are moved there)."""

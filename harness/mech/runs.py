@@ -5,7 +5,7 @@ per prompt on each.  Every intervention starts from these caches:
 * `ablated(heads, kind)`: the clean prompts with `heads` ablated jointly
   (hooks.ablation_plan), optionally with every attention pattern frozen;
 * `patched(edge, direction, replacement)`: exact edge patching
-  (patching.prepare / fast_logits) in the given direction.
+  (patching.prepare / fast_plan, run by Runs.run) in the given direction.
 
 Each returns the metric per prompt (numpy, float64).  A `Runs` is for one
 corruption (`corrupt`, `m_corrupt`); `with_corruption(name)` gives the view
@@ -20,15 +20,15 @@ jackknife that carries the mean's own uncertainty into intervals; claims.effects
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..spec import names
-from ..spec.names import hook_pattern, hook_z
-from . import hooks, patching
+from ..spec.names import hook_pattern, hook_resid_pre, hook_z
+from . import batched_ablation, hooks, patching
 from .hooks import Cache
 
 if TYPE_CHECKING:
@@ -89,9 +89,12 @@ class Runs:
     metric: Callable[[Float[Tensor, "n pos vocab"]], PerPrompt]  # logits -> metric per prompt
     m_clean: PerPrompt
     m_corrupt: PerPrompt
+    #: logits at the scored positions [V n, k, vocab] (V stacked copies of the prompts) -> metric [V n]
+    metric_at: Callable[[Any], PerPrompt] | None = None
     corruption: str = ""  # the name of the corruption `corrupt` is
     corruptions: dict[str, tuple[Cache, PerPrompt]] = field(default_factory=dict)  # every corruption's run
     reference_source: Lazy = field(default_factory=lambda: Lazy(None))
+    memo: dict[tuple[Any, ...], PerPrompt] = field(default_factory=dict)  # ablations done, shared by every view
 
     @property
     def n_layers(self) -> int:
@@ -136,13 +139,60 @@ class Runs:
         ref = self.reference
         return ref.mean(patching.sender_output(self.bridge, ref.cache, sender), drop)
 
-    def ablated(self, heads: list[names.Head], kind: str, freeze: bool = False, drop: int | None = None) -> PerPrompt:
-        """Metric of the clean prompts with `heads` ablated jointly (`kind`: zero, mean, resample)."""
-        means = self.mean_z({h.layer for h in heads}, drop) if kind == "mean" else {}
-        plan = hooks.ablation_plan(heads, kind, self.z(self.corrupt), means)
+    def run(self, tokens: Any, base: Cache, plan: hooks.Plan, freeze: bool = False) -> PerPrompt:
+        """The metric of `tokens` (the run `base` cached) with the plan's hooks, and with every
+        attention pattern held at its `base` value if `freeze`.  When the base run cached the
+        residual where the plan's first hook sits, only the blocks from there on run, and the
+        unembedding only at the scored positions (hooks.run_from); else a whole forward."""
+        start = hooks.first_layer(plan)
+        key = hook_resid_pre(start) if start is not None else ""
         if freeze:
-            plan.hooks += patching.freeze_patterns_plan(self.patterns(self.clean)).hooks
-        return self.metric(hooks.run_plan(self.bridge, self.ds.clean, plan))
+            pats = self.patterns(base)
+            plan = hooks.Plan(plan.hooks + patching.freeze_patterns_plan(
+                {layer: p for layer, p in pats.items() if start is None or key not in base or layer >= start}).hooks)
+        if self.metric_at is not None and key in base and hooks.can_start_inside(self.bridge):
+            return self.metric_at(hooks.run_from(self.bridge, start or 0, base[key], plan, self.ds.positions))
+        return self.metric(hooks.run_plan(self.bridge, tokens, plan))
+
+    def ablated(self, heads: list[names.Head], kind: str, freeze: bool = False, drop: int | None = None) -> PerPrompt:
+        """Metric of the clean prompts with `heads` ablated jointly (`kind`: zero, mean, resample);
+        each distinct ablation is computed once per run (`memo`)."""
+        key = self._key(heads, kind, freeze, drop)
+        if key not in self.memo:
+            means = self.mean_z({h.layer for h in heads}, drop) if kind == "mean" else {}
+            plan = hooks.ablation_plan(heads, kind, self.z(self.corrupt), means)
+            self.memo[key] = self.run(self.ds.clean, self.clean, plan, freeze)
+        return self.memo[key]
+
+    def ablated_many(self, head_sets: list[list[names.Head]], kind: str,
+                     drops: Sequence[int | None] | None = None) -> list[PerPrompt]:
+        """`ablated(head_sets[v], kind, drop=drops[v])` for every v, the variants stacked along the
+        batch (mech.batched_ablation) when the runs allow it, else one by one."""
+        drops = list(drops) if drops is not None else [None] * len(head_sets)
+        todo = [v for v, (hs, dr) in enumerate(zip(head_sets, drops, strict=True))
+                if self._key(hs, kind, False, dr) not in self.memo and hs]
+        start = min((h.layer for v in todo for h in head_sets[v]), default=0)
+        key = hook_resid_pre(start)
+        if todo and self.metric_at is not None and key in self.clean and hooks.can_start_inside(self.bridge):
+            variants = [batched_ablation.Variant(head_sets[v], self._sources(head_sets[v], kind, drops[v]))
+                        for v in todo]
+            got = batched_ablation.ablated_metrics(self.bridge, self.clean[key], start, self.ds.positions, variants,
+                                                   self.metric_at)
+            for v, m in zip(todo, got, strict=True):
+                self.memo[self._key(head_sets[v], kind, False, drops[v])] = m
+        return [self.ablated(hs, kind, drop=dr) for hs, dr in zip(head_sets, drops, strict=True)]
+
+    def _key(self, heads: list[names.Head], kind: str, freeze: bool, drop: int | None) -> tuple[Any, ...]:
+        return (self.corruption if kind == "resample" else "", tuple(sorted(heads)), kind, freeze, drop)
+
+    def _sources(self, heads: list[names.Head], kind: str, drop: int | None) -> dict[int, Any]:
+        """Per ablated layer, the z that replaces the heads' (None: zeros)."""
+        layers = {h.layer for h in heads}
+        if kind == "zero":
+            return dict.fromkeys(layers)
+        if kind == "mean":
+            return self.mean_z(layers, drop)
+        return {layer: self.corrupt[hook_z(layer)] for layer in layers}
 
     def patched(self, edge: names.Edge, direction: str, replacement: str, freeze: bool = False,
                 drop: int | None = None) -> PerPrompt:
@@ -153,6 +203,5 @@ class Runs:
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
         mean_out = self.mean_output(edge.sender, drop) if replacement == "mean" else None
         patch = patching.prepare(self.bridge, edge, base, source, replacement, mean_out)
-        extra = patching.freeze_patterns_plan(self.patterns(base)) if freeze else None
         tokens = self.ds.clean if noising else self.corrupted_tokens
-        return self.metric(patching.fast_logits(self.bridge, tokens, patch, extra))
+        return self.run(tokens, base, patching.fast_plan(self.bridge, patch), freeze)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .. import stats
+from .. import stats, threads
 from ..claims.edge import UNDETERMINED, UNTESTED, USED, classify, use_status
 from ..claims.effects import floor_changes, intervention_change, metric_scale, normalized_effect
 from ..errors import UserError
@@ -73,6 +73,15 @@ def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int
     suffix if another process takes it first."""
     device = resolve_device(device)
     m = load_model(model_source, device=device)
+    with threads.using(None, int(m.bridge.cfg.d_model)):
+        return _scan(m, model_source, out, n_prompts, segment_length, seed, metric, processing, draws, top,
+                     budget_mb, bootstrap, corruptions, data_file, unique)
+
+
+def _scan(m: Any, model_source: str, out: Path, n_prompts: int, segment_length: int, seed: int, metric: str,
+          processing: str, draws: int, top: int, budget_mb: int, bootstrap: int,
+          corruptions: tuple[str, ...] | None, data_file: Path | None,
+          unique: bool) -> tuple[list[dict[str, Any]], str]:
     bridge, L, H = m.bridge, m.n_layers, m.n_heads
     if data_file is not None:
         ds = data.load_jsonl(data_file, m.d_vocab, n_ctx=m.n_ctx)

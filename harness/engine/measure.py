@@ -74,7 +74,7 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
     n_layers, n_heads = model.n_layers, model.n_heads
     names_ = hooks_needed(claims, n_layers)
     stage(f"base runs: {ds.n} prompts, clean and {len(ds.corruptions)} corruption(s)")
-    clean = hooks.cache_hooks(bridge, ds.clean, names_)
+    clean = hooks.cache_hooks(bridge, ds.clean, names_, ds.positions)
 
     def metric_of(logits: Any) -> np.ndarray:
         return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong).cpu().numpy()
@@ -88,13 +88,14 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
     def reference() -> Reference:
         if ds.reference is None:  # the clean prompts themselves, each prompt's mean leaving it out
             return Reference(clean, loo=True)
-        return Reference(hooks.cache_hooks(bridge, ds.reference, names_), loo=False)
+        return Reference(hooks.cache_hooks(bridge, ds.reference, names_, ref_positions), loo=False)
 
-    m_clean = metric_of(clean["logits"])
+    ref_positions = None if ds.reference is None else ds.positions[:1].expand(ds.reference.shape[0], -1)
+    m_clean = metric_at(clean["logits_at"])
     corruptions = {}
     for name, tokens in ds.corruptions.items():
-        cache = hooks.cache_hooks(bridge, tokens, names_)
-        corruptions[name] = (cache, metric_of(cache["logits"]))
+        cache = hooks.cache_hooks(bridge, tokens, names_, ds.positions)
+        corruptions[name] = (cache, metric_at(cache["logits_at"]))
     default = ds.default_corruption
     runs = Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
                 metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference))

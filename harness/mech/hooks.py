@@ -127,19 +127,39 @@ def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], pla
     return logits
 
 
-def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str]) -> Cache:
-    """One clean forward caching the named hooks; returns {name: tensor} (and 'logits'),
-    on the model's device (the tokens are moved there)."""
+def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], positions: Any = None,
+                budget_bytes: int = 256 * 2**20) -> Cache:
+    """A clean forward caching the named hooks; returns {name: tensor} and the logits, on the
+    model's device (the tokens are moved there).  The prompts run in batches whose logits fit
+    `budget_bytes`, and the batches' activations are concatenated.  Without `positions` the
+    whole logits are kept under "logits" [n, pos, vocab]; with `positions` [n, k] only those at
+    the scored positions, under "logits_at" [n, k, vocab] (what the metric reads)."""
     import torch
 
     names = list(dict.fromkeys(names))
-    with torch.no_grad():
-        logits, cache = bridge.run_with_cache(tokens.to(of(bridge)), names_filter=lambda n: n in names)
-    missing = [n for n in names if n not in cache]
-    if missing:
-        raise SanityCheckError(f"hook(s) never fired while caching: {', '.join(missing)}")
-    out = {n: cache[n] for n in names}
-    out["logits"] = logits
+    n, s = tokens.shape
+    per_prompt = max(1, s * int(bridge.cfg.d_vocab) * 4)
+    size = max(1, budget_bytes // per_prompt)
+    parts: dict[str, list[Any]] = {name: [] for name in names}
+    logits_parts = []
+    for lo in range(0, n, size):
+        with torch.no_grad():
+            logits, cache = bridge.run_with_cache(tokens[lo:lo + size].to(of(bridge)),
+                                                  names_filter=lambda x: x in names)
+        missing = [x for x in names if x not in cache]
+        if missing:
+            raise SanityCheckError(f"hook(s) never fired while caching: {', '.join(missing)}")
+        for name in names:
+            parts[name].append(cache[name])
+        if positions is None:
+            logits_parts.append(logits)
+        else:
+            pos = positions[lo:lo + size].to(logits.device)
+            logits_parts.append(logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])))
+        del logits, cache
+    out = {name: torch.cat(parts[name]) if len(parts[name]) > 1 else parts[name][0] for name in names}
+    out["logits" if positions is None else "logits_at"] = (torch.cat(logits_parts) if len(logits_parts) > 1
+                                                           else logits_parts[0])
     return out
 
 

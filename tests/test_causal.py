@@ -56,8 +56,9 @@ def test_edge_that_carries_everything_and_edges_that_carry_nothing(model_dirs, t
     by_id = {c.id: c for c in ev.claims}
     assert [c.verdict for c in ev.claims] == ["PASS"] * 7, [c.rule for c in ev.claims]
     carrier = by_id["L0H0->L1H0.v"]
-    assert carrier.value == pytest.approx(1.0, abs=1e-9)  # the whole gap, exactly
-    assert by_id["denoise"].value == pytest.approx(1.0, abs=1e-9)
+    # the whole gap, to float64 rounding (the batched path sums in another order: ~3e-9)
+    assert carrier.value == pytest.approx(1.0, abs=1e-7)
+    assert by_id["denoise"].value == pytest.approx(1.0, abs=1e-7)
     for quiet in ("L0H0->L1H0.q", "L0H0->L1H0.k", "L0H1->L1H0.v", "L0H0->logits"):
         assert by_id[quiet].value == pytest.approx(0.0, abs=1e-12)
         assert by_id[quiet].details.use == "unused"

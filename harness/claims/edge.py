@@ -281,6 +281,16 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
             return edge_effect(ctx.runs_for(c.corruption), c.edge, c.direction, replacement, c.freeze_patterns, st,
                                seed, ctx.unit, ctx.baseline, c.normalize)
 
+        batchable = ("resample", "zero")
+        groups: dict[tuple[str | None, str, str], list[names.Edge]] = {}
+        for _, c in claims:  # the claims' patches through the batched path, in one pass per group
+            if not c.freeze_patterns:
+                varied = c.sensitivity and c.direction == "noising"
+                kinds = {c.replacement} | ({"zero", "resample"} if varied else set())
+                for kind in sorted(kinds & set(batchable)):
+                    groups.setdefault((c.corruption, c.direction, kind), []).append(c.edge)
+        for (corruption, direction, kind), edges in groups.items():
+            ctx.runs_for(corruption).patched_many(edges, direction, kind)
         found = {i: effect_of(c, c.replacement, ctx.claim_seed(i)) for i, c in claims}
         family = [i for i, _ in claims if not found[i].structurally_zero]
         adjusted = dict(zip(family, stats.benjamini_hochberg([found[i].p_value for i in family]), strict=True))

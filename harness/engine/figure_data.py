@@ -28,6 +28,7 @@ import numpy as np
 from ..claims import effects
 from ..claims.composition import route_evidence
 from ..claims.registry import kind_of
+from ..mech import batched_edges
 from ..mech import change as read_change
 from ..mech.factored import Composition
 from ..mech.runs import Runs
@@ -60,14 +61,15 @@ def receivers(claims: Sequence[ClaimSpec]) -> list[names.HeadInput]:
     return out
 
 
-def hooks_needed(claims: Sequence[ClaimSpec]) -> list[str]:
+def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int) -> list[str]:
     """What the signature plot reads: every candidate sender's output, the receiver's residual,
-    and for a key or value receiver its attention pattern (where it reads: mech.change)."""
+    and for a key or value receiver its attention pattern (where it reads: mech.change); and
+    what the batched edge patching of its candidates reads (mech.batched_edges.cache_names)."""
     out = []
     for r in receivers(claims):
         out += [hook_z(layer) for layer in range(r.head.layer)] + [hook_resid_pre(r.head.layer)]
         out += [hook_pattern(r.head.layer)] if r.which in "kv" else []
-    return out
+    return out + batched_edges.cache_names(n_layers) if out else out
 
 
 def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], tokens: Any) -> list[dict[str, Any]]:
@@ -114,6 +116,7 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
         return {}
     found = route_evidence(comp, candidates, st)
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
+    runs.patched_many(candidates, "noising", "resample")  # every candidate in batched passes
     points = []
     for e, r in progress(list(zip(candidates, found, strict=True)), "signature edges"):
         eff = noising_effect(runs, e, st, effect_seed, unit)

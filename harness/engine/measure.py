@@ -46,9 +46,10 @@ class Measurements:
     ladder: list[LadderRow] = field(default_factory=list)
 
 
-def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int) -> list[str]:
-    """Every hook the claims (and the figures) read from the base runs, once each."""
-    out = [h for c in claims for h in kind_of(c).hooks(c, n_layers)] + figure_data.hooks_needed(claims)
+def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int, figures: bool = True) -> list[str]:
+    """Every hook the claims (and the figures, if drawn) read from the base runs, once each."""
+    out = [h for c in claims for h in kind_of(c).hooks(c, n_layers)]
+    out += figure_data.hooks_needed(claims, n_layers) if figures else []
     return list(dict.fromkeys(out))
 
 
@@ -72,7 +73,7 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
     bridge = model.bridge
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads
-    names_ = hooks_needed(claims, n_layers)
+    names_ = hooks_needed(claims, n_layers, figures)
     stage(f"base runs: {ds.n} prompts, clean and {len(ds.corruptions)} corruption(s)")
     clean = hooks.cache_hooks(bridge, ds.clean, names_, ds.positions)
 

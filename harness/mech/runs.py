@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import UnsupportedError
 from ..spec import names
 from ..spec.names import hook_pattern, hook_resid_pre, hook_z
-from . import batched_ablation, hooks, patching
+from . import batched_ablation, batched_edges, hooks, patching
 from .hooks import Cache
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) prompt by prompt
 GROUPS = 10  # reference groups of the delete-a-group jackknife
+BATCH_BUDGET = 64 * 2**20  # working memory of one chunk of batched edge patching
 
 
 @dataclass
@@ -199,9 +201,44 @@ class Runs:
         """Metric with `edge` patched: noising runs the clean prompts with the sender's
         replacement output (resample: from the corrupted run) where the receiver reads it;
         denoising runs the corrupted prompts with the clean output there."""
+        key = self._edge_key(edge, direction, replacement, freeze, drop)
+        if key not in self.memo:
+            noising = direction == "noising"
+            base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
+            mean_out = self.mean_output(edge.sender, drop) if replacement == "mean" else None
+            patch = patching.prepare(self.bridge, edge, base, source, replacement, mean_out)
+            tokens = self.ds.clean if noising else self.corrupted_tokens
+            self.memo[key] = self.run(tokens, base, patching.fast_plan(self.bridge, patch), freeze)
+        return self.memo[key]
+
+    def patched_many(self, edges: Sequence[names.Edge], direction: str, replacement: str) -> list[PerPrompt]:
+        """`patched(e, direction, replacement)` for every edge, through the batched path
+        (mech.batched_edges: many edges per pass, from each receiver's layer) when the base runs
+        cached what it reads and the replacement is resample or zero; else one by one."""
+        todo = list(dict.fromkeys(e for e in edges if self._edge_key(e, direction, replacement, False, None)
+                                  not in self.memo))
         noising = direction == "noising"
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
-        mean_out = self.mean_output(edge.sender, drop) if replacement == "mean" else None
-        patch = patching.prepare(self.bridge, edge, base, source, replacement, mean_out)
-        tokens = self.ds.clean if noising else self.corrupted_tokens
-        return self.run(tokens, base, patching.fast_plan(self.bridge, patch), freeze)
+        wanted = batched_edges.cache_names(self.n_layers)
+        if (len(todo) > 1 and replacement in ("resample", "zero") and self.metric_at is not None
+                and all(n in base and n in source for n in wanted)):
+            metric_at = self.metric_at
+
+            def metric_fn(logits: Any, positions: Any) -> Any:
+                import torch
+
+                return torch.as_tensor(metric_at(logits))
+
+            try:
+                got = batched_edges.batched_metrics(self.bridge, todo, base, source, self.clean, self.ds.positions,
+                                                    metric_fn, replacement, BATCH_BUDGET)
+            except UnsupportedError:
+                got = None  # an architecture the batched arithmetic does not reproduce: one by one
+            if got is not None:
+                for e, m in zip(todo, got, strict=True):
+                    self.memo[self._edge_key(e, direction, replacement, False, None)] = m
+        return [self.patched(e, direction, replacement) for e in edges]
+
+    def _edge_key(self, edge: names.Edge, direction: str, replacement: str, freeze: bool,
+                  drop: int | None) -> tuple[Any, ...]:
+        return ("edge", self.corruption, str(edge), direction, replacement, freeze, drop)

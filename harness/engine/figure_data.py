@@ -38,6 +38,8 @@ from ..spec.names import hook_pattern, hook_resid_pre, hook_z
 from ..spec.settings import Stats
 from ..streams import Stream, derive_seed
 
+SIGNATURE_BUDGET = 8.0  # forward passes the signature plot's patches may cost (patch_cost)
+
 
 def _clean(x: Any) -> Any:
     """NaN -> None for JSON."""
@@ -116,21 +118,55 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
         return {}
     found = route_evidence(comp, candidates, st)
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
-    runs.patched_many(candidates, "noising", "resample")  # every candidate in batched passes
+    chosen = patch_within_budget(candidates, [r.result.score for r in found], claimed, runs.n_layers)
+    runs.patched_many([e for e in candidates if e in chosen], "noising", "resample")  # in batched passes
     points = []
     for e, r in progress(list(zip(candidates, found, strict=True)), "signature edges"):
-        eff = noising_effect(runs, e, st, effect_seed, unit)
-        per_prompt, _ = read_change.edge_change(runs, e, "noising", "resample")
-        read = effects.intervention_change(per_prompt, st, "")
-        points.append({"edge": str(e), "composition": _clean(r.result.score), "null_q99": r.result.null_q99,
-                       "composition_p_adjusted": r.p_adjusted,
-                       "composes": bool(r.p_adjusted < st.composition_alpha),
-                       "effect": None if eff is None else eff.estimate,
-                       "effect_ci": None if eff is None else [eff.low, eff.high], "claimed": str(e) in claimed,
-                       "untested": read.vacuous})
+        point = {"edge": str(e), "composition": _clean(r.result.score), "null_q99": r.result.null_q99,
+                 "composition_p_adjusted": r.p_adjusted, "composes": bool(r.p_adjusted < st.composition_alpha),
+                 "effect": None, "effect_ci": None, "claimed": str(e) in claimed, "untested": False,
+                 "patched": e in chosen}
+        if e in chosen:
+            eff = noising_effect(runs, e, st, effect_seed, unit)
+            per_prompt, _ = read_change.edge_change(runs, e, "noising", "resample")
+            point.update(effect=None if eff is None else eff.estimate,
+                         effect_ci=None if eff is None else [eff.low, eff.high],
+                         untested=effects.intervention_change(per_prompt, st, "").vacuous)
+        points.append(point)
+    skipped = len(candidates) - len(chosen)
+    note = "noising, resample replacement; composition p BH-adjusted over these candidates"
+    if skipped:
+        note += (f"; {len(chosen)} of {len(candidates)} candidates patched (the claimed edges, then the most "
+                 f"composing, within {SIGNATURE_BUDGET:g} forward passes); the other {skipped} have weights only")
     return {"points": points, "min_effect": st.min_effect, "tolerance": st.tolerance,
-            "composition_alpha": st.composition_alpha,
-            "note": "noising, resample replacement; composition p BH-adjusted over these candidates"}
+            "composition_alpha": st.composition_alpha, "note": note}
+
+
+def patch_cost(edge: names.Edge, n_layers: int) -> float:
+    """What patching one edge costs, in forward passes of the prompts: the blocks from the
+    receiver's layer on ((L - l) / L), a quarter of a block's share for the last layer, whose
+    queries, MLP and unembedding run at the scored positions only."""
+    layer = edge.receiver.head.layer if isinstance(edge.receiver, names.HeadInput) else n_layers - 1
+    return 0.25 / n_layers if layer == n_layers - 1 else (n_layers - layer) / n_layers
+
+
+def patch_within_budget(candidates: list[names.Edge], scores: list[Any], claimed: set[str],
+                        n_layers: int, budget: float | None = None) -> set[names.Edge]:
+    """The candidates whose effect the signature plot measures: all of them when their patches
+    cost at most `budget` (SIGNATURE_BUDGET) forward passes, else the claimed edges and then the
+    most composing candidates while the budget lasts."""
+    budget = SIGNATURE_BUDGET if budget is None else budget
+    if sum(patch_cost(e, n_layers) for e in candidates) <= budget:
+        return set(candidates)
+    order = sorted(range(len(candidates)), key=lambda i: (str(candidates[i]) not in claimed,
+                                                           -(scores[i] if scores[i] == scores[i] else -1.0), i))
+    chosen, spent = set(), 0.0
+    for i in order:
+        cost = patch_cost(candidates[i], n_layers)
+        if str(candidates[i]) in claimed or spent + cost <= budget:
+            chosen.add(candidates[i])
+            spent += cost
+    return chosen
 
 
 def noising_effect(runs: Runs, edge: names.Edge, st: Stats, seed: int, unit: str) -> Any | None:

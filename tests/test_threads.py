@@ -1,0 +1,48 @@
+"""Thread counts chosen on purpose, and progress lines on stderr."""
+
+import pytest
+import torch
+
+from harness import progress, threads
+from harness.cli import main
+from harness.errors import UserError
+
+
+def test_default_follows_the_model_width(monkeypatch):
+    monkeypatch.delenv(threads.ENV, raising=False)
+    assert threads.chosen(None, d_model=64) == 1
+    assert threads.chosen(None, d_model=768) == threads.available_cores()
+    assert threads.chosen(3, d_model=64) == 3  # an explicit count wins
+    monkeypatch.setenv(threads.ENV, "2")
+    assert threads.chosen(None, d_model=64) == 2
+    monkeypatch.setenv(threads.ENV, "many")
+    with pytest.raises(UserError, match=r"\$HARNESS_THREADS: 'many' is not a thread count"):
+        threads.chosen(None, d_model=64)
+
+
+def test_using_restores_the_previous_count(monkeypatch):
+    monkeypatch.delenv(threads.ENV, raising=False)
+    before = torch.get_num_threads()
+    with threads.using(None, d_model=64) as n:
+        assert n == 1 and torch.get_num_threads() == 1
+        with threads.single_threaded():
+            assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_cli_refuses_a_bad_thread_count(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["weights", "fixtures/induction-2l", "--threads", "0"])
+    assert exc.value.code == 2 and "--threads: 0 must be at least 1" in capsys.readouterr().err
+
+
+def test_stage_lines_go_to_stderr_and_can_be_silenced(capsys, monkeypatch):
+    monkeypatch.delenv("HARNESS_PROGRESS", raising=False)
+    with progress.clock():
+        progress.stage("base runs")
+        assert list(progress.progress(range(3), "loop")) == [0, 1, 2]
+    err = capsys.readouterr().err
+    assert "s] base runs" in err and "loop: 3 steps" in err and "loop: done in" in err  # stderr is not a tty here
+    monkeypatch.setenv("HARNESS_PROGRESS", "0")
+    progress.stage("quiet")
+    assert capsys.readouterr().err == ""

@@ -79,3 +79,129 @@ def test_gpt2_with_mlps_denoising(tmp_path):
 def test_chunk_size_follows_budget():
     per = batched_edges.bytes_per_edge(100, 41, 64, 16, 19, 128)
     assert batched_edges.chunk_size(10 * per, per) == 10 and batched_edges.chunk_size(1, per) == 1
+
+
+# -- the batched path's arithmetic (written out in torch) against the per-edge path --------------------------
+
+
+def gpt2(tmp_path, n_layer, dtype, n_head=4, n_embd=16, vocab=30, **extra):
+    """A random Hugging Face GPT-2 (MLPs, LayerNorms with random affine parameters) loaded as a bridge."""
+    transformers = pytest.importorskip("transformers")
+    from harness.model.loading import load_model
+
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=24, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                                  **extra)
+    model = transformers.GPT2LMHeadModel(cfg)
+    with torch.no_grad():  # LayerNorm weights away from 1 and biases away from 0, so folding them matters
+        for name, p in model.named_parameters():
+            if "ln" in name:
+                p.copy_(torch.randn(p.shape) * 0.3 + ("weight" in name))
+    model.save_pretrained(tmp_path / "m")
+    return load_model(tmp_path / "m", dtype=dtype).bridge
+
+
+def scattered(ds, seed=0):
+    """ds with different scored positions in every prompt (unsorted, not at the end), answers the next token."""
+    import dataclasses
+
+    g = torch.Generator().manual_seed(seed)
+    n, seq = ds.clean.shape
+    k = ds.positions.shape[1]
+    pos = torch.stack([torch.randperm(seq - 3, generator=g)[:k] + 1 for _ in range(n)])
+    return dataclasses.replace(ds, positions=pos, answers=ds.clean.gather(1, pos + 1))
+
+
+@pytest.mark.parametrize("replacement", ["resample", "mean", "zero"])
+def test_four_layer_gpt2_every_receiver(tmp_path, replacement):
+    """MLPs, 4 layers: receivers in layers 1 and 2 (downstream blocks in full, the last at the
+    scored positions), in layer 3 (the last-layer road), and logits; embed and head senders;
+    one edge per chunk and everything in one chunk."""
+    b = gpt2(tmp_path, 4, torch.float64, n_head=2, n_embd=8)
+    ds, clean, corrupt = runs(b, 4, 30, seq=6, n=5)
+    edges = batched_edges.all_edges(4, 2)
+    slow = per_edge(b, ds, edges, clean, corrupt, clean, ds.clean, replacement)
+    for budget in (1, 2**30):
+        fast = batched(b, ds, edges, clean, corrupt, clean, replacement, budget)
+        np.testing.assert_allclose(fast, slow, atol=1e-10)
+
+
+def test_scattered_positions(tmp_path):
+    """Scored positions that differ between prompts, unsorted, some early: the causal masks of
+    the scored queries and the trimming of later positions."""
+    b = gpt2(tmp_path, 3, torch.float64, n_head=2, n_embd=8)
+    ds, clean, corrupt = runs(b, 3, 30, seq=7, n=4)
+    ds = scattered(ds)
+    edges = batched_edges.all_edges(3, 2)
+    fast = batched(b, ds, edges, corrupt, clean, clean, "resample", 2**20)
+    slow = per_edge(b, ds, edges, corrupt, clean, clean, ds.corrupted, "resample")
+    np.testing.assert_allclose(fast, slow, atol=1e-10)
+
+
+def test_float32_gpt2(tmp_path):
+    """float32 on the CPU: oneDNN's linear with the GELU fused, where available."""
+    b = gpt2(tmp_path, 3, torch.float32, n_head=2, n_embd=16)
+    ds, clean, corrupt = runs(b, 3, 30, seq=8, n=6)
+    edges = batched_edges.all_edges(3, 2)
+    fast = batched(b, ds, edges, corrupt, clean, clean, "resample", 32 * 2**20)
+    slow = per_edge(b, ds, edges, corrupt, clean, clean, ds.corrupted, "resample")
+    np.testing.assert_allclose(fast, slow, atol=1e-4)
+
+
+@pytest.mark.parametrize("over", [
+    {"act_fn": "gelu", "normalization_type": "LN"},
+    {"act_fn": "relu", "normalization_type": "RMS"},
+    {"act_fn": "silu", "normalization_type": "LNPre"},
+    {"act_fn": "gelu_new", "normalization_type": "RMSPre"},
+    {"act_fn": "gelu", "normalization_type": None},
+    {"act_fn": "solu_ln", "normalization_type": "LN"},  # not written out: the model's MLP module is called
+    {"act_fn": "silu", "normalization_type": "RMS", "gated_mlp": True},  # gated: the model's MLP module
+])
+def test_native_mlp_variants(over):
+    """Native 3-layer models with MLPs: activations, norms, gated MLPs, each against the per-edge path."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    cfg = tiny_config(n_layers=3, seed=7, attn_only=False, d_mlp=12, **over)
+    b = TransformerBridge.boot_native(TransformerBridgeConfig(**cfg), dtype=torch.float64)
+    with torch.no_grad():  # non-trivial norm parameters and biases
+        g = torch.Generator().manual_seed(2)
+        for name, p in b.original_model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + ("weight" in name))
+    ds, clean, corrupt = runs(b, 3, cfg["d_vocab"])
+    edges = batched_edges.all_edges(3, 2)
+    fast = batched(b, ds, edges, clean, corrupt, clean, "resample", 2**20)
+    slow = per_edge(b, ds, edges, clean, corrupt, clean, ds.clean, "resample")
+    np.testing.assert_allclose(fast, slow, atol=1e-10)
+
+
+def test_torch_arithmetic_checked_against_the_cache(tmp_path):
+    """A cache the model could not have produced (as from a block the batched path does not
+    write out) is refused rather than swept."""
+    from harness.errors import UnsupportedError
+    from harness.spec.names import hook_z
+
+    b = gpt2(tmp_path, 2, torch.float64)
+    ds, clean, corrupt = runs(b, 2, 30)
+    bad = dict(clean)
+    bad[hook_z(1)] = clean[hook_z(1)] + 0.5
+    with pytest.raises(UnsupportedError, match="blocks.1.attn.hook_z"):
+        batched(b, ds, batched_edges.all_edges(2, 4), bad, corrupt, clean, "resample", 2**20)
+
+
+@pytest.mark.parametrize("act", [None, "gelu_new", "gelu", "relu", "silu"])
+def test_dense_matches_addmm(act):
+    """_Dense (oneDNN's linear with the activation fused, where available) = act(x W + b)."""
+    g = torch.Generator().manual_seed(0)
+    x, W, b = torch.randn(37, 16, generator=g), torch.randn(16, 24, generator=g), torch.randn(24, generator=g)
+    fn = batched_edges._activation(act)
+    dense = batched_edges._Dense(W, b, dnn=True, act=fn)
+    want = torch.addmm(b, x, W)
+    want = want if fn is None else fn[0](want)
+    torch.testing.assert_close(dense(x.view(37, 1, 16)).view(37, 24), want, rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_tanh_form():
+    x = torch.linspace(-12, 12, 1001, dtype=torch.float64)
+    torch.testing.assert_close(batched_edges._gelu_tanh(x), torch.nn.functional.gelu(x, approximate="tanh"))

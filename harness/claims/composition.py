@@ -76,12 +76,13 @@ def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats) ->
     Every pair reads the same shared null draws (mech.rotation_null), so an edge has the
     same score, null and raw p in a claim, the weights-vs-use table and the figures."""
     extend = weights.draws_needed(len(edges), st.composition_alpha)
-    results = []
+    pairs = []
     for e in edges:
         sender, receiver = e.sender, e.receiver
         if not isinstance(sender, names.Head) or not isinstance(receiver, names.HeadInput):
             raise ValueError(f"{e} is not a head -> head-input edge")
-        results.append(comp.result(sender, receiver, st.null_draws, extend, st.composition_alpha))
+        pairs.append((sender, receiver))
+    results = comp.results(pairs, st.null_draws, extend, st.composition_alpha)
     adjusted = stats.benjamini_hochberg([r.p_value for r in results])
     return [RouteEvidence(r, p) for r, p in zip(results, adjusted, strict=True)]
 

@@ -200,24 +200,36 @@ class Composition:
                alpha: float = 0.0) -> CompositionResult:
         """Score, null and context numbers of one pair: n_draws shared null draws, extended to
         `extend_to` when p < alpha (pairs at or above alpha cannot become significant)."""
-        key = (sender, receiver, n_draws, extend_to, alpha)
-        if key not in self._results:
-            self._results[key] = self._result(sender, receiver, n_draws, extend_to, alpha)
-        return self._results[key]
+        return self.results([(sender, receiver)], n_draws, extend_to, alpha)[0]
 
-    def _result(self, sender: Head, receiver: HeadInput, n_draws: int, extend_to: int,
-                alpha: float) -> CompositionResult:
+    def results(self, pairs: list[tuple[Head, HeadInput]], n_draws: int, extend_to: int = 0,
+                alpha: float = 0.0) -> list[CompositionResult]:
+        """`result` of every pair; the pairs that need more draws are extended together, each
+        extra chunk of null draws made once for all of them."""
+        todo = list(dict.fromkeys(q for q in pairs if (*q, n_draws, extend_to, alpha) not in self._results))
+        base = {q: self.null_samples(q[0], q[1], n_draws) for q in todo}
+        short = [q for q in todo if mc_p(base[q], self.score(*q)) < alpha] if extend_to > n_draws else []
+        exceed = {q: int(np.sum(base[q] >= self.score(*q) - 1e-12)) for q in short}
+        if short:
+            import torch
+
+            a = torch.stack([self.weights_of("x")[s.layer, s.head] for s, _ in short])
+            b = torch.stack([self.weights_of(r.which)[r.head.layer, r.head.head] for _, r in short])
+            target = np.array([self.score(*q) for q in short])[:, None]
+            for start in range(n_draws, extend_to, CHUNK):
+                more = self.null.pair_samples(a, b, min(extend_to, start + CHUNK), start)
+                for q, k in zip(short, (more >= target - 1e-12).sum(1), strict=True):
+                    exceed[q] += int(k)
+        for q in todo:
+            used = extend_to if q in exceed else n_draws
+            p = (1 + exceed[q]) / (1 + used) if q in exceed else mc_p(base[q], self.score(*q))
+            self._results[(*q, n_draws, extend_to, alpha)] = self._record(q[0], q[1], base[q], p, used)
+        return [self._results[(*q, n_draws, extend_to, alpha)] for q in pairs]
+
+    def _record(self, sender: Head, receiver: HeadInput, null: np.ndarray, p: float,
+                used: int) -> CompositionResult:
         hw, mode = self.hw, receiver.which
         c = self.score(sender, receiver)
-        null = self.null_samples(sender, receiver, n_draws)
-        p, used = mc_p(null, c), n_draws
-        if p < alpha and extend_to > n_draws:
-            exceed = int(np.sum(null >= c - 1e-12))
-            for start in range(n_draws, extend_to, CHUNK):
-                more = self.null_samples(sender, receiver, min(extend_to, start + CHUNK), start)
-                exceed += int(np.sum(more >= c - 1e-12))
-            used = extend_to
-            p = (1 + exceed) / (1 + used)
         sx = self.spectrum("x")[sender.layer, sender.head].numpy()
         sy = self.spectrum(mode)[receiver.head.layer, receiver.head.head].numpy()
         nx, ny = float(np.linalg.norm(sx)), float(np.linalg.norm(sy))

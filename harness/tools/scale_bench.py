@@ -1,0 +1,908 @@
+"""Scale benchmark: what a hypothesis run, the weights table and the edge sweep cost
+as a GPT-2-shaped model grows from 2 to 12 layers, beside TransformerLens.
+
+    python -m harness.tools.scale_bench [--layers 2,6,12] [--keep DIR] [--json FILE]
+                                        [--timeout SECONDS] [--threads N]
+
+Models.  Random-weight Hugging Face GPT-2 architectures built locally (no
+download): `torch.manual_seed(0)`, `transformers.GPT2LMHeadModel(GPT2Config(...))`,
+`.eval().save_pretrained(folder)` (safetensors), with 12 heads, d_model 768, vocab
+50257, n_positions 1024 and 2, 6 or 12 layers (12 layers is GPT-2-small-shaped).
+They are built in a temporary directory, or in `--keep DIR`, where a model already
+built with the same shape is reused.  The 123-claim model is a 2-layer, 4-head,
+d_model-120 GPT-2 (vocab 1000, n_positions 128).
+
+Prompts.  Every measurement below uses the repeated-tokens generator with 50 prompts
+and |S| = 20 (41 tokens), except the 123-claim file, which keeps every default
+(200 prompts).
+
+Rows of the results table, per model size (the hypothesis files are written by
+`five_claim`, `realistic` and `many_claims` below, into the work directory):
+
+* `five-claim run`: `harness run` on five claims: an induction role claim on
+  L{L/2}H1, a mean ablation of the route's two heads, the composition
+  L4H11 -> L5H1.k (L{L-2}H11 -> L{L-1}H1.k below 6 layers), and two edge claims
+  (that route, and its receiver -> logits).
+* `realistic run`: `harness run` on 4 role claims, 3 ablations (zero, mean,
+  resample), 6 composition claims (so the null-draw extension applies), 6 edge
+  claims (.q/.k/.v, embed, logits, denoising, zero replacement) and one circuit of
+  20 heads with its default comparison with 100 random circuits.  The notes give
+  how many random circuits the run actually drew (none when no prompt has a
+  full-empty gap of min_prompt_gap, which a random-weight model can produce).
+* `harness weights`: the command line `harness weights MODEL` (every cross-layer
+  pair's composition score in Q, K and V, with the rotation null for every pair,
+  1000 draws plus the extension).  TL equivalent: a process that loads the same
+  model with the same loader and calls TransformerLens's
+  `TransformerBridge.all_composition_scores(mode)` for Q, K and V.  TransformerLens
+  has no null, so this compares the whole command with scores only.
+* `composition scores only`: in-process seconds of `mech.weights.head_weights`
+  (folded) and every cross-layer pair's score for q, k and v
+  (`mech.factored.Composition.scores`, or `mech.weights.all_scores` before that
+  module existed), against in-process seconds of `all_composition_scores` Q, K, V
+  (unprocessed weights as loaded); each the median of 3 fresh computations.  The
+  like-for-like part of the row above.
+* `edge sweep, s per edge`: in-process seconds per edge of
+  `mech.batched_edges.batched_metrics` (denoising: base = the corrupted run,
+  source = the clean run, resample, its default chunk budget, logprob metric;
+  caches from `mech.hooks.cache_hooks` with `batched_edges.cache_names`; after a
+  one-edge warm-up) on a fixed subset of 91 edges (with 12 heads): embed and every
+  head of layer L/2-1 -> L{L/2}H1 .q/.k/.v (39 edges), embed and every head of
+  layer L-2 -> L{L-1}H2 .q/.k/.v (39), and embed and every head of the last layer
+  -> logits (13).  The notes give edges per second (overall and per group) and the
+  seconds per edge as a fraction of one plain forward pass (no hooks) on the same
+  50 clean prompts (median of 3).  TL equivalent: seconds per edge of
+  `transformer_lens.patching.get_act_patch_direct_path` from L{L-2}H0 into every
+  head of the last layer (component k: 12 edges, one hooked forward each; its
+  caches hold that layer's hook_z only).  TransformerLens's direct-path patching
+  cannot be restricted to given receivers (it patches one sender into every later
+  head), so this row compares the cost per edge, not the same edges.
+* `edge sweep, TL's 12 edges`: in-process seconds of harness `batched_metrics` on
+  exactly the edges TransformerLens patched (L{L-2}H0 -> L{L-1}H*.k, denoising)
+  against the seconds of that `get_act_patch_direct_path` call; the notes give the
+  largest difference between the two mean metrics over the 12 edges (they compute
+  the same quantity).  Both edge rows come from one child process each (harness,
+  TransformerLens), so they share its peak MB.
+
+And once (unless `--no-many`): `123-claim run`, `harness run` on a generated file of
+32 role, 8 copying, 48 composition, 11 ablation, 21 edge and 3 circuit claims, each
+with its default settings.
+
+How it is measured.  Every row runs in a fresh subprocess (`python -m harness ...`,
+or this module with a hidden `--child` option for the in-process timings), started
+by `measure`: seconds is the subprocess's wall time (Python start-up, imports and
+model loading included) unless the row says in-process; peak MB is the
+subprocess's peak resident set size (`os.wait4` rusage `ru_maxrss`: the largest of
+the process and of any descendant it waited for), in MiB.  A subprocess still running
+after `--timeout` seconds (default 900) is killed with its process group and the
+row says `timeout`.  Torch threads: `harness.threads.configure` in this process
+and in the children (`--threads N` sets $HARNESS_THREADS for every subprocess;
+default: every core this process may use).  Timings on a shared machine are noisy.
+
+Output: the Markdown results table; how each cost grows with layers (the ratio
+between consecutive sizes and the exponent b of a least-squares fit
+cost ~ layers^b); PASS/MISS against the targets (12-layer five-claim run under
+120 s and under 4 GiB peak RSS, 12-layer `harness weights` under 30 s, 123-claim
+run under 60 s).  `--json FILE` writes the same numbers.  POSIX only (os.wait4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+
+N_PROMPTS, SEGMENT = 50, 20
+DATA = {"generator": "repeated_tokens", "n_prompts": N_PROMPTS, "segment_length": SEGMENT}
+DEFAULT_TIMEOUT = 900.0
+CIRCUIT_SIZE = 20
+TARGETS_LAYERS = 12
+WEIGHTS_TARGET_S, RUN_TARGET_S, RUN_TARGET_MB, MANY_TARGET_S = 30.0, 120.0, 4096.0, 60.0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A GPT-2 architecture: the sizes passed to transformers.GPT2Config."""
+
+    n_layers: int
+    n_heads: int = 12
+    d_model: int = 768
+    vocab: int = 50257
+    n_positions: int = 1024
+
+    @property
+    def label(self) -> str:
+        return f"{self.n_layers}L"
+
+    @property
+    def folder_name(self) -> str:
+        return f"gpt2-{self.n_layers}l-{self.n_heads}h-d{self.d_model}-v{self.vocab}"
+
+
+def gpt2_shape(n_layers: int, tiny: bool = False) -> Shape:
+    """The benchmark's model of `n_layers` layers (tiny: d_model 48, vocab 200, for tests)."""
+    return Shape(n_layers, 12, 48, 200, 64) if tiny else Shape(n_layers)
+
+
+def small_shape(tiny: bool = False) -> Shape:
+    """The 123-claim model: 2 layers x 4 heads, d_model 120, vocab 1000 (tiny: d_model 24, vocab 100)."""
+    return Shape(2, 4, 24, 100, 64) if tiny else Shape(2, 4, 120, 1000, 128)
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+def _config_matches(shape: Shape, folder: Path) -> bool:
+    """Whether `folder` holds a saved GPT-2 of this shape (config.json and model.safetensors)."""
+    cfg_file = folder / "config.json"
+    if not (cfg_file.is_file() and (folder / "model.safetensors").is_file()):
+        return False
+    cfg = json.loads(cfg_file.read_text())
+    want = {"n_layer": shape.n_layers, "n_head": shape.n_heads, "n_embd": shape.d_model,
+            "vocab_size": shape.vocab, "n_positions": shape.n_positions}
+    return all(cfg.get(k) == v for k, v in want.items())
+
+
+def build_model(shape: Shape, folder: Path) -> bool:
+    """Save a random-weight GPT-2 of `shape` (seed 0) into `folder`, unless one is there; True if built."""
+    if _config_matches(shape, folder):
+        return False
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(0)
+    special = min(50256, shape.vocab - 1)  # GPT-2's <|endoftext|>, or the last id of a smaller vocabulary
+    cfg = transformers.GPT2Config(vocab_size=shape.vocab, n_positions=shape.n_positions, n_embd=shape.d_model,
+                                  n_layer=shape.n_layers, n_head=shape.n_heads, bos_token_id=special,
+                                  eos_token_id=special)
+    transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(folder)
+    return True
+
+
+# ---------------------------------------------------------------------------------------- hypotheses
+
+def _h(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def route(shape: Shape) -> tuple[str, str]:
+    """The issue's composition route: (sender, receiver head), L4H11 -> L5H1 from 6 layers on."""
+    a = min(4, shape.n_layers - 2)
+    return _h(a, shape.n_heads - 1), _h(a + 1, 1)
+
+
+def _document(name: str, model: Path, claims: list[dict[str, Any]], data: dict[str, Any] | None = None,
+              description: str = "") -> dict[str, Any]:
+    return {"harness": 1, "name": name, "description": description, "model": str(model.resolve()),
+            "data": dict(DATA if data is None else data), "claims": claims}
+
+
+def five_claim(shape: Shape, model: Path) -> dict[str, Any]:
+    """The issue's file: a role, a mean ablation, a composition and two edge claims."""
+    sender, receiver = route(shape)
+    mid = shape.n_layers // 2
+    claims: list[dict[str, Any]] = [
+        {"id": "induction-role", "kind": "role", "head": _h(mid, 1), "role": "induction", "at_least": 0.5},
+        {"id": "route-heads-needed", "kind": "ablation", "heads": [sender, receiver], "ablation": "mean",
+         "at_least": 0.5},
+        {"id": "route-composes", "kind": "composition", "edge": f"{sender} -> {receiver}.k", "expect": "composes"},
+        {"id": "route-used", "kind": "edge", "edge": f"{sender} -> {receiver}.k", "expect": "used"},
+        {"id": "receiver-to-logits", "kind": "edge", "edge": f"{receiver} -> logits", "expect": "used"},
+    ]
+    return _document(f"scale-five-{shape.label}", model, claims, description="scale benchmark: the five-claim file")
+
+
+def circuit_heads(shape: Shape, size: int = CIRCUIT_SIZE) -> list[str]:
+    """`size` heads (at most all but four), head 0 of every layer first, then head 1, ..."""
+    k = min(size, shape.n_layers * shape.n_heads - 4)
+    return [_h(layer, head) for head in range(shape.n_heads) for layer in range(shape.n_layers)][:k]
+
+
+def realistic(shape: Shape, model: Path) -> dict[str, Any]:
+    """Roles, ablations of each type, composition, edges and a ~20-head circuit (20 claims)."""
+    sender, receiver = route(shape)
+    mid, last = shape.n_layers // 2, shape.n_layers - 1
+    claims: list[dict[str, Any]] = [
+        {"id": "prev-token", "kind": "role", "head": _h(0, 1), "role": "previous_token", "at_least": 0.5},
+        {"id": "induction", "kind": "role", "head": _h(mid, 1), "role": "induction", "at_least": 0.5},
+        {"id": "duplicate", "kind": "role", "head": _h(mid, 2), "role": "duplicate_token", "at_least": 0.3},
+        {"id": "first-token", "kind": "role", "head": _h(last, 0), "role": "first_token", "at_most": 0.9},
+        {"id": "zero-ablate", "kind": "ablation", "heads": [_h(0, 1)], "ablation": "zero", "at_least": 0.5},
+        {"id": "mean-ablate", "kind": "ablation", "heads": [_h(mid, 1), _h(mid, 2)], "ablation": "mean",
+         "at_least": 0.5},
+        {"id": "resample-ablate", "kind": "ablation", "heads": [_h(last, h) for h in range(shape.n_heads)],
+         "ablation": "resample", "at_least": 0.8},
+    ]
+    comps: list[tuple[str, str]] = [(f"{sender} -> {receiver}.{x}", "composes") for x in "qkv"] + [
+        (f"{_h(0, 1)} -> {_h(mid, 1)}.k", "composes"), (f"{_h(0, 2)} -> {_h(last, 3)}.v", "does_not_compose"),
+        (f"{_h(0, 3)} -> {_h(last, 4)}.q", "does_not_compose")]
+    claims += [{"id": f"comp-{i}", "kind": "composition", "edge": e, "expect": x} for i, (e, x) in enumerate(comps)]
+    claims += [  # edges
+        {"id": "edge-route-k", "kind": "edge", "edge": f"{sender} -> {receiver}.k", "expect": "used"},
+        {"id": "edge-q-unused", "kind": "edge", "edge": f"{_h(0, 1)} -> {_h(mid, 1)}.q", "expect": "unused"},
+        {"id": "edge-embed", "kind": "edge", "edge": f"embed -> {_h(0, 1)}.k", "expect": "used"},
+        {"id": "edge-logits", "kind": "edge", "edge": f"{receiver} -> logits", "expect": "used"},
+        {"id": "edge-denoising", "kind": "edge", "edge": f"{_h(last, 2)} -> logits", "direction": "denoising",
+         "expect": "used"},
+        {"id": "edge-zero-v", "kind": "edge", "edge": f"{_h(0, 1)} -> {_h(last, 2)}.v", "replacement": "zero",
+         "expect": "used"},
+        {"id": "circuit", "kind": "circuit", "heads": circuit_heads(shape), "at_least": 0.5},
+    ]
+    return _document(f"scale-realistic-{shape.label}", model, claims,
+                     description="scale benchmark: a realistic file of every causal and weight kind")
+
+
+def many_claims(shape: Shape, model: Path) -> dict[str, Any]:
+    """123 claims of every kind on a 2-layer model, default settings (written for 2 layers x 4 heads)."""
+    if shape.n_layers != 2:
+        raise UserError(f"the 123-claim file is written for a 2-layer model, not {shape.n_layers} layers")
+    H = shape.n_heads
+    heads = [(layer, h) for layer in range(2) for h in range(H)]
+    roles = ("previous_token", "induction", "duplicate_token", "first_token")
+    claims: list[dict[str, Any]] = []
+    claims += [{"id": f"role-{r}-{_h(*lh)}", "kind": "role", "head": _h(*lh), "role": r, "at_least": 0.5}
+               for r in roles for lh in heads]
+    claims += [{"id": f"copying-{_h(*lh)}", "kind": "copying", "head": _h(*lh), "at_least": 0.5} for lh in heads]
+    claims += [{"id": f"comp-{_h(0, a)}-{_h(1, b)}.{x}", "kind": "composition", "edge": f"{_h(0, a)} -> {_h(1, b)}.{x}"}
+               for a in range(H) for b in range(H) for x in "qkv"]
+    kinds = ("mean", "zero", "resample")
+    claims += [{"id": f"ablate-{_h(*lh)}", "kind": "ablation", "heads": [_h(*lh)], "ablation": kinds[i % 3],
+                "at_least": 0.3} for i, lh in enumerate(heads)]
+    claims += [{"id": "ablate-layer0", "kind": "ablation", "heads": [_h(0, h) for h in range(H)], "at_least": 0.5},
+               {"id": "ablate-layer1", "kind": "ablation", "heads": [_h(1, h) for h in range(H)],
+                "ablation": "zero", "at_least": 0.5},
+               {"id": "ablate-all", "kind": "ablation", "heads": [_h(*lh) for lh in heads], "ablation": "resample",
+                "at_least": 0.8}]
+    edges = [f"embed -> {_h(0, h)}.k" for h in range(H)]
+    edges += [f"{_h(0, h)} -> {_h(1, h)}.{x}" for h in range(H) for x in "qkv"]
+    edges += [f"{_h(1, h)} -> logits" for h in range(H)] + ["embed -> logits"]
+    claims += [{"id": "edge-" + e.replace(" -> ", "-to-"), "kind": "edge", "edge": e} for e in edges]
+    claims += [{"id": "circuit-pair", "kind": "circuit", "heads": [_h(0, 0), _h(1, 0)], "at_least": 0.5},
+               {"id": "circuit-four", "kind": "circuit", "heads": [_h(0, 1), _h(0, 2), _h(1, 1), _h(1, 2)],
+                "at_least": 0.5},
+               {"id": "circuit-layer1", "kind": "circuit", "heads": [_h(1, h) for h in range(H)], "at_least": 0.5}]
+    return _document("scale-many-claims", model, claims, data={"generator": "repeated_tokens"},
+                     description=f"scale benchmark: {len(claims)} claims of every kind, default settings")
+
+
+def write_hypothesis(doc: dict[str, Any], path: Path) -> Path:
+    """Write `doc` as YAML to `path` (its folder is created)."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+# ----------------------------------------------------------------------------------- measuring a child
+
+@dataclass
+class Measured:
+    """One subprocess: wall seconds, peak RSS (MiB), exit code, and whether it was killed on the timeout."""
+
+    seconds: float
+    peak_mb: float
+    returncode: int
+    timed_out: bool
+    stdout: Path
+    stderr: Path
+
+    def status(self, ok_codes: tuple[int, ...] = (0,)) -> str:
+        if self.timed_out:
+            return f"timeout after {self.seconds:.0f} s"
+        return "ok" if self.returncode in ok_codes else f"error (exit {self.returncode})"
+
+
+def _maxrss_mb(ru_maxrss: int) -> float:
+    """ru_maxrss is in KiB on Linux and in bytes on macOS."""
+    return ru_maxrss / 2**20 if sys.platform == "darwin" else ru_maxrss / 1024
+
+
+def measure(cmd: list[str], timeout: float, logs: Path, cwd: Path | None = None) -> Measured:
+    """Run `cmd` in a new process group; its wall time and peak RSS (from os.wait4's rusage).
+    stdout/stderr go to `logs`.out/.err.  After `timeout` seconds the group is killed."""
+    out_path, err_path = logs.with_suffix(".out"), logs.with_suffix(".err")
+    logs.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd,
+                                start_new_session=True)
+        timed_out, status, usage = False, 0, None
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.perf_counter() - start > timeout:
+                    timed_out = True
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    _, status, usage = os.wait4(proc.pid, 0)
+                    break
+                time.sleep(0.05)
+        except BaseException:  # Ctrl-C or an error here: leave no child running
+            if usage is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                os.wait4(proc.pid, 0)
+            raise
+        seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, so Popen must not wait again
+    return Measured(seconds, _maxrss_mb(usage.ru_maxrss), proc.returncode, timed_out, out_path, err_path)
+
+
+# ---------------------------------------------------------------------------- in-process child timings
+
+def _load(model: str) -> Any:
+    from ..model.loading import load_model
+    from ..threads import configure
+
+    configure()
+    return load_model(model)
+
+
+def _prompts(m: Any, n_prompts: int, segment: int) -> Any:
+    from ..model import data
+
+    return data.repeated_tokens(n_prompts, segment, m.d_vocab, 0, bos_token=m.bos_token, n_ctx=m.n_ctx)
+
+
+SCORE_REPEATS = 3
+
+
+def _score_function(hw: Any) -> tuple[str, Any]:
+    """The harness's all-pairs score grid of one mode, computed afresh: mech.factored.Composition.scores
+    where it exists (the factored rewrite), else mech.weights.all_scores (the older per-pair code)."""
+    import importlib
+
+    try:
+        factored = importlib.import_module("harness.mech.factored")
+    except ImportError:
+        weights = importlib.import_module("harness.mech.weights")
+        return "mech.weights.all_scores", lambda mode: weights.all_scores(hw, mode)
+    comp = factored.Composition(hw, 0)
+    return "mech.factored.Composition.scores", comp.scores
+
+
+def _median_of(repeats: int, work: Any) -> tuple[float, list[float]]:
+    """Median seconds of `repeats` calls of work() (and every call's seconds)."""
+    import statistics
+
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+def child_scores(model: str) -> dict[str, Any]:
+    """Seconds of the harness composition scores from the loaded model: head_weights (folded) and every
+    cross-layer pair's score for q, k and v (median of SCORE_REPEATS fresh computations)."""
+    from ..mech import weights
+
+    m = _load(model)
+    api: list[str] = []
+
+    def work() -> None:
+        name, scores = _score_function(weights.head_weights(m.bridge, "folded"))
+        api[:] = [name]
+        for x in "qkv":
+            scores(x)
+
+    seconds, times = _median_of(SCORE_REPEATS, work)
+    return {"seconds": seconds, "times": times, "api": api[0]}
+
+
+def child_tl_scores(model: str) -> dict[str, Any]:
+    """Seconds of TransformerLens's TransformerBridge.all_composition_scores for Q, K and V (median of
+    SCORE_REPEATS calls)."""
+    import torch
+
+    m = _load(model)
+
+    def work() -> None:
+        with torch.no_grad():
+            for mode in "QKV":
+                m.bridge.all_composition_scores(mode)
+
+    seconds, times = _median_of(SCORE_REPEATS, work)
+    return {"seconds": seconds, "times": times}
+
+
+def subset_edges(n_layers: int, n_heads: int) -> dict[str, list[Any]]:
+    """The fixed edge subset of the sweep row, by group (see the module docstring)."""
+    from ..spec import names
+
+    def into(receiver: Any) -> list[Any]:
+        senders = [names.Embed()] + [names.Head(receiver.layer - 1, h) for h in range(n_heads)]
+        return [names.Edge(s, names.HeadInput(receiver, x)) for s in senders for x in "qkv"]
+
+    mid, last = names.Head(n_layers // 2, 1), names.Head(n_layers - 1, 2)
+    to_logits = [names.Edge(s, names.Logits()) for s in
+                 [names.Embed()] + [names.Head(n_layers - 1, h) for h in range(n_heads)]]
+    return {f"into {mid}": into(mid), f"into {last}": into(last), "to logits": to_logits}
+
+
+def tl_edges(n_layers: int, n_heads: int) -> list[Any]:
+    """The edges TransformerLens's direct-path patching covers from L{L-2}H0 (component k)."""
+    from ..spec import names
+
+    sender = names.Head(n_layers - 2, 0)
+    return [names.Edge(sender, names.HeadInput(names.Head(n_layers - 1, h), "k")) for h in range(n_heads)]
+
+
+def _median_forward(bridge: Any, tokens: Any, repeats: int = 3) -> float:
+    """Median seconds of a plain forward pass (no hooks) on `tokens`."""
+    import torch
+
+    def work() -> None:
+        with torch.no_grad():
+            bridge(tokens)
+
+    return _median_of(repeats, work)[0]
+
+
+def child_edges(model: str, n_prompts: int, segment: int) -> dict[str, Any]:
+    """Batched sweep seconds on the subset (per group) and on TL's edges; one forward's seconds."""
+    from ..mech import batched_edges
+    from ..mech.hooks import cache_hooks
+    from ..model import metrics
+
+    m = _load(model)
+    bridge, ds = m.bridge, _prompts(m, n_prompts, segment)
+    hooks = batched_edges.cache_names(m.n_layers)
+    clean, corrupt = cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
+
+    def per_prompt(logits: Any, pos: Any) -> Any:
+        return metrics.per_prompt(logits, pos, ds.answers.repeat(logits.shape[0] // ds.n, 1), "logprob")
+
+    def sweep(edges: list[Any]) -> tuple[float, list[float]]:
+        t = time.perf_counter()
+        vals = batched_edges.batched_metrics(bridge, edges, corrupt, clean, clean, ds.positions, per_prompt,
+                                             "resample")
+        return time.perf_counter() - t, [float(v) for v in vals.mean(1)]
+
+    sweep(tl_edges(m.n_layers, m.n_heads)[:1])  # warm-up: first-call costs stay out of the timings
+    forward = _median_forward(bridge, ds.clean)
+    groups = {name: sweep(es)[0] for name, es in subset_edges(m.n_layers, m.n_heads).items()}
+    sizes = {name: len(es) for name, es in subset_edges(m.n_layers, m.n_heads).items()}
+    tl_seconds, tl_values = sweep(tl_edges(m.n_layers, m.n_heads))
+    return {"forward_seconds": forward, "group_seconds": groups, "group_edges": sizes,
+            "seconds": sum(groups.values()), "edges": sum(sizes.values()),
+            "tl_edges_seconds": tl_seconds, "tl_edges_values": tl_values}
+
+
+def child_tl_edges(model: str, n_prompts: int, segment: int) -> dict[str, Any]:
+    """Seconds of get_act_patch_direct_path from L{L-2}H0 into every last-layer head's k input."""
+    import torch
+    from transformer_lens.patching import get_act_patch_direct_path
+
+    from ..model import metrics
+
+    m = _load(model)
+    bridge, ds = m.bridge, _prompts(m, n_prompts, segment)
+    layer = m.n_layers - 2
+    z = f"blocks.{layer}.attn.hook_z"
+
+    def scalar(logits: Any) -> Any:
+        return metrics.per_prompt(logits, ds.positions, ds.answers, "logprob").mean()
+
+    with torch.no_grad():
+        _, clean_cache = bridge.run_with_cache(ds.clean, names_filter=z)
+        _, corrupt_cache = bridge.run_with_cache(ds.corrupted, names_filter=z)
+        t = time.perf_counter()
+        res = get_act_patch_direct_path(bridge, ds.corrupted, clean_cache, corrupt_cache, scalar, layer, 0, "k",
+                                        verbose=False)
+        seconds = time.perf_counter() - t
+    return {"seconds": seconds, "edges": m.n_heads, "values": [float(v) for v in res[m.n_layers - 1]]}
+
+
+CHILDREN = {"scores": child_scores, "tl-scores": child_tl_scores}
+DATA_CHILDREN = {"edges": child_edges, "tl-edges": child_tl_edges}
+
+
+def run_child(kind: str, model: str, out: Path, n_prompts: int, segment: int) -> int:
+    """(in the subprocess) one in-process timing, written to `out` as JSON."""
+    if kind in CHILDREN:
+        result = CHILDREN[kind](model)
+    elif kind in DATA_CHILDREN:
+        result = DATA_CHILDREN[kind](model, n_prompts, segment)
+    else:
+        raise UserError(f"unknown child measurement {kind!r}")
+    out.write_text(json.dumps(result))
+    return 0
+
+
+# --------------------------------------------------------------------------------------- the benchmark
+
+@dataclass
+class Row:
+    """One line of the results table."""
+
+    size: str
+    shape: str
+    d_model: int
+    key: str
+    measurement: str
+    seconds: float | None
+    peak_mb: float | None
+    status: str
+    tl: str = ""
+    tl_seconds: float | None = None
+    tl_peak_mb: float | None = None
+    tl_status: str = ""
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        """TransformerLens seconds / harness seconds (above 1: the harness is faster)."""
+        if self.seconds and self.tl_seconds and self.status == "ok" and self.tl_status == "ok":
+            return self.tl_seconds / self.seconds
+        return None
+
+
+@dataclass
+class Bench:
+    """Where the benchmark works and how long a child may take."""
+
+    work: Path
+    timeout: float
+    started: float = field(default_factory=time.perf_counter)
+
+    def log(self, text: str) -> None:
+        print(f"[{time.perf_counter() - self.started:7.1f} s] {text}", file=sys.stderr, flush=True)
+
+    def run(self, name: str, cmd: list[str], ok_codes: tuple[int, ...] = (0,)) -> Measured:
+        """One measured subprocess, with a progress line before and after it."""
+        self.log(f"{name} ... (timeout {self.timeout:.0f} s)")
+        got = measure(cmd, self.timeout, self.work / "logs" / name.replace(" ", "_"), cwd=self.work)
+        self.log(f"{name}: {got.status(ok_codes)}, {got.seconds:.1f} s wall, {got.peak_mb:.0f} MB peak "
+                 f"(load average {os.getloadavg()[0]:.2f})")
+        return got
+
+    def child(self, name: str, kind: str, model: Path) -> tuple[Measured, dict[str, Any] | None]:
+        """Run an in-process timing in a fresh subprocess; its JSON, or None if it failed."""
+        out = self.work / "logs" / f"{name.replace(' ', '_')}.json"
+        out.unlink(missing_ok=True)
+        got = self.run(name, [sys.executable, "-m", "harness.tools.scale_bench", "--child", kind, "--model",
+                              str(model), "--out", str(out)])
+        if got.status() != "ok" or not out.is_file():
+            return got, None
+        return got, json.loads(out.read_text())
+
+    def harness_run(self, name: str, hypothesis: Path) -> tuple[Measured, dict[str, Any] | None]:
+        """`harness run FILE --out DIR`; the evidence.json it wrote (exit 1 = a claim did not pass: fine)."""
+        report = self.work / "reports" / name.replace(" ", "_")
+        _remove_tree(report)
+        got = self.run(name, [sys.executable, "-m", "harness", "run", str(hypothesis), "--out", str(report)],
+                       ok_codes=(0, 1))
+        evidence = report / "evidence.json"
+        return got, json.loads(evidence.read_text()) if evidence.is_file() else None
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    if path.exists():
+        shutil.rmtree(path)
+
+
+def _run_notes(evidence: dict[str, Any] | None) -> str:
+    """Verdict counts of a run (and the random circuits it drew)."""
+    if evidence is None:
+        return "no evidence.json"
+    claims = evidence.get("claims", [])
+    counts = {v: sum(c.get("verdict") == v for c in claims) for v in ("PASS", "FAIL", "INCONCLUSIVE")}
+    text = f"{len(claims)} claims: {counts['PASS']} pass, {counts['FAIL']} fail, {counts['INCONCLUSIVE']} inconclusive"
+    drawn = [c.get("details", {}).get("random_circuits") for c in claims if c.get("kind") == "circuit"]
+    if drawn:
+        text += f"; random circuits drawn: {', '.join(str(d) for d in drawn)}"
+    return text
+
+
+def _row(shape: Shape, key: str, measurement: str, got: Measured, ok_codes: tuple[int, ...] = (0,),
+         seconds: float | None = None, notes: str = "") -> Row:
+    status = got.status(ok_codes)
+    return Row(shape.label, f"{shape.n_layers}x{shape.n_heads}", shape.d_model, key, measurement,
+               (got.seconds if seconds is None else seconds) if status == "ok" else None, got.peak_mb, status,
+               notes=notes if status == "ok" else f"{notes} see {got.stderr}".strip())
+
+
+def _with_tl(row: Row, name: str, got: Measured, seconds: float | None) -> Row:
+    row.tl, row.tl_status, row.tl_peak_mb = name, got.status(), got.peak_mb
+    row.tl_seconds = seconds if row.tl_status == "ok" else None
+    return row
+
+
+def measure_size(bench: Bench, shape: Shape) -> list[Row]:
+    """Every row of one model size."""
+    folder = bench.work / "models" / shape.folder_name
+    t = time.perf_counter()
+    built = build_model(shape, folder)
+    bench.log(f"{shape.label}: model {'built' if built else 'reused'} in {time.perf_counter() - t:.1f} s ({folder})")
+    hyp = bench.work / "hypotheses"
+    five = write_hypothesis(five_claim(shape, folder), hyp / f"five-{shape.label}.yaml")
+    real = write_hypothesis(realistic(shape, folder), hyp / f"realistic-{shape.label}.yaml")
+    rows = []
+    got, ev = bench.harness_run(f"{shape.label} five-claim run", five)
+    rows.append(_row(shape, "five", "five-claim run (harness run)", got, (0, 1), notes=_run_notes(ev)))
+    got, ev = bench.harness_run(f"{shape.label} realistic run", real)
+    rows.append(_row(shape, "realistic", "realistic run (harness run)", got, (0, 1), notes=_run_notes(ev)))
+    rows += weights_rows(bench, shape, folder)
+    rows += edge_rows(bench, shape, folder)
+    return rows
+
+
+def weights_rows(bench: Bench, shape: Shape, folder: Path) -> list[Row]:
+    """`harness weights` and the scores alone, each beside TransformerLens's all_composition_scores."""
+    got = bench.run(f"{shape.label} harness weights", [sys.executable, "-m", "harness", "weights", str(folder)])
+    tl_got, tl = bench.child(f"{shape.label} TL composition scores", "tl-scores", folder)
+    sc_got, sc = bench.child(f"{shape.label} harness composition scores", "scores", folder)
+    tl_name = "all_composition_scores Q, K, V"
+    weights_row = _with_tl(_row(shape, "weights", "harness weights (scores + nulls, all pairs)", got),
+                           f"{tl_name} (process wall, no null)", tl_got, tl_got.seconds if tl else None)
+    scores_row = _row(shape, "scores", "composition scores only (in-process)", sc_got,
+                      seconds=sc["seconds"] if sc else None)
+    if sc is None:
+        scores_row.status, scores_row.seconds = sc_got.status() if sc_got.status() != "ok" else "no result", None
+    return [weights_row, _with_tl(scores_row, f"{tl_name} (in-process)", tl_got, tl["seconds"] if tl else None)]
+
+
+def edge_rows(bench: Bench, shape: Shape, folder: Path) -> list[Row]:
+    """The sweep's seconds per edge on the subset, and on TransformerLens's own edges."""
+    got, ed = bench.child(f"{shape.label} edge sweep", "edges", folder)
+    tl_got, tl = bench.child(f"{shape.label} TL direct-path patching", "tl-edges", folder)
+    tl_name = f"get_act_patch_direct_path L{shape.n_layers - 2}H0 -> L{shape.n_layers - 1}H*.k"
+    per_edge = ed["seconds"] / ed["edges"] if ed else None
+    notes = ""
+    if ed:
+        groups = ", ".join(f"{name} {ed['group_edges'][name]} edges {ed['group_edges'][name] / s:.2f}/s"
+                           for name, s in ed["group_seconds"].items())
+        notes = (f"{ed['edges']} edges, {ed['edges'] / ed['seconds']:.2f} edges/s, "
+                 f"{per_edge / ed['forward_seconds']:.3f} of a forward ({ed['forward_seconds']:.2f} s); {groups}")
+    subset = _row(shape, "edges", "edge sweep, s per edge (subset)", got, seconds=per_edge, notes=notes)
+    subset.extra = ed or {}
+    if ed is None and subset.status == "ok":
+        subset.status = "no result"
+    subset = _with_tl(subset, f"{tl_name}, s per edge (other edges)", tl_got,
+                      tl["seconds"] / tl["edges"] if tl else None)
+    same_notes = ""
+    if ed and tl:
+        diff = max(abs(a - b) for a, b in zip(ed["tl_edges_values"], tl["values"]))
+        same_notes = f"{tl['edges']} edges; max |mean metric difference| {diff:.2e}"
+    same = _row(shape, "edges-tl", f"edge sweep, TL's {shape.n_heads} edges (in-process)", got,
+                seconds=ed["tl_edges_seconds"] if ed else None, notes=same_notes)
+    if ed is None and same.status == "ok":
+        same.status = "no result"
+    return [subset, _with_tl(same, tl_name, tl_got, tl["seconds"] if tl else None)]
+
+
+def measure_many(bench: Bench, shape: Shape) -> Row:
+    """The 123-claim file on the small model."""
+    folder = bench.work / "models" / shape.folder_name
+    build_model(shape, folder)
+    doc = many_claims(shape, folder)
+    path = write_hypothesis(doc, bench.work / "hypotheses" / "many-claims.yaml")
+    got, ev = bench.harness_run(f"small {len(doc['claims'])}-claim run", path)
+    row = _row(shape, "many", f"{len(doc['claims'])}-claim run (harness run, defaults)", got, (0, 1),
+               notes=_run_notes(ev))
+    row.size = "small"
+    return row
+
+
+# ------------------------------------------------------------------------------------------ reporting
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 1:
+        return f"{x:.1f}"
+    return f"{x:.{digits}g}"
+
+
+def results_table(rows: list[Row]) -> str:
+    """The Markdown results table."""
+    from tabulate import tabulate
+
+    body = [(r.size, r.shape, r.d_model, r.measurement, _fmt(r.seconds) if r.status == "ok" else r.status,
+             _fmt(r.peak_mb), r.tl or "-", _fmt(r.tl_seconds) if r.tl_status in ("ok", "") else r.tl_status,
+             _fmt(r.tl_peak_mb), _fmt(r.ratio), r.notes) for r in rows]
+    headers = ["size", "layers x heads", "d_model", "measurement", "seconds", "peak MB", "TL equivalent",
+               "TL seconds", "TL peak MB", "TL s / harness s", "notes"]
+    return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def fit_exponent(xs: list[float], ys: list[float]) -> float | None:
+    """b of the least-squares fit log y = a + b log x (None with fewer than two points)."""
+    if len(xs) < 2 or len(set(xs)) < 2:
+        return None
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def growth(rows: list[Row]) -> list[dict[str, Any]]:
+    """For every measured quantity at two or more sizes: consecutive ratios and the fitted exponent."""
+    series: dict[tuple[str, str], dict[int, float]] = {}
+    for r in rows:
+        if r.size == "small":
+            continue
+        layers = int(r.shape.split("x")[0])
+        for what, value, ok in ((f"{r.measurement}: seconds", r.seconds, r.status == "ok"),
+                                (f"{r.measurement}: peak MB", r.peak_mb, r.status == "ok"),
+                                (f"TL equivalent of {r.measurement}: seconds", r.tl_seconds, r.tl_status == "ok")):
+            if ok and value:
+                series.setdefault((what, r.key), {})[layers] = value
+    out = []
+    for (what, _), points in series.items():
+        if len(points) < 2:
+            continue
+        ls = sorted(points)
+        ratios = {f"{b}L/{a}L": points[b] / points[a] for a, b in zip(ls, ls[1:])}
+        out.append({"quantity": what, "values": {f"{k}L": points[k] for k in ls}, "ratios": ratios,
+                    "exponent": fit_exponent([float(k) for k in ls], [points[k] for k in ls])})
+    return out
+
+
+def growth_table(items: list[dict[str, Any]]) -> str:
+    from tabulate import tabulate
+
+    if not items:
+        return "(one size measured: no growth to show)"
+    ratio_names = list(dict.fromkeys(k for it in items for k in it["ratios"]))
+    body = [(it["quantity"], *(_fmt(it["ratios"].get(k)) for k in ratio_names), _fmt(it["exponent"], 2))
+            for it in items]
+    return tabulate(body, headers=["quantity", *ratio_names, "exponent b (cost ~ layers^b)"], tablefmt="github",
+                    disable_numparse=True)
+
+
+def targets(rows: list[Row], target_layers: int = TARGETS_LAYERS) -> list[dict[str, Any]]:
+    """PASS/MISS against each target (`not measured` when its row is absent)."""
+    label = f"{target_layers}L"
+
+    def find(key: str, size: str) -> Row | None:
+        return next((r for r in rows if r.key == key and r.size == size), None)
+
+    checks = [("five", label, "seconds", RUN_TARGET_S, f"{label} five-claim run under {RUN_TARGET_S:.0f} s wall"),
+              ("five", label, "peak_mb", RUN_TARGET_MB, f"{label} five-claim run under 4 GiB peak RSS"),
+              ("weights", label, "seconds", WEIGHTS_TARGET_S,
+               f"{label} harness weights under {WEIGHTS_TARGET_S:.0f} s"),
+              ("many", "small", "seconds", MANY_TARGET_S, f"123-claim run under {MANY_TARGET_S:.0f} s")]
+    out: list[dict[str, Any]] = []
+    for key, size, attr, limit, text in checks:
+        r = find(key, size)
+        if r is None:
+            out.append({"target": text, "result": "not measured", "value": None})
+            continue
+        value = r.peak_mb if attr == "peak_mb" else r.seconds
+        if attr == "seconds" and r.status != "ok":
+            out.append({"target": text, "result": f"MISS ({r.status})", "value": None})
+            continue
+        ok = value is not None and value < limit
+        out.append({"target": text, "result": "PASS" if ok else "MISS", "value": value})
+    return out
+
+
+def render(rows: list[Row], machine: dict[str, Any], target_layers: int = TARGETS_LAYERS) -> str:
+    """Everything printed at the end: the table, the growth, the targets."""
+    lines = [f"## Scale benchmark ({machine['cores']} cores, {machine['threads']} torch threads, load average "
+             f"{machine['load_average']} at start; {N_PROMPTS} prompts, |S| = {SEGMENT})", "", results_table(rows),
+             "", "### Growth with layers", "", growth_table(growth(rows)), "", "### Targets", ""]
+    lines += [f"- {t['result']}: {t['target']}" + (f" ({_fmt(t['value'])})" if t["value"] is not None else "")
+              for t in targets(rows, target_layers)]
+    return "\n".join(lines)
+
+
+def to_json(rows: list[Row], machine: dict[str, Any], target_layers: int = TARGETS_LAYERS) -> dict[str, Any]:
+    return {"machine": machine, "rows": [{**asdict(r), "ratio": r.ratio} for r in rows],
+            "growth": growth(rows), "targets": targets(rows, target_layers)}
+
+
+def machine_info() -> dict[str, Any]:
+    from ..threads import available_cores, chosen
+
+    return {"cores": available_cores(), "threads": chosen(), "load_average": " ".join(f"{x:.2f}" for x in
+                                                                                      os.getloadavg()),
+            "python": sys.version.split()[0]}
+
+
+@contextmanager
+def workdir(keep: Path | None) -> Iterator[Path]:
+    """--keep DIR (created if needed, kept), else a temporary directory removed afterwards."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep.resolve()
+        return
+    with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
+        yield Path(tmp)
+
+
+def parse_layers(text: str) -> list[int]:
+    """'2,6,12' -> [2, 6, 12] (each at least 2: the five-claim file needs a route between layers)."""
+    try:
+        layers = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--layers {text!r}: a comma-separated list of layer counts, e.g. 2,6,12") from None
+    if not layers or min(layers) < 2:
+        raise UserError(f"--layers {text!r}: every model needs at least 2 layers")
+    return sorted(set(layers))
+
+
+def benchmark(layers: list[int], work: Path, timeout: float, tiny: bool = False, many: bool = True) -> list[Row]:
+    """Build, write and measure every size, then the 123-claim file; the rows."""
+    bench = Bench(work, timeout)
+    rows: list[Row] = []
+    for n in layers:
+        rows += measure_size(bench, gpt2_shape(n, tiny))
+    if many:
+        rows.append(measure_many(bench, small_shape(tiny)))
+    return rows
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.tools.scale_bench", description=__doc__.split("\n\n")[0],
+                                epilog="What each row measures: see the module docstring (pydoc "
+                                       "harness.tools.scale_bench).")
+    p.add_argument("--layers", default="2,6,12", help="model sizes in layers (default 2,6,12)")
+    p.add_argument("--keep", type=Path, metavar="DIR", help="build models and write files here (reused next time)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the numbers as JSON")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds before a measurement is killed and reported as a timeout "
+                        f"(default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--threads", type=int, help="torch threads here and in every subprocess ($HARNESS_THREADS)")
+    p.add_argument("--no-many", action="store_true", help="skip the 123-claim run")
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # d_model 48 models, for the tests
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--prompts", type=int, default=N_PROMPTS, help=argparse.SUPPRESS)
+    p.add_argument("--segment", type=int, default=SEGMENT, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    if a.child:
+        if a.model is None or a.out is None:
+            raise UserError("--child needs --model and --out")
+        return run_child(a.child, a.model, a.out, a.prompts, a.segment)
+    from ..threads import configure
+
+    layers = parse_layers(a.layers)
+    if a.timeout <= 0:
+        raise UserError("--timeout must be positive")
+    if a.threads is not None:
+        if a.threads < 1:
+            raise UserError("--threads must be at least 1")
+        os.environ["HARNESS_THREADS"] = str(a.threads)
+    configure()
+    machine = machine_info()
+    target_layers = max(layers) if a.tiny else TARGETS_LAYERS
+    with workdir(a.keep) as work:
+        rows = benchmark(layers, work, a.timeout, a.tiny, not a.no_many)
+    print(render(rows, machine, target_layers))
+    if a.json is not None:
+        a.json.write_text(json.dumps(to_json(rows, machine, target_layers), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -45,6 +45,7 @@ the unembedding).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,16 +62,30 @@ __all__ = ["MODES", "PROCESSING", "HeadWeights", "head_weights", "copying_score"
 class HeadWeights:
     """Per-layer stacks in float64 on the CPU, whatever the model's device (MPS has
     no float64, and the null draws use CPU generators): W_Q, W_K, W_V [L, H, d, dh];
-    W_O [L, H, dh, d]; W_E [vocab, d]; W_U [d, vocab]."""
+    W_O [L, H, dh, d]; W_E [vocab, d] and W_U [d, vocab], read on first use (only
+    copying scores need them; a 50k vocabulary makes them 300 MB each in float64)."""
 
     W_Q: Any
     W_K: Any
     W_V: Any
     W_O: Any
-    W_E: Any
-    W_U: Any
+    embedding: Callable[[], tuple[Any, Any]]  # () -> (W_E, W_U), processed as the rest
     processing: str
     null_dim: int  # dimension the null rotates in: d_model, or d_model - 1 after centring
+    _embedding: tuple[Any, Any] | None = None
+
+    @property
+    def W_E(self) -> Any:
+        return self._vocab()[0]
+
+    @property
+    def W_U(self) -> Any:
+        return self._vocab()[1]
+
+    def _vocab(self) -> tuple[Any, Any]:
+        if self._embedding is None:
+            self._embedding = self.embedding()
+        return self._embedding
 
     @property
     def d_model(self) -> int:
@@ -95,22 +110,31 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
         def get(name: str) -> Any:
             return getattr(bridge, name).detach().to("cpu", torch.float64, copy=True)
 
-        W_Q, W_K, W_V, W_O, W_E, W_U = (get(n) for n in ("W_Q", "W_K", "W_V", "W_O", "W_E", "W_U"))
+        W_Q, W_K, W_V, W_O = (get(n) for n in ("W_Q", "W_K", "W_V", "W_O"))
         null_dim = int(W_Q.shape[-2])
-        if processing == "folded":
-            centre = str(getattr(bridge.cfg, "normalization_type", "") or "").upper().startswith("LN")
+        folded = processing == "folded"
+        centre = folded and str(getattr(bridge.cfg, "normalization_type", "") or "").upper().startswith("LN")
+        if folded:
             for layer in range(W_Q.shape[0]):
                 w = _ln_weight(bridge.blocks[layer], "ln1")
                 if w is None and not centre:
                     continue
                 W_Q[layer], W_K[layer], W_V[layer] = (_read(W[layer], w, centre) for W in (W_Q, W_K, W_V))
             if centre:  # W P = W minus each row's mean
-                W_O, W_E = W_O - W_O.mean(-1, keepdim=True), W_E - W_E.mean(-1, keepdim=True)
+                W_O = W_O - W_O.mean(-1, keepdim=True)
                 null_dim -= 1
-            wf = _ln_weight(bridge, "ln_final")
+
+    def embedding() -> tuple[Any, Any]:
+        with torch.no_grad():
+            W_E, W_U = get("W_E"), get("W_U")
+            if centre:
+                W_E = W_E - W_E.mean(-1, keepdim=True)
+            wf = _ln_weight(bridge, "ln_final") if folded else None
             if wf is not None or centre:
                 W_U = _read(W_U, wf, centre)
-    return HeadWeights(W_Q, W_K, W_V, W_O, W_E, W_U, processing, null_dim)
+            return W_E, W_U
+
+    return HeadWeights(W_Q, W_K, W_V, W_O, embedding, processing, null_dim)
 
 
 def _read(W: Any, w: Any | None, centre: bool) -> Any:

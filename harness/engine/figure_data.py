@@ -38,7 +38,7 @@ from ..spec.names import hook_pattern, hook_resid_pre, hook_z
 from ..spec.settings import Stats
 from ..streams import Stream, derive_seed
 
-SIGNATURE_BUDGET = 8.0  # forward passes the signature plot's patches may cost (patch_cost)
+SIGNATURE_BUDGET = 4.0  # forward passes the signature plot's patches may cost (patch_cost)
 
 
 def _clean(x: Any) -> Any:

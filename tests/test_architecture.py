@@ -16,7 +16,7 @@ from .conftest import ROOT
 PACKAGE = ROOT / "harness"
 # bottom to top: a module may import from its own layer and the layers below it
 LAYERS = [
-    ("harness.errors", "harness.progress", "harness.streams", "harness.stats", "harness.textfile"),
+    ("harness.errors", "harness.progress", "harness.streams", "harness.stats", "harness.textfile", "harness.threads"),
     ("harness.spec",),
     ("harness.evidence",),
     ("harness.model",),

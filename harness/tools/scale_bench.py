@@ -103,6 +103,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..mech import batched_edges, weights
+from ..mech.factored import Composition
+from ..mech.hooks import cache_hooks
+from ..model import data, metrics
+from ..model.loading import load_model
+from ..spec import names
+from ..threads import available_cores, chosen, configure
 
 N_PROMPTS, SEGMENT = 50, 20
 DATA = {"generator": "repeated_tokens", "n_prompts": N_PROMPTS, "segment_length": SEGMENT}
@@ -344,15 +351,12 @@ def measure(cmd: list[str], timeout: float, logs: Path, cwd: Path | None = None)
 # ---------------------------------------------------------------------------- in-process child timings
 
 def _load(model: str) -> Any:
-    from ..model.loading import load_model
-    from ..threads import configure
 
     configure()
     return load_model(model)
 
 
 def _prompts(m: Any, n_prompts: int, segment: int) -> Any:
-    from ..model import data
 
     return data.repeated_tokens(n_prompts, segment, m.d_vocab, 0, bos_token=m.bos_token, n_ctx=m.n_ctx)
 
@@ -361,17 +365,8 @@ SCORE_REPEATS = 3
 
 
 def _score_function(hw: Any) -> tuple[str, Any]:
-    """The harness's all-pairs score grid of one mode, computed afresh: mech.factored.Composition.scores
-    where it exists (the factored rewrite), else mech.weights.all_scores (the older per-pair code)."""
-    import importlib
-
-    try:
-        factored = importlib.import_module("harness.mech.factored")
-    except ImportError:
-        weights = importlib.import_module("harness.mech.weights")
-        return "mech.weights.all_scores", lambda mode: weights.all_scores(hw, mode)
-    comp = factored.Composition(hw, 0)
-    return "mech.factored.Composition.scores", comp.scores
+    """The harness's all-pairs score grid of one mode, computed afresh (mech.factored)."""
+    return "mech.factored.Composition.scores", Composition(hw, 0).scores
 
 
 def _median_of(repeats: int, work: Any) -> tuple[float, list[float]]:
@@ -389,7 +384,6 @@ def _median_of(repeats: int, work: Any) -> tuple[float, list[float]]:
 def child_scores(model: str) -> dict[str, Any]:
     """Seconds of the harness composition scores from the loaded model: head_weights (folded) and every
     cross-layer pair's score for q, k and v (median of SCORE_REPEATS fresh computations)."""
-    from ..mech import weights
 
     m = _load(model)
     api: list[str] = []
@@ -422,7 +416,6 @@ def child_tl_scores(model: str) -> dict[str, Any]:
 
 def subset_edges(n_layers: int, n_heads: int) -> dict[str, list[Any]]:
     """The fixed edge subset of the sweep row, by group (see the module docstring)."""
-    from ..spec import names
 
     def into(receiver: Any) -> list[Any]:
         senders = [names.Embed()] + [names.Head(receiver.layer - 1, h) for h in range(n_heads)]
@@ -436,7 +429,6 @@ def subset_edges(n_layers: int, n_heads: int) -> dict[str, list[Any]]:
 
 def tl_edges(n_layers: int, n_heads: int) -> list[Any]:
     """The edges TransformerLens's direct-path patching covers from L{L-2}H0 (component k)."""
-    from ..spec import names
 
     sender = names.Head(n_layers - 2, 0)
     return [names.Edge(sender, names.HeadInput(names.Head(n_layers - 1, h), "k")) for h in range(n_heads)]
@@ -455,9 +447,6 @@ def _median_forward(bridge: Any, tokens: Any, repeats: int = 3) -> float:
 
 def child_edges(model: str, n_prompts: int, segment: int) -> dict[str, Any]:
     """Batched sweep seconds on the subset (per group) and on TL's edges; one forward's seconds."""
-    from ..mech import batched_edges
-    from ..mech.hooks import cache_hooks
-    from ..model import metrics
 
     m = _load(model)
     bridge, ds = m.bridge, _prompts(m, n_prompts, segment)
@@ -488,7 +477,6 @@ def child_tl_edges(model: str, n_prompts: int, segment: int) -> dict[str, Any]:
     import torch
     from transformer_lens.patching import get_act_patch_direct_path
 
-    from ..model import metrics
 
     m = _load(model)
     bridge, ds = m.bridge, _prompts(m, n_prompts, segment)
@@ -813,7 +801,6 @@ def to_json(rows: list[Row], machine: dict[str, Any], target_layers: int = TARGE
 
 
 def machine_info() -> dict[str, Any]:
-    from ..threads import available_cores, chosen
 
     return {"cores": available_cores(), "threads": chosen(), "load_average": " ".join(f"{x:.2f}" for x in
                                                                                       os.getloadavg()),
@@ -880,7 +867,6 @@ def main(argv: list[str] | None = None) -> int:
         if a.model is None or a.out is None:
             raise UserError("--child needs --model and --out")
         return run_child(a.child, a.model, a.out, a.prompts, a.segment)
-    from ..threads import configure
 
     layers = parse_layers(a.layers)
     if a.timeout <= 0:

@@ -96,7 +96,7 @@ class Runs:
     corruption: str = ""  # the name of the corruption `corrupt` is
     corruptions: dict[str, tuple[Cache, PerPrompt]] = field(default_factory=dict)  # every corruption's run
     reference_source: Lazy = field(default_factory=lambda: Lazy(None))
-    memo: dict[tuple[Any, ...], PerPrompt] = field(default_factory=dict)  # ablations done, shared by every view
+    memo: dict[tuple[Any, ...], PerPrompt] = field(default_factory=dict)  # interventions done, shared by every view
 
     @property
     def n_layers(self) -> int:

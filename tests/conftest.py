@@ -55,19 +55,25 @@ def tiny_config(**over) -> dict:
     return cfg
 
 
-@pytest.fixture(scope="session")
-def tiny_native(tmp_path_factory):
-    """A random tiny native model (float64) and its directory.  n_heads*d_head != d_model."""
+def boot_random_native(cfg: dict, seed: int):
+    """A float64 native model of `cfg` with non-trivial norm parameters and biases (seeded)."""
     import torch
     from transformer_lens.config import TransformerBridgeConfig
     from transformer_lens.model_bridge import TransformerBridge
 
-    cfg = tiny_config()
     bridge = TransformerBridge.boot_native(TransformerBridgeConfig(**cfg), dtype=torch.float64)
-    with torch.no_grad():  # non-trivial LN parameters and biases
-        g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(seed)
         for name, p in bridge.original_model.named_parameters():
             if p.dim() == 1:
                 p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + ("weight" in name))
+    return bridge
+
+
+@pytest.fixture(scope="session")
+def tiny_native(tmp_path_factory):
+    """A random tiny native model (float64) and its directory.  n_heads*d_head != d_model."""
+    cfg = tiny_config()
+    bridge = boot_random_native(cfg, seed=1)
     path = save_native(bridge, cfg, tmp_path_factory.mktemp("tiny") / "model")
     return bridge, path

@@ -9,7 +9,7 @@ from harness.mech import patching as P
 from harness.mech.hooks import cache_hooks
 from harness.model import data, metrics
 
-from .conftest import tiny_config
+from .conftest import boot_random_native, tiny_config
 
 
 def per_edge(bridge, ds, edges, base, source, clean, tokens, replacement):
@@ -159,16 +159,8 @@ def test_float32_gpt2(tmp_path):
 ])
 def test_native_mlp_variants(over):
     """Native 3-layer models with MLPs: activations, norms, gated MLPs, each against the per-edge path."""
-    from transformer_lens.config import TransformerBridgeConfig
-    from transformer_lens.model_bridge import TransformerBridge
-
     cfg = tiny_config(n_layers=3, seed=7, attn_only=False, d_mlp=12, **over)
-    b = TransformerBridge.boot_native(TransformerBridgeConfig(**cfg), dtype=torch.float64)
-    with torch.no_grad():  # non-trivial norm parameters and biases
-        g = torch.Generator().manual_seed(2)
-        for name, p in b.original_model.named_parameters():
-            if p.dim() == 1:
-                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + ("weight" in name))
+    b = boot_random_native(cfg, seed=2)
     ds, clean, corrupt = runs(b, 3, cfg["d_vocab"])
     edges = batched_edges.all_edges(3, 2)
     fast = batched(b, ds, edges, clean, corrupt, clean, "resample", 2**20)

@@ -48,6 +48,20 @@ def run_plan(bridge: Any, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Ten
     any hook never fired."""
     import torch
 
+    hooks, fired = _counted(bridge, plan)
+    try:
+        with torch.no_grad():
+            logits = bridge.run_with_hooks(tokens.to(of(bridge)), fwd_hooks=hooks)
+    except ValueError as exc:
+        if "Cannot add hook" in str(exc):  # TransformerLens refuses gated hooks
+            raise SanityCheckError(str(exc)) from None
+        raise
+    _check_fired(plan, fired)
+    return logits
+
+
+def _counted(bridge: Any, plan: Plan) -> tuple[list[tuple[str, Callable]], list[int]]:
+    """The plan's hooks wrapped to count their calls, and the counts; unknown hook names are an error."""
     unknown = [name for name, _ in plan.hooks if name not in bridge.hook_dict]
     if unknown:
         raise SanityCheckError(f"the model has no hook named {', '.join(unknown)}")
@@ -59,19 +73,15 @@ def run_plan(bridge: Any, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Ten
             return fn(x, hook)
         return wrapped
 
-    hooks = [(name, counting(i, fn)) for i, (name, fn) in enumerate(plan.hooks)]
-    try:
-        with torch.no_grad():
-            logits = bridge.run_with_hooks(tokens.to(of(bridge)), fwd_hooks=hooks)
-    except ValueError as exc:
-        if "Cannot add hook" in str(exc):  # TransformerLens refuses gated hooks
-            raise SanityCheckError(str(exc)) from None
-        raise
+    return [(name, counting(i, fn)) for i, (name, fn) in enumerate(plan.hooks)], fired
+
+
+def _check_fired(plan: Plan, fired: list[int]) -> None:
+    """Raise if a hook of the plan never fired: the intervention did not happen."""
     silent = [plan.hooks[i][0] for i, n in enumerate(fired) if n == 0]
     if silent:
         raise SanityCheckError(f"hook(s) never fired: {', '.join(silent)}; the intervention "
                                "did not happen (is this hook supported by the model?)")
-    return logits
 
 
 def first_layer(plan: Plan) -> int | None:
@@ -103,27 +113,15 @@ def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], pla
     start = first_layer(plan)
     if start is not None and start < layer:
         raise ValueError(f"a hook of the plan sits below layer {layer}")
-    unknown = [name for name, _ in plan.hooks if name not in bridge.hook_dict]
-    if unknown:
-        raise SanityCheckError(f"the model has no hook named {', '.join(unknown)}")
-    fired = [0] * len(plan.hooks)
-
-    def counting(i: int, fn: Callable) -> Callable:
-        def wrapped(x, hook):
-            fired[i] += 1
-            return fn(x, hook)
-        return wrapped
-
+    hooks, fired = _counted(bridge, plan)
     x = resid
-    with torch.no_grad(), bridge.hooks(fwd_hooks=[(n, counting(i, fn)) for i, (n, fn) in enumerate(plan.hooks)]):
+    with torch.no_grad(), bridge.hooks(fwd_hooks=hooks):
         for block in list(bridge.blocks)[layer:]:
             out = block(x)
             x = out[0] if isinstance(out, tuple) else out
         idx = positions.to(x.device).unsqueeze(-1).expand(-1, -1, x.shape[-1])
         logits = bridge.unembed(bridge.ln_final(x.gather(1, idx)))
-    silent = [plan.hooks[i][0] for i, n in enumerate(fired) if n == 0]
-    if silent:
-        raise SanityCheckError(f"hook(s) never fired: {', '.join(silent)}; the intervention did not happen")
+    _check_fired(plan, fired)
     return logits
 
 

@@ -5,7 +5,9 @@ The public API (imported lazily, so `import harness` does not load torch):
     harness.run(path_or_dict, seed=None, base_dir=None, figures=True, model=None, device=None) -> Evidence
     harness.write_report(evidence, out_dir=None, reports_root=None) -> Path   (report.md, .html, evidence.json)
     harness.claim_table(evidence) -> str
-    harness.load_hypothesis(path_or_dict, base_dir=None) -> LoadedHypothesis   (validation only)
+    harness.load_hypothesis(path_or_dict, base_dir=None, check_model=False) -> LoadedHypothesis
+        (validation only; check_model: names against the model's config.json too; a dict's
+        problems name the field and the claim's id, `claims[2] (id: prev-token): head: ...`)
     harness.load_model(path_or_hf_name, device=None) -> LoadedModel
     harness.Evidence, harness.ClaimResult, harness.Verdict
     harness.errors: HarnessError, UserError, SpecError, ... and ExitCode

@@ -3,9 +3,17 @@
 
 Exit codes (errors.ExitCode): 0 every claim passed (or every file valid), 1 a
 claim failed or was inconclusive, 2 bad input (the message says file:line,
-field, what is allowed; no traceback), 3 a sanity check failed (the run stops,
-no report), 4 (sweep) a job failed: the combined report names it and keeps the
-others.  Every command calls the library; heavy imports (torch,
+field, what is allowed; no traceback), 3 a sanity check failed: a fatal one
+(a hook that never fired, a non-finite metric, an identity intervention that
+changed the metric) stops the run with no report; a recorded one (the
+clean-corrupted gap below min_gap) lets the report be written, which says which,
+and is printed on stderr after the claim table; 4 (sweep) a job failed: the
+combined report names it and keeps the others (a sweep whose jobs all ran exits 3
+when one of them recorded a failed sanity check).  Messages: `error: ...` for bad
+input (every line of it), `sanity check failed: ...`, `warning: ...`.
+`harness --version` prints the package version.
+
+Every command calls the library; heavy imports (torch,
 TransformerLens, matplotlib) happen inside the library functions that need them, so
 `harness --help` and `harness validate` stay fast.  Those that
 load or build one (run, sweep, weights, scan, roles, selftest) take `--device`
@@ -18,13 +26,15 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import threads
+from . import __version__, threads
 from .engine.provenance import command_line
 from .engine.runner import run
 from .errors import ExitCode, HarnessError, SanityCheckError, SpecError, UserError
+from .evidence.result import Evidence
 from .hypothesis.loading import load, load_all
 from .model.devices import check_form, resolve_device
 from .model.loading import load_model
@@ -41,7 +51,7 @@ from .sweep.document import exit_code
 from .sweep.executors import EXECUTORS
 from .sweep.run import sweep
 from .tools.roles_table import role_table
-from .tools.scan import scan
+from .tools.scan import is_scan, scan
 from .tools.selftest import render, selftest
 from .tools.weights_table import MAX_DRAWS, composition_tables
 
@@ -69,6 +79,14 @@ SEGMENT = _int_in(2)
 THREADS = _int_in(1)
 
 
+def version() -> str:
+    """The installed package's version (importlib.metadata), else harness.__version__."""
+    try:
+        return metadata.version("harness")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
 def _add_device(p: argparse.ArgumentParser) -> None:
     """--device and --threads for every command that loads or builds a model (checked before any load)."""
     p.add_argument("--device", default=None, help=DEVICE_HELP)
@@ -81,9 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="harness",
         description="Causal intervention testing harness for transformer mechanisms.")
+    p.add_argument("--version", action="version", version=f"harness {version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    v = sub.add_parser("validate", help="check hypothesis files against the schema (fast, no model)")
+    v = sub.add_parser("validate", help="check hypothesis files against the schema, and their names against a "
+                       "local model's config.json (fast, no torch)")
     v.add_argument("files", nargs="+", type=Path, metavar="FILE")
 
     r = sub.add_parser("run", help="run hypothesis files and write evidence reports")
@@ -168,13 +188,13 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[threads.ENV] = str(args.threads)
             return commands[args.command](args)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return ExitCode.INPUT
     except SanityCheckError as exc:
-        print(f"harness: sanity check failed: {exc}", file=sys.stderr)
+        print(f"sanity check failed: {exc}", file=sys.stderr)
         return ExitCode.SANITY
     except HarnessError as exc:
-        print(f"harness: error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return ExitCode.SANITY
     except KeyboardInterrupt:  # Ctrl-C: one line; report folders are whole or absent (report.folders)
         print("interrupted", file=sys.stderr)
@@ -187,6 +207,17 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.INPUT
 
 
+def error_text(exc: BaseException) -> str:
+    """An error as the CLI prints it: `error: ` before every line (a SpecError has one
+    line per problem)."""
+    return "\n".join(f"error: {line}" for line in str(exc).splitlines() or [""])
+
+
+def sanity_lines(ev: Evidence) -> list[str]:
+    """One `sanity check failed: NAME — DETAIL` line per recorded sanity check that failed."""
+    return [f"sanity check failed: {c.name} — {c.detail}" for c in ev.failed_sanity_checks]
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """Whether `exc` is an allocation failure (Python's MemoryError or torch's CPU/GPU allocator)."""
     text = str(exc)
@@ -197,11 +228,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     bad = 0
     for f in args.files:
         try:
-            h = load(f)
+            h = load(f, check_model=True)
             print(f"{f}: ok ({len(h.spec.claims)} claims)")
         except SpecError as exc:
             bad += 1
-            print(str(exc), file=sys.stderr)
+            print(error_text(exc), file=sys.stderr)
     return ExitCode.INPUT if bad else ExitCode.OK
 
 
@@ -209,7 +240,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.out is not None and len(args.files) != 1:
         raise UserError("--out takes one hypothesis file; use --reports for several")
     writer.preflight(args.out, args.reports)  # the report can be written: checked before any work
-    load_all(args.files)  # every file is valid before any model loads
+    load_all(args.files, check_model=True)  # every file is valid (names in range where config.json says) first
     device = resolve_device(args.device)  # a bad device stops the command before any model loads
     code: int = ExitCode.OK
     for f in args.files:
@@ -219,7 +250,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         c = ev.counts()
         print(f"\n{ev.hypothesis['name']} ({f})\n")
         print(claim_table(ev))
-        print(f"\n{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive")
+        print(f"\n{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive", flush=True)
+        for line in sanity_lines(ev):  # recorded, not fatal: the report is written and says the same
+            print(line, file=sys.stderr)
         for w in ev.warnings:
             print(f"warning: {w}", file=sys.stderr)
         print(f"report: {folder / 'report.md'} (and report.html, evidence.json, figures/)")
@@ -241,6 +274,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             c = r["evidence"]["counts"]
             print(f"{head}: {c['PASS']} pass, {c['FAIL']} fail, {c['INCONCLUSIVE']} inconclusive "
                   f"({r['seconds']:.1f} s)", file=sys.stderr, flush=True)
+            for check in sweep_document.failed_sanity_checks(r["evidence"]):
+                print(f"{head}: sanity check failed: {check['name']} — {check['detail']}", file=sys.stderr, flush=True)
         else:
             e = r["error"]
             print(f"{head}: JOB FAILED: {e['type']}: {e['message'].splitlines()[0] if e['message'] else ''}",
@@ -282,7 +317,11 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if sweep_document.is_sweep(writer.read_json(args.evidence, "evidence")):
+    doc = writer.read_json(args.evidence, "evidence")
+    if is_scan(doc):
+        raise UserError(f"{args.evidence} is a scan file (scan.json); scan results are not re-rendered: "
+                        "run `harness scan` again")
+    if sweep_document.is_sweep(doc):
         folder = sweep_report.rerender(args.evidence, args.out)
         stem = "sweep"
     else:

@@ -1,8 +1,12 @@
 """Typed exceptions and the exit codes they map to.
 
 `UserError` subclasses are the user's mistakes: the CLI prints their message
-(no traceback) and exits `ExitCode.INPUT` (2).  `SanityCheckError` is a check
-that must hold on every run: exit `ExitCode.SANITY` (3), no report.
+(`error: ` before each line, no traceback) and exits `ExitCode.INPUT` (2).
+`SanityCheckError` is a fatal sanity check, one that must hold for any number of
+the run to mean anything (a hook that never fired, a non-finite metric): the CLI
+prints `sanity check failed: ...` and exits `ExitCode.SANITY` (3), no report.  A
+recorded sanity check that fails (the clean-corrupted gap below min_gap) does not
+stop the run: the report is written and says which, and the exit code is 3 too.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ class ExitCode(IntEnum):
     OK = 0  # every claim passed (validate: every file valid; tables: printed)
     CLAIMS = 1  # a claim failed or was inconclusive
     INPUT = 2  # bad input: file:line: field: message, nothing written
-    SANITY = 3  # a sanity check failed: the run stopped, no report
+    SANITY = 3  # a sanity check failed: a fatal one stops the run (no report); a recorded one is in the report
     JOB_FAILED = 4  # (sweep) a job failed; the others are kept
     INTERRUPTED = 130  # Ctrl-C (SIGINT): "interrupted" on stderr, no report folder, no temporary files
 

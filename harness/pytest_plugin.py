@@ -15,7 +15,11 @@ sanity check) fails every item with its one-line message; an unexpected error
 shows its traceback once, on the first item, and the others point to it.  PASS ->
 passed; FAIL -> failed with a short evidence summary; INCONCLUSIVE -> failed by
 default, or xfail / skip with `--harness-inconclusive` (ini:
-`harness_inconclusive`).  Schema errors are collection errors with file:line.
+`harness_inconclusive`).  A recorded sanity check that fails (the clean-corrupted
+gap below min_gap) does not change the items' outcomes (the claims whose numbers
+it leaves undefined are INCONCLUSIVE on their own): it is listed in a "harness
+sanity checks" section of the terminal summary, `FILE: sanity check failed: NAME —
+DETAIL`, and pytest's exit code stays pytest's.  Schema errors are collection errors with file:line.
 One marker per registered claim kind (role, copying, composition, ablation,
 edge, circuit; e.g. `-m "not circuit"`).  Options: `--harness-report DIR` (write each file's
 report under DIR), `--harness-seed N`, `--harness-device DEVICE` (ini:
@@ -34,6 +38,7 @@ import pytest
 from .claims import registry
 from .engine.runner import run
 from .errors import HarnessError, SpecError
+from .evidence.format import fmt_p
 from .evidence.result import ClaimResult, Evidence
 from .hypothesis.loading import load
 from .report.writer import write_report
@@ -111,6 +116,8 @@ class HypothesisFile(pytest.File):
             try:
                 evidence = run(self.path, seed=config.getoption("harness_seed"),
                                command=f"pytest {self.path}", device=device(config))
+                config.stash.setdefault(_SANITY, []).extend(
+                    f"{self.path}: sanity check failed: {c.name} — {c.detail}" for c in evidence.failed_sanity_checks)
                 out = config.getoption("harness_report")
                 if out:
                     folder = write_report(evidence, reports_root=out)
@@ -131,6 +138,7 @@ class HypothesisFile(pytest.File):
 
 
 _REPORTS = pytest.StashKey[list[str]]()
+_SANITY = pytest.StashKey[list[str]]()  # recorded sanity checks that failed, one line each
 
 
 def device(config: Any) -> str | None:
@@ -155,9 +163,9 @@ class ClaimItem(pytest.Item):
             mode = (self.config.getoption("harness_inconclusive")
                     or self.config.getini("harness_inconclusive"))
             if mode == "xfail":
-                pytest.xfail(f"INCONCLUSIVE: {result.rule}")
+                pytest.xfail(f"INCONCLUSIVE: {result.why}")
             if mode == "skip":
-                pytest.skip(f"INCONCLUSIVE: {result.rule}")
+                pytest.skip(f"INCONCLUSIVE: {result.why}")
         raise ClaimNotPassed(summary(result))
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> Any:
@@ -176,18 +184,24 @@ def key_number(r: ClaimResult) -> str:
 def summary(r: ClaimResult) -> str:
     """The failure message: what was claimed, what was measured, and the rule."""
     lines = [f"{r.verdict}: {r.id} ({r.kind}, {r.evidence} evidence)",
+             *([f"  why: {r.reason}"] if r.reason else []),
              f"  expected: {r.expectation}",
              f"  measured: {key_number(r)} {r.unit}"]
     p = getattr(r.details, "p_adjusted", None)
     if p is None:
         p = getattr(r.details, "binomial_p_value", None)
     if p is not None:
-        lines.append(f"  p-value: {p:.3g}")
+        lines.append(f"  p-value: {fmt_p(p)}")
     lines.append(f"  rule: {r.rule}")
     return "\n".join(lines)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    failed = config.stash.get(_SANITY, [])
+    if failed:
+        terminalreporter.write_sep("-", "harness sanity checks")
+        for line in failed:
+            terminalreporter.write_line(line)
     folders = config.stash.get(_REPORTS, [])
     if folders:
         terminalreporter.write_sep("-", "harness evidence reports")

@@ -73,8 +73,9 @@ def test_bad_input_writes_nothing(tmp_path):
 
 @pytest.mark.parametrize("change,needle", [
     (("model: ../fixtures/induction-2l", "model: ./no-such-model"), "does not exist"),
-    (("head: L1H5", "head: L1H9"), "{h}:{line}: claims[1].head: (induction-L1H5) L1H9 is not in the model: the model has layers 0..1 and heads 0..7"),
-    (("heads: [L0H7]", "heads: [L0H7, L2H0]"), "{h}:{line}: claims[3].heads: (prev-token-head-needed) L2H0 is not in the model"),
+    # names are checked against the model's config.json before it loads (validate does the same)
+    (("head: L1H5", "head: L1H9"), "error: {h}:{line}: claims[1].head: L1H9 is not in the model: the model has layers 0..1 and heads 0..7"),
+    (("heads: [L0H7]", "heads: [L0H7, L2H0]"), "error: {h}:{line}: claims[3].heads: L2H0 is not in the model"),
     (("segment_length: 20", "segment_length: 40"), "{h}:{line}: data.segment_length: prompts of length 81 exceed the model's context 64"),
 ])
 def test_model_dependent_errors_exit_2(tmp_path, change, needle):

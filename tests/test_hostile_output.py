@@ -244,7 +244,9 @@ def test_report_command_on_an_edited_evidence_json(edited, tmp_path):
     for title in ("## Verdicts", "## Evidence ladder"):
         rows = table_rows(md, title)
         assert len(rows) > 2 and len({len(re.split(r"(?<!\\)\|", row)) for row in rows}) == 1, rows
-    assert r"| a\|b c &lt;script>alert(1)&lt;/script> " in md  # `|` and the line break do not add or split cells
+    # `|` and the line break do not add or split cells
+    assert r"| [a\|b c &lt;script>alert(1)&lt;/script>](#claim-1) " in md
+    assert '<a href="#claim-1" rel="noopener noreferrer">a|b c &lt;script&gt;alert(1)&lt;/script&gt;</a>' in page
     assert (tmp_path / "out" / "figures" / "effects.png").stat().st_size > 1000  # mathtext did not stop it
 
 

@@ -10,12 +10,22 @@ def test_component_round_trip(text):
     assert str(names.parse_component(text)) == text
 
 
-@pytest.mark.parametrize("text", ["L0H3 -> L1H6.k", "embed -> L0H1.q", "L1H6 -> logits",
-                                  "L0H2 -> L1.mlp", "L0.mlp -> L1H0.v"])
+@pytest.mark.parametrize("text", ["L0H3 -> L1H6.k", "embed -> L0H1.q", "L1H6 -> logits", "embed -> logits"])
 def test_edge_round_trip(text):
     e = names.parse_edge(text)
     assert str(e) == text
     assert names.parse_edge(text.replace(" ", "")) == e
+
+
+@pytest.mark.parametrize("text,end", [("L0H2 -> L1.mlp", "an edge receiver"), ("L0.mlp -> L1H0.v", "an edge sender")])
+def test_mlps_are_not_edge_ends(text, end):
+    """MLP names parse as nodes, but no edge field takes them: one message says so."""
+    assert str(names.parse_component("L1.mlp")) == "L1.mlp"
+    with pytest.raises(ComponentNameError, match=f"is not {end}; .*; {names.MLP_NOTE}$"):
+        names.parse_edge(text)
+    assert names.MLP_NOTE in names.EDGE_RULE
+    assert (names.edge_end_unsupported(names.Mlp(1), "into")
+            == f"edge patching into L1.mlp is not supported: {names.EDGE_RULE}")
 
 
 def test_parsed_values_are_frozen_and_structured():

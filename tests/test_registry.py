@@ -66,9 +66,10 @@ def test_registered_kind_validates_with_its_own_schema(toy):
     bad["claims"][1]["heads"] = ["L0H0"]
     with pytest.raises(SpecError) as exc:
         harness.load_hypothesis(bad)
-    assert any("claims[0].head: 'L0H7.k' is not a head" in p for p in exc.value.problems)
-    assert any("claims[1].heads: unknown key; allowed keys: id, kind, head, at_least, at_most, description" in p
-               for p in exc.value.problems)
+    # a dict has no lines: the claim is named by its id
+    assert any("claims[0] (id: L0H7-focused): head: 'L0H7.k' is not a head" in p for p in exc.value.problems)
+    assert any("claims[1] (id: L0H0-diffuse): heads: unknown key; allowed keys: id, kind, head, at_least, at_most, "
+               "description (did you mean head?)" in p for p in exc.value.problems)
 
 
 def test_registered_kind_runs_reports_and_rerenders(toy, tmp_path, fixture_model):
@@ -92,7 +93,7 @@ def test_registered_kind_runs_reports_and_rerenders(toy, tmp_path, fixture_model
 
     folder = harness.write_report(ev, out_dir=tmp_path / "r")
     md = (folder / "report.md").read_text()
-    assert "- per-prompt entropy median" in md and "#### L0H0-diffuse — FAIL" in md
+    assert "- per-prompt entropy median" in md and "</a>L0H0-diffuse — FAIL" in md
     doc = json.loads((folder / "evidence.json").read_text())
     assert writer.validate_evidence(doc) == []
     again = writer.rerender(folder / "evidence.json", tmp_path / "again")

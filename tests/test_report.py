@@ -155,8 +155,9 @@ def test_html_renders_in_headless_chromium(demo_folder, tmp_path):
     _, folder = demo_folder
     html = (folder / "report.html").read_text()
     assert "src=\"figures/" not in html and html.count("data:image/png;base64,") == len(FIGURES)
-    script = ("<script>document.body.setAttribute('data-imgs', "
-              "[...document.images].map(i => i.complete && i.naturalWidth).join(','))</script></body>")
+    script = ("<script>document.body.setAttribute('data-imgs', [...document.images].map(i => i.complete && "
+              "i.naturalWidth + 'x' + i.width).join(','));document.body.setAttribute('data-height', "
+              "document.documentElement.scrollHeight)</script></body>")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
@@ -169,17 +170,30 @@ def test_html_renders_in_headless_chromium(demo_folder, tmp_path):
     # ... so the probe that measures the images removes the policy first
     probe = tmp_path / "probe.html"
     probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", html).replace("</body>", script))
-    dom = subprocess.run([exe, *flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True,
-                         timeout=120).stdout
-    widths = [int(w) for w in dom.split('data-imgs="')[1].split('"')[0].split(",")]
-    assert len(widths) == len(FIGURES) and all(w > 300 for w in widths), widths
+    dom = subprocess.run([exe, *flags, "--window-size=1200,2000", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    sizes = [w.split("x") for w in dom.split('data-imgs="')[1].split('"')[0].split(",")]
+    assert len(sizes) == len(FIGURES) and all(int(n) > 300 for n, _ in sizes), sizes
+    # every figure is shown at its own size (never scaled down, so its text stays as drawn)
+    assert all(n == shown for n, shown in sizes), sizes
+    height = int(dom.split('data-height="')[1].split('"')[0])
     shot = tmp_path / "shot.png"
-    subprocess.run([exe, *flags, f"--screenshot={shot}", "--window-size=1200,2400", probe.as_uri()],
+    subprocess.run([exe, *flags, f"--screenshot={shot}", f"--window-size=1200,{height + 50}", probe.as_uri()],
                    capture_output=True, timeout=120)
     import matplotlib.image as mpimg
 
-    img = mpimg.imread(shot)
-    assert img.shape[0] >= 2000 and float(np.std(img[..., :3])) > 0.05
+    img = mpimg.imread(shot)[..., :3]
+    assert img.shape[0] >= height and float(np.std(img)) > 0.05
+
+    def pixels(hex_colour: str) -> int:
+        rgb = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255
+        return int(np.count_nonzero(np.abs(img - rgb).max(axis=-1) < 2 / 255))
+
+    # the new figure elements are on the page: claimed-edge boxes (composition), the
+    # unused band (signature), the use colours of the signature points
+    assert pixels("#ff0000") > 200  # red boxes around claimed edges
+    assert pixels("#e8eef8") > 10_000  # the ±tolerance band
+    assert pixels("#4a6fa5") > 50 and pixels("#2e8b2e") > 50  # unused and used points, PASS markers
 
 
 def numbers(doc: dict) -> dict:

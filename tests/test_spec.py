@@ -70,7 +70,7 @@ CASES = [
     ("generator and file", ("  n_prompts: 20", "  n_prompts: 20\n  file: x.jsonl"), 4, "data: give exactly one of 'generator'"),
     ("unknown data key", ("  n_prompts: 20", "  n_prompts: 20\n  promtps: 3"), 7, "data.promtps: unknown key; allowed keys: generator, n_prompts"),
     ("bad head name", ("head: L0H7", "head: L0H7.k"), 10, "claims[0].head: 'L0H7.k' is not a head"),
-    ("bad head in list", ("heads: [L0H7]", "heads: [L0H7, X1]"), 15, "claims[1].heads: 'X1' is not a component name"),
+    ("bad head in list", ("heads: [L0H7]", "heads: [L0H7, X1]"), 15, "claims[1].heads: 'X1' is not a head; expected a head L<layer>H<head>, e.g. L1H6"),
     ("duplicate head", ("heads: [L0H7]", "heads: [L0H7, L0H7]"), 15, "claims[1].heads: a head is listed twice"),
     ("unknown role", ("role: previous_token", "role: copying_head"), 11, "claims[0].role: Input should be"),
     ("impossible role threshold", ("at_least: 0.5\n  - id: b", "at_least: 1.5\n  - id: b"), 8, "an attention score lies in [0, 1]; threshold 1.5 is impossible"),
@@ -86,10 +86,10 @@ CASES = [
     ("bad stats", ("claims:", "stats:\n  confidence: 1.5\nclaims:"), 8, "stats.confidence: Input should be less than 1"),
     ("unknown metric", ("claims:", "metric: accuracy\nclaims:"), 7, "metric: Input should be 'logprob' or 'logit_diff'"),
     ("composition edge backwards", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L1H5 -> L0H7.k\n"), 19, "claims[2].edge: edge 'L1H5 -> L0H7.k' does not go forward"),
-    ("composition to logits", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L0H7 -> logits\n"), 19, "claims[2].edge: a composition edge goes from a head to a later head's .q, .k or .v input"),
+    ("composition to logits", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L0H7 -> logits\n"), 19, "claims[2].edge: 'logits' is not the receiver of a composition edge; expected a later head's input L<layer>H<head>.q/.k/.v"),
     ("composition expect", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L0H7 -> L1H0.k\n    expect: used\n"), 20, "claims[2].expect: Input should be 'composes' or 'does_not_compose' (got 'used')"),
     ("copying threshold", ("role: previous_token\n    at_least: 0.5", "role: copying\n    at_least: -1.5"), 8, "a copying score lies in [-1, 1]; threshold -1.5 is impossible"),
-    ("edge from logits", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: logits -> L1H0.k\n"), 19, "claims[2].edge: edge sender 'logits' must be a head, an MLP or embed"),
+    ("edge from logits", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: logits -> L1H0.k\n"), 19, "claims[2].edge: 'logits' is not an edge sender; expected a head L<layer>H<head> or embed"),
     ("edge into a head", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0\n"), 19, "did you mean L1H0.q, .k or .v?"),
     ("edge expect", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0.k\n    expect: composes\n"), 20, "claims[2].expect: Input should be 'used' or 'unused' (got 'composes')"),
     ("denoising with zero", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: edge\n    edge: L0H7 -> L1H0.k\n    direction: denoising\n    replacement: zero\n"), 17, "claims[2]: denoising patches the clean run's output into the corrupted run"),
@@ -145,10 +145,12 @@ def test_dict_input_resolves_against_base_dir(tmp_path):
     h = spec.load(yaml.safe_load(GOOD), base_dir=tmp_path)
     assert h.path is None
     assert h.resolve("m") == tmp_path.resolve() / "m"
-    with pytest.raises(SpecError, match=r"<dict>:\d+: claims\[0\].head"):
-        d = yaml.safe_load(GOOD)
-        d["claims"][0]["head"] = "nope"
+    d = yaml.safe_load(GOOD)
+    d["claims"][0]["head"] = "nope"
+    with pytest.raises(SpecError) as exc:  # a dict has no lines: the claim is named by its id
         spec.load(d)
+    assert exc.value.problems == ["claims[0] (id: a): head: 'nope' is not a head; expected a head L<layer>H<head>, "
+                                  "e.g. L1H6"]
 
 
 def test_validation_does_not_import_torch():

@@ -27,7 +27,7 @@ from pydantic import StrictBool
 
 from .. import stats
 from ..evidence.details import CI, Num, Sensitivity, Summary, optional
-from ..evidence.format import fmt, fmt_ci
+from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE, threshold_verdict
 from ..mech.runs import Runs
@@ -191,20 +191,23 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
             value, ci, unit_out, per_prompt = iv.estimate, [iv.low, iv.high], FRACTION, chosen.per_prompt
             verdict, rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
             rule = f"{rule} ({raw})"
+        reason = ""
         if a.change.vacuous:
             verdict = INCONCLUSIVE
+            reason = (f"untested: {claim.ablation}-ablating {heads} leaves their output as it was (relative change "
+                      f"{a.change.relative_change:.3f} < min_change {st.min_change:g})")
             rule = (f"untested: {claim.ablation}-ablating {heads} leaves their output as it was (relative change "
                     f"{a.change.relative_change:.3f} < min_change {st.min_change:g} at {a.change.read_at}), so the "
                     f"number ({rule}) says nothing about whether they are needed; use ablation: zero, or a "
                     "corruption that changes their output")
         return self.result(claim, expectation=expectation, verdict=verdict, value=value, ci=ci, unit=unit_out,
-                           rule=rule, details=details, per_prompt=per_prompt)
+                           rule=rule, details=details, per_prompt=per_prompt, reason=reason)
 
     def render(self, result: ClaimResult, unit: str) -> list[str]:
         d = self.details_of(result)
         out = [f"- metric: clean {fmt(d.clean_metric_mean)}, ablated {fmt(d.ablated_metric_mean)}, corrupted "
                f"{fmt(d.corrupted_metric_mean)} {unit}" + (f" (corruption {d.corruption})" if d.corruption else ""),
-               f"- raw drop {fmt(d.drop_mean)} {unit} {fmt_ci(d.drop_ci)}, sign-flip p = {d.drop_p_value:.4g}; "
+               f"- raw drop {fmt(d.drop_mean)} {unit} {fmt_ci(d.drop_ci)}, sign-flip p = {fmt_p(d.drop_p_value)}; "
                f"per-prompt median {fmt(d.drop_summary.median)}, IQR {fmt(d.drop_summary.iqr)}"]
         if d.normalized is not None and d.normalized_summary is not None:
             out.append(f"- normalized effect {fmt(d.normalized)} {fmt_ci(d.normalized_ci)}; per-prompt median "

@@ -13,7 +13,8 @@ typed details model (a `Details` subclass) and a `ClaimKind` subclass saying
 * `render(result, unit)`: the Markdown lines that show its details;
 * `key_number(result)`, `reference_lines(result, plan)`: the number in the claim
   table and the lines it is judged against in sweep plots;
-* `shown_heads(claim)`, `edges(claim)`: what the report's figures draw for it.
+* `shown_heads(claim)`, `edges(claim)`, `pass_region(claim, result)`: what the
+  report's figures draw for it.
 
 Registering an instance (`claims.registry.register`) is all it takes for the
 schema, the runner, the reports, sweeps and the pytest plugin to handle it.
@@ -26,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ..evidence.details import Details, Sensitivity, WeightsVsUseRow
+from ..evidence.details import Details, PassRegion, Sensitivity, WeightsVsUseRow
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import EvidenceType, Verdict
 from ..mech.factored import Composition
@@ -212,6 +213,15 @@ class ClaimKind(ABC, Generic[S, D]):
                 return [(plan[key], key.replace("_", " "))]
         return []
 
+    def pass_region(self, claim: S, result: ClaimResult) -> PassRegion | None:
+        """Where the claim's number must lie for PASS (the effects figure shades it).
+        Default: a bounded claim's `at_least` / `at_most`; None for other claims."""
+        if not isinstance(claim, BoundedClaim):
+            return None
+        if claim.at_least is not None:
+            return PassRegion(low=claim.at_least, high=None, text=f"at least {claim.at_least:g}")
+        return PassRegion(low=None, high=claim.bound, text=f"at most {claim.bound:g}")
+
     def shown_heads(self, claim: S) -> list[names.Head]:
         """Heads whose attention pattern the report draws for this claim."""
         return []
@@ -238,11 +248,12 @@ class ClaimKind(ABC, Generic[S, D]):
 
     def result(self, claim: ClaimSpec, *, expectation: str, verdict: Verdict, value: float | None,
                ci: list[float] | None, unit: str, rule: str, details: Details,
-               per_prompt: list[float] | None = None) -> ClaimResult:
-        """A ClaimResult of this kind for `claim`."""
+               per_prompt: list[float] | None = None, reason: str = "") -> ClaimResult:
+        """A ClaimResult of this kind for `claim` (`reason`: why the verdict, in one line,
+        when the rule is longer than that)."""
         return ClaimResult(id=claim.id, kind=self.name, expectation=expectation, verdict=verdict, value=value,
                            ci=ci, unit=unit, rule=rule, details=details, evidence=self.evidence,
-                           description=claim.description, per_prompt=per_prompt)
+                           description=claim.description, per_prompt=per_prompt, reason=reason)
 
 
 def component_names(claim: ClaimSpec) -> Iterator[tuple[str, names.Component | names.Edge]]:

@@ -29,7 +29,7 @@ from pydantic import Field, StrictBool
 
 from .. import stats
 from ..evidence.details import CI, Details, Num, Sensitivity, Summary, optional
-from ..evidence.format import fmt
+from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_verdict
 from ..mech.runs import Runs
@@ -205,17 +205,19 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
                                details=details, rule=f"faithfulness undefined: {norm.reason}")
         f_verdict, f_rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
 
-        def done(verdict: Verdict, rule: str) -> ClaimResult:
+        def done(verdict: Verdict, rule: str, reason: str = "") -> ClaimResult:
             untested = change.vacuous_heads if change is not None and change.vacuous_heads else []
             if verdict == PASS and untested:
                 verdict = INCONCLUSIVE
+                reason = (f"untested for {', '.join(untested)}: ablating them leaves their output as it was "
+                          f"(relative change < min_change {st.min_change:g})")
                 rule = (f"untested for {', '.join(untested)}: {claim.ablation}-ablating them leaves their output as "
                         f"it was (relative change < min_change {st.min_change:g}), so the circuit's faithfulness "
                         f"does not show it works without them ({rule}); use ablation: zero, or a corruption that "
                         "changes their output")
             return self.result(claim, expectation=expectation, verdict=verdict, value=iv.estimate,
                                ci=[iv.low, iv.high], unit=UNIT, rule=rule, details=details,
-                               per_prompt=norm.per_prompt)
+                               per_prompt=norm.per_prompt, reason=reason)
 
         if not compare:
             return done(f_verdict, f"faithfulness {f_rule}")
@@ -230,16 +232,8 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         details.beaten = k
         details.binomial_p_value = float(test.pvalue)
         details.alpha = st.alpha
-        better = test.pvalue < st.alpha
-        worse = k / len(random_f) <= claim.beat_rate
-        if f_verdict == PASS and better:
-            verdict = PASS
-        elif f_verdict == FAIL or worse:
-            verdict = FAIL
-        else:
-            verdict = INCONCLUSIVE
-        return done(verdict, f"faithfulness {f_rule}; beats {k}/{len(random_f)} random circuits, binomial p = "
-                             f"{test.pvalue:.3g} ({'<' if better else '>='} alpha {st.alpha:g})")
+        return done(*random_comparison(f_verdict, f_rule, k, len(random_f), float(test.pvalue), st.alpha,
+                                       claim.beat_rate))
 
     def render(self, result: ClaimResult, unit: str) -> list[str]:
         d = self.details_of(result)
@@ -249,7 +243,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             rs = d.random_faithfulness_summary
             out.append(f"- {d.random_circuits} random circuits of the same size: faithfulness median "
                        f"{fmt(rs.median)}, IQR {fmt(rs.iqr)}, max {fmt(d.random_faithfulness_max)}; "
-                       f"beaten {d.beaten}, binomial p = {d.binomial_p_value:.3g}")
+                       f"beaten {d.beaten}, binomial p = {fmt_p(d.binomial_p_value)}")
         if d.intervention_change is not None:
             out.append(effects.change_line(d.intervention_change, "the output of the heads outside the circuit"))
         if d.sensitivity is not None:
@@ -258,3 +252,34 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
 
 KIND = CircuitKind()
+
+
+def random_comparison(f_verdict: Verdict, f_rule: str, k: int, n: int, p: float, alpha: float,
+                      beat_rate: float) -> tuple[Verdict, str, str]:
+    """(verdict, rule, reason) of a circuit claim from its faithfulness verdict and the
+    random-circuit comparison: it beats k of n random circuits, one-sided binomial p of
+    k/n > beat_rate.  PASS needs the faithfulness PASS and p < alpha; FAIL follows a
+    faithfulness FAIL or k/n <= beat_rate; otherwise INCONCLUSIVE (the reason names which
+    part held it back)."""
+    better = p < alpha
+    worse = k / n <= beat_rate
+    if f_verdict == PASS and better:
+        verdict = PASS
+    elif f_verdict == FAIL or worse:
+        verdict = FAIL
+    else:
+        verdict = INCONCLUSIVE
+    beats = f"beats {k}/{n} random circuits (binomial p {fmt_p(p)} {'<' if better else '>='} alpha {alpha:g})"
+    if verdict == PASS:
+        reason = f"faithfulness {f_rule}; {beats}"
+    elif f_verdict == FAIL:
+        reason = f"faithfulness {f_rule}"
+    elif worse:
+        reason = f"beats only {k}/{n} random circuits, not more than the rate {beat_rate:g} (faithfulness {f_rule})"
+    elif f_verdict == PASS:
+        reason = f"faithfulness {f_rule}, but it {beats}: not clearly more than the rate {beat_rate:g}"
+    else:
+        reason = f"faithfulness {f_rule}; {beats}"
+    rule = (f"faithfulness {f_rule}; beats {k}/{n} random circuits, binomial p = {fmt_p(p)} "
+            f"({'<' if better else '>='} alpha {alpha:g})")
+    return verdict, rule, reason

@@ -20,17 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import field_validator
-
 from .. import stats
 from ..evidence.details import Details, Num
-from ..evidence.format import fmt
+from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, PASS
 from ..mech import weights
 from ..mech.factored import Composition
 from ..spec import names
-from ..spec.fields import ClaimSpec, EdgeName
+from ..spec.fields import ClaimSpec, HeadRouteName
 from ..spec.settings import Stats
 from .base import ClaimKind, Context, Indexed, LadderEntry
 
@@ -41,16 +39,8 @@ class CompositionClaim(ClaimSpec):
     """A head -> head-input edge composes (or does not) in the weights."""
 
     kind: Literal["composition"]
-    edge: EdgeName
+    edge: HeadRouteName  # a head -> a later head's .q/.k/.v (names.HEAD_ROUTE)
     expect: Literal["composes", "does_not_compose"] = "composes"
-
-    @field_validator("edge")
-    @classmethod
-    def _head_route(cls, e: names.Edge) -> names.Edge:
-        if not names.is_head_route(e):
-            raise ValueError(f"a composition edge goes from a head to a later head's .q, .k or .v input, "
-                             f"e.g. 'L0H3 -> L1H6.k'; got {str(e)!r}")
-        return e
 
 
 class CompositionDetails(weights.CompositionResult, Details):
@@ -107,7 +97,7 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
         d = self.details_of(result)
         composes = d.p_adjusted < d.alpha
         return [LadderEntry(str(claim.edge), "edge", "weights", "supports" if composes else "against",
-                            f"{'composes' if composes else 'does not compose'} (p_adj {d.p_adjusted:.3g})")]
+                            f"{'composes' if composes else 'does not compose'} (p_adj {fmt_p(d.p_adjusted)})")]
 
     def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> dict[int, ClaimResult]:
         found = route_evidence(ctx.composition(), [c.edge for _, c in claims], ctx.stats)
@@ -129,15 +119,17 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
                                details=details, rule="no route: the sender's OV or the receiver's matrix is zero "
                                                      "(score undefined, p = 1)")
         rule = (f"C = {score:.3f} vs null mean {r.null_mean:.3f} (99th pct {r.null_q99:.3f}); "
-                f"p = {r.p_value:.4g}, BH-adjusted over {n_tested} composition claim(s) p = {p_adjusted:.4g} "
+                f"p = {fmt_p(r.p_value)}, BH-adjusted over {n_tested} composition claim(s) p = {fmt_p(p_adjusted)} "
                 f"{'<' if composes else '>='} alpha {alpha:g}")
         return self.result(claim, expectation=expectation, verdict=verdict, value=score, ci=None, unit=UNIT,
-                           rule=rule, details=details)
+                           rule=rule, details=details,
+                           reason=f"{'composes' if composes else 'does not compose'}: C = {score:.3f}, p_adj "
+                                  f"{fmt_p(p_adjusted)} {'<' if composes else '>='} alpha {alpha:g}")
 
     def key_number(self, result: ClaimResult) -> str:
         if result.value is None:
             return "undefined"
-        return f"{result.value:.3f} (p_adj {self.details_of(result).p_adjusted:.3g})"
+        return f"{result.value:.3f} (p_adj {fmt_p(self.details_of(result).p_adjusted)})"
 
     def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
         return [(self.details_of(result).null_q99, "null 99th pct")]
@@ -148,7 +140,8 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
                 f"{fmt(d.null_mean)}, sd {fmt(d.null_std)}, 95th pct {fmt(d.null_q95)}, 99th pct {fmt(d.null_q99)}",
                 f"- C·sqrt({d.null_dim}) = {fmt(d.ratio_to_isotropic, 2)} (1 = isotropic baseline); "
                 f"C / C_max = {fmt(d.fraction_of_max)} (C_max = {fmt(d.c_max)}); percentile among all cross-layer "
-                f"{d.mode.upper()} pairs: {fmt(d.percentile, 1)}; ranks {d.rank_sender} / {d.rank_receiver}; "
+                f"{d.mode.upper()} pairs: {fmt(d.percentile, 1)}; rank(X) = {d.rank_sender} (X: the sender's OV), "
+                f"rank(Y) = {d.rank_receiver} (Y: the receiver's {'OV' if d.mode == 'v' else 'QK'}); "
                 f"weights {d.processing}"]
 
 

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from .. import stats
-from ..evidence.details import CI, EdgeTest, Num, Sensitivity, Summary, WeightsVsUseRow, optional
-from ..evidence.format import fmt, fmt_ci
+from ..evidence.details import CI, EdgeTest, Num, PassRegion, Sensitivity, Summary, WeightsVsUseRow, optional
+from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict
 from ..mech import change as read_change
@@ -78,7 +78,7 @@ class EdgeClaim(CorruptionChoice):
     """Patching one edge moves the metric (used) or not (unused)."""
 
     kind: Literal["edge"]
-    edge: EdgeName
+    edge: EdgeName  # a head or embed -> a later head's .q/.k/.v or logits (names.EDGE_RULE)
     expect: Literal["used", "unused"] = "used"
     direction: Direction = "noising"
     replacement: Replacement = "resample"
@@ -87,15 +87,6 @@ class EdgeClaim(CorruptionChoice):
     tolerance: float | None = Field(None, gt=0.0)
     freeze_patterns: StrictBool = False
     sensitivity: StrictBool = False
-
-    @field_validator("edge")
-    @classmethod
-    def _patchable(cls, e: names.Edge) -> names.Edge:
-        if not isinstance(e.sender, (names.Head, names.Embed)) or not isinstance(
-                e.receiver, (names.HeadInput, names.Logits)):
-            raise ValueError(f"an edge claim goes from a head or embed to a later head's .q/.k/.v or "
-                             f"to logits, e.g. 'L0H3 -> L1H6.k'; got {str(e)!r}")
-        return e
 
     @model_validator(mode="after")
     def _consistent(self) -> EdgeClaim:
@@ -198,6 +189,23 @@ def edge_effect(runs: Runs, edge: names.Edge, direction: str, replacement: str, 
     return EdgeEffect(effects.change(d, st, seed, jack), norm, base, p, float(m_clean.mean()),
                       float(m_patched.mean()), float(m_corrupt.mean()), zero, effects.intervention_change(r, st, where),
                       baseline if noising else None, runs.corruption)
+
+
+def use_reason(use: str, lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, st: Stats,
+               raw_change: float) -> str:
+    """The use status with the comparison that decided it, in one line."""
+    ci = f"CI [{lo:.3f}, {hi:.3f}]"
+    if use == USED:
+        return f"used: {ci} above {min_effect:g}, p_adj {fmt_p(p_adj)} < {st.alpha:g}"
+    if use == OPPOSITE:
+        return f"used against the claim's direction: {ci} below -{min_effect:g}, p_adj {fmt_p(p_adj)} < {st.alpha:g}"
+    if use == UNUSED:
+        return f"unused: {ci} within ±{tolerance:g}"
+    if lo > min_effect or hi < -min_effect:
+        short = (f"p_adj {fmt_p(p_adj)} >= alpha {st.alpha:g}" if p_adj >= st.alpha
+                 else f"|raw change| {abs(raw_change):.3g} is below min_raw_change {st.min_raw_change:g}")
+        return f"undetermined: {ci} clears ±{min_effect:g} but {short}"
+    return f"undetermined: {ci} is neither beyond ±{min_effect:g} nor within ±{tolerance:g}"
 
 
 def use_status(lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, alpha: float,
@@ -346,6 +354,8 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
                                value=None if niv is None else niv.estimate,
                                ci=None if niv is None else [niv.low, niv.high], unit=FRACTION, details=details,
                                per_prompt=None if niv is None else chosen.per_prompt,
+                               reason=f"untested: the patch changes nothing {claim.edge.receiver} reads (relative "
+                                      f"change {effect.read.relative_change:.3f} < min_change {st.min_change:g})",
                                rule=f"untested: the {claim.replacement} patch does not change {claim.edge.sender}'s "
                                     f"output where {claim.edge.receiver} reads it (relative change "
                                     f"{effect.read.relative_change:.3f} < min_change {st.min_change:g} at "
@@ -357,12 +367,19 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
                                rule=f"normalized effect undefined: {chosen.reason} ({raw})")
         lo, hi = niv.low, niv.high
         zero = "; structurally zero: left out of the BH family" if effect.structurally_zero else ""
-        rule = (f"effect {niv.estimate:.3f} CI [{lo:.3f}, {hi:.3f}], p_adj {p_adj:.3g} -> {use} "
+        rule = (f"effect {niv.estimate:.3f} CI [{lo:.3f}, {hi:.3f}], p_adj {fmt_p(p_adj)} -> {use} "
                 f"(used: CI low > {min_effect:g}, p_adj < {st.alpha:g} and raw change >= {st.min_raw_change:g}; "
                 f"unused: CI within ±{tol:g}); {raw}{zero}")
         return self.result(claim, expectation=expectation,
                            verdict=edge_verdict(claim.expect, use, lo, hi, min_effect, tol), value=niv.estimate,
-                           ci=[lo, hi], unit=FRACTION, rule=rule, details=details, per_prompt=chosen.per_prompt)
+                           ci=[lo, hi], unit=FRACTION, rule=rule, details=details, per_prompt=chosen.per_prompt,
+                           reason=use_reason(use, lo, hi, p_adj, min_effect, tol, st, raw_change))
+
+    def pass_region(self, claim: EdgeClaim, result: ClaimResult) -> PassRegion:
+        d = self.details_of(result)
+        if claim.expect == "used":
+            return PassRegion(low=d.min_effect, high=None, text=f"> {d.min_effect:g} (min_effect)")
+        return PassRegion(low=-d.tolerance, high=d.tolerance, text=f"within ±{d.tolerance:g} (tolerance)")
 
     def _weights_vs_use(self, claims: Sequence[Indexed[EdgeClaim]], results: dict[int, ClaimResult],
                         ctx: Context) -> None:
@@ -404,8 +421,8 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
         where = f" (corruption {d.corruption})" if d.corruption else ""
         out = [f"- metric: clean {fmt(d.clean_metric_mean)}, patched {fmt(d.patched_metric_mean)}, corrupted "
                f"{fmt(d.corrupted_metric_mean)} {unit}{where}",
-               f"- raw change {fmt(d.change_mean)} {unit} {fmt_ci(d.change_ci)}; sign-flip p = {d.p_value:.3g}, "
-               f"BH-adjusted {d.p_adjusted:.3g}; use: **{d.use}**{wvu}"]
+               f"- raw change {fmt(d.change_mean)} {unit} {fmt_ci(d.change_ci)}; sign-flip p = {fmt_p(d.p_value)}, "
+               f"BH-adjusted {fmt_p(d.p_adjusted)}; use: **{d.use}**{wvu}"]
         if d.normalized_summary is not None:
             out.append(f"- per-prompt effect median {fmt(d.normalized_summary.median)}, IQR "
                        f"{fmt(d.normalized_summary.iqr)}; {d.n_excluded_small_gap} prompt(s) excluded for a small "

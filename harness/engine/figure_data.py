@@ -13,9 +13,10 @@ from the JSON alone.
                candidate sender: composition score (x), BH-adjusted null p over
                the candidates (the shared null draws), and the noising edge
                effect with its CI (y, resample replacement,
-               Stream.SIGNATURE_EFFECT); claimed edges are marked, and edges whose
-               patch changes nothing the receiver reads (mech.change) are
-               `untested`.
+               Stream.SIGNATURE_EFFECT) and its use status by the edge claims'
+               rule (p BH-adjusted over the patched candidates; `untested`
+               when the patch changes nothing the receiver reads, mech.change);
+               claimed edges are marked.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from ..claims import effects
+from .. import stats
 from ..claims.composition import route_evidence
+from ..claims.edge import UNDETERMINED, UNTESTED, edge_effect, use_status
 from ..claims.registry import kind_of
 from ..mech import batched_edges
-from ..mech import change as read_change
 from ..mech.factored import Composition
 from ..mech.runs import Runs
 from ..spec import names
@@ -111,6 +112,9 @@ def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> di
 
 def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: Stats, seed: int, unit: str,
               progress: Callable[..., Any]) -> dict[str, Any]:
+    """Every candidate edge into the named receivers: its composition test and, for the
+    patched ones, the noising resample effect and its use status under the edge claims'
+    rule (claims.edge.use_status; sign-flip p-values BH-adjusted over the patched candidates)."""
     claimed = {str(e) for e in named_edges(claims)}
     candidates = [names.Edge(h, r) for r in receivers(claims)
                   for h in names.Head.every(r.head.layer, comp.hw.n_heads)]
@@ -119,22 +123,34 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
     found = route_evidence(comp, candidates, st)
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
     chosen = patch_within_budget(candidates, [r.result.score for r in found], claimed, runs.n_layers)
-    runs.patched_many([e for e in candidates if e in chosen], "noising", "resample")  # in batched passes
+    patched = [e for e in candidates if e in chosen]
+    runs.patched_many(patched, "noising", "resample")  # in batched passes
+    measured = {e: edge_effect(runs, e, "noising", "resample", False, st, effect_seed, unit)
+                for e in progress(patched, "signature edges")}
+    family = [e for e in patched if not measured[e].structurally_zero]
+    adjusted = dict(zip(family, stats.benjamini_hochberg([measured[e].p_value for e in family]), strict=True))
     points = []
-    for e, r in progress(list(zip(candidates, found, strict=True)), "signature edges"):
+    for e, r in zip(candidates, found, strict=True):
         point = {"edge": str(e), "composition": _clean(r.result.score), "null_q99": r.result.null_q99,
                  "composition_p_adjusted": r.p_adjusted, "composes": bool(r.p_adjusted < st.composition_alpha),
                  "effect": None, "effect_ci": None, "claimed": str(e) in claimed, "untested": False,
                  "patched": e in chosen}
-        if e in chosen:
-            eff = noising_effect(runs, e, st, effect_seed, unit)
-            per_prompt, _ = read_change.edge_change(runs, e, "noising", "resample")
-            point.update(effect=None if eff is None else eff.estimate,
-                         effect_ci=None if eff is None else [eff.low, eff.high],
-                         untested=effects.intervention_change(per_prompt, st, "").vacuous)
+        if e in measured:
+            m = measured[e]
+            iv = m.norm.interval
+            if m.read.vacuous:
+                use = UNTESTED
+            elif iv is None:
+                use = UNDETERMINED
+            else:
+                use = use_status(iv.low, iv.high, adjusted.get(e, 1.0), st.min_effect, st.tolerance, st.alpha,
+                                 m.change.interval.estimate, st.min_raw_change)
+            point.update(effect=None if iv is None else iv.estimate,
+                         effect_ci=None if iv is None else [iv.low, iv.high], untested=m.read.vacuous, use=use)
         points.append(point)
     skipped = len(candidates) - len(chosen)
-    note = "noising, resample replacement; composition p BH-adjusted over these candidates"
+    note = ("noising, resample replacement; use by the edge claims' rule with p BH-adjusted over the patched "
+            "candidates; composition p BH-adjusted over these candidates")
     if skipped:
         note += (f"; {len(chosen)} of {len(candidates)} candidates patched (the claimed edges, then the most "
                  f"composing, within {SIGNATURE_BUDGET:g} forward passes); the other {skipped} have weights only")
@@ -167,9 +183,3 @@ def patch_within_budget(candidates: list[names.Edge], scores: list[Any], claimed
             chosen.add(candidates[i])
             spent += cost
     return chosen
-
-
-def noising_effect(runs: Runs, edge: names.Edge, st: Stats, seed: int, unit: str) -> Any | None:
-    """The normalised effect (stats.Interval) of noising `edge` with resample replacement, or None."""
-    d = runs.m_clean - runs.patched(edge, "noising", "resample")
-    return effects.normalized_effect(d, runs.m_clean - runs.m_corrupt, st, seed, unit).interval

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from ..claims.base import LadderEntry
 from ..claims.registry import kind_of
 from ..evidence.details import AS_CLAIMED, RUNGS, LadderRow, LadderStep, WeightsVsUseRow
+from ..evidence.format import fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import Verdict
 from ..spec.fields import ClaimSpec
@@ -44,7 +45,7 @@ def entries(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult], rows: S
     out = [(r.id, e) for c, r in zip(claims, results, strict=True) for e in kind_of(c).ladder(c, r)]
     for row in rows:  # the composition test of an edge that only edge claims name
         out.append((WEIGHTS_VS_USE, LadderEntry(row.edge, "edge", "weights", "supports" if row.composes else "against",
-                                                f"composition {row.composition_p_adjusted:.3g} (BH-adjusted p)")))
+                                                f"composition {fmt_p(row.composition_p_adjusted)} (BH-adjusted p)")))
     return out
 
 

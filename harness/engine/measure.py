@@ -121,6 +121,8 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
         stage(f"claims: {len(items)} {kind.name}")
         found.update(kind.measure(items, ctx))
     results = [found[i] for i in range(len(claims))]
+    for c, r in zip(claims, results, strict=True):
+        r.pass_region = kind_of(c).pass_region(c, r)
 
     figs: dict[str, Any] = {}
     if figures:

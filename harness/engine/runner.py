@@ -55,7 +55,7 @@ def build_dataset(h: LoadedHypothesis, model: LoadedModel) -> data.Dataset:
 
 def check_corruptions(h: LoadedHypothesis, ds: data.Dataset) -> None:
     """Every corruption a claim names must be one of the data's."""
-    problems = [f"{h.where(f'claims[{i}].corruption')}: ({c.id}) corruption {name!r} is not one of the data's: "
+    problems = [f"{h.where_claim(i, 'corruption')} corruption {name!r} is not one of the data's: "
                 f"{', '.join(ds.corruptions)}"
                 for i, c in enumerate(h.spec.claims) for name in c.corruptions_used() if name not in ds.corruptions]
     if problems:
@@ -70,7 +70,7 @@ def check_names(h: LoadedHypothesis, model: LoadedModel) -> None:
             try:
                 names.check_in_model(name, model.n_layers, model.n_heads, model.has_mlp)
             except ComponentNameError as exc:
-                problems.append(f"{h.where(f'claims[{i}].{key}')}: ({c.id}) {exc}")
+                problems.append(f"{h.where_claim(i, key)} {exc}")
     if problems:
         raise SpecError(list(dict.fromkeys(problems)))
 

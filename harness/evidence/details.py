@@ -69,6 +69,17 @@ class Sensitivity(Record):
     agrees: bool  # every type gives the claim's own verdict
 
 
+class PassRegion(Record):
+    """Where a claim's number must lie for PASS, as the effects figure shades it: the
+    interval [low, high] (None: unbounded on that side) and the bound in words
+    (`at least 0.8`, `> 0.1 (min_effect)`, `within ±0.05 (tolerance)`).  The verdict
+    itself needs the whole CI inside (and, for some kinds, more: the rule says what)."""
+
+    low: Num
+    high: Num
+    text: str
+
+
 class SanityCheck(Record):
     name: str
     passed: bool

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from ..errors import EvidenceFormatError
-from .details import Details, LadderRow, Record, SanityCheck, WeightsVsUseRow
+from .details import Details, LadderRow, PassRegion, Record, SanityCheck, WeightsVsUseRow
 from .result import SCHEMA_VERSION, ClaimResult, Evidence
 from .verdicts import Verdict
 
@@ -83,10 +83,12 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
 
     1 -> 2: copying claims had kind `role` (with weights evidence); now `copying`.
     2 -> 3: a weights-vs-use row was one edge claim; now one edge and direction with
-            the `tests` of its claims (an old row becomes a row with its one test)."""
+            the `tests` of its claims (an old row becomes a row with its one test).
+    3 -> 4: claims gain `reason` and `pass_region`, signature points `use`; all three may
+            be absent (a claim then reads with the rule as its reason and no pass region)."""
     version = doc.get("schema_version")
-    if version == SCHEMA_VERSION:
-        return doc
+    if version in (3, SCHEMA_VERSION):  # 3 -> 4 only added keys that may be absent
+        return doc if version == SCHEMA_VERSION else dict(doc, schema_version=SCHEMA_VERSION)
     out = dict(doc, schema_version=SCHEMA_VERSION)
     claims = doc.get("claims", [])
     if version == 1:
@@ -184,7 +186,9 @@ def load(doc: dict[str, Any], kinds: Mapping[str, KindInfo], checked: bool = Fal
         raise EvidenceFormatError("not a valid evidence document:\n" + "\n".join(found[:10]))
     d = upgrade(doc)
     claims = [ClaimResult(**dict(c, verdict=Verdict(c["verdict"]),
-                                 details=kinds[c["kind"]].details.model_validate(c["details"])))
+                                 details=kinds[c["kind"]].details.model_validate(c["details"]),
+                                 pass_region=None if c.get("pass_region") is None
+                                 else PassRegion.model_validate(c["pass_region"])))
               for c in d["claims"]]
     return Evidence(hypothesis=d["hypothesis"], model=d["model"], data=d["data"], settings=d["settings"],
                     baseline=d["baseline"], sanity_checks=[SanityCheck.model_validate(x) for x in d["sanity_checks"]],

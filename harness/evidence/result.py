@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ExitCode
-from .details import Details, LadderRow, SanityCheck, WeightsVsUseRow
+from .details import Details, LadderRow, PassRegion, SanityCheck, WeightsVsUseRow
 from .verdicts import EvidenceType, Verdict
 
-SCHEMA_VERSION = 3  # of evidence.json; docs/evidence-json.md lists the changes
+SCHEMA_VERSION = 4  # of evidence.json; docs/evidence-json.md lists the changes
 
 
 @dataclass(kw_only=True)
@@ -33,12 +33,20 @@ class ClaimResult:
     evidence: EvidenceType
     description: str = ""
     per_prompt: list[float] | None = None  # the claim's number prompt by prompt (None: exact)
+    reason: str = ""  # why this verdict, in one line (the verdict table's `reason`; "" reads as `rule`)
+    pass_region: PassRegion | None = None  # where the number must lie for PASS (ClaimKind.pass_region)
+
+    @property
+    def why(self) -> str:
+        """The verdict's reason in one line: `reason`, or the rule when there is none."""
+        return self.reason or self.rule
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "kind": self.kind, "expectation": self.expectation,
                 "verdict": self.verdict, "value": self.value, "ci": self.ci, "unit": self.unit,
                 "rule": self.rule, "description": self.description, "details": self.details.to_dict(),
-                "evidence": self.evidence, "per_prompt": self.per_prompt}
+                "evidence": self.evidence, "per_prompt": self.per_prompt, "reason": self.reason,
+                "pass_region": None if self.pass_region is None else self.pass_region.to_dict()}
 
 
 @dataclass(kw_only=True)
@@ -63,7 +71,17 @@ class Evidence:
         return all(c.verdict == Verdict.PASS for c in self.claims)
 
     @property
+    def failed_sanity_checks(self) -> list[SanityCheck]:
+        """The recorded sanity checks that failed (e.g. the clean-corrupted gap below
+        min_gap); fatal ones raise SanityCheckError and leave no Evidence."""
+        return [c for c in self.sanity_checks if not c.passed]
+
+    @property
     def exit_code(self) -> int:
+        """ExitCode.SANITY (3) when a recorded sanity check failed, else OK (0) when every
+        claim passed, else CLAIMS (1)."""
+        if self.failed_sanity_checks:
+            return ExitCode.SANITY
         return ExitCode.OK if self.passed else ExitCode.CLAIMS
 
     def claim(self, claim_id: str) -> ClaimResult:

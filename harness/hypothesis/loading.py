@@ -3,9 +3,18 @@ document model (hypothesis.document).
 
 Validation needs only PyYAML and pydantic (no torch), so `harness validate`
 stays fast.  Every problem is reported as `file:line: field: message`; all
-problems of a file are collected before raising one `SpecError`.  Names are
-checked against a loaded model later, with `LoadedHypothesis.where` giving the
-same `file:line: field` prefix.
+problems of a file are collected before raising one `SpecError`.  A hypothesis
+given as a dict has no lines: its problems name the field, and a claim's field
+names the claim by its id (`claims[2] (id: prev-token): head: message`).  An
+unknown key, claim kind or value gets the nearest allowed one (`did you mean
+at_least?`), and YAML syntax errors a wrong indentation causes get a hint.
+
+With `check_model=True` (`harness validate`, `harness run`), when the file's
+model is a local directory whose config.json gives its layers and heads
+(model.shape), component names are checked against them here, before any model
+loads, and only names inside the model are suggested; otherwise (an `hf:` model,
+no readable config.json) names are checked against the loaded model later, with
+`LoadedHypothesis.where` giving the same `file:line: field` prefix.
 
 The full format is documented in docs/hypothesis-format.md; the pydantic
 models are its source of truth (defaults live there only).
@@ -13,7 +22,9 @@ models are its source of truth (defaults live there only).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +34,9 @@ from pydantic import BaseModel, ValidationError
 
 from ..claims import registry
 from ..errors import SpecError
-from ..spec.fields import BoundedClaim, ClaimSpec
+from ..model.shape import config_shape
+from ..spec.fields import SHAPE, BoundedClaim, ClaimSpec
+from ..spec.names import Shape
 from ..textfile import utf8
 from .document import Hypothesis, document_model, tags
 
@@ -43,12 +56,21 @@ class LoadedHypothesis:
         return self.spec.name
 
     def where(self, key: str) -> str:
-        """`file:line: key` for an error found after validation (e.g. against the model)."""
-        path = self.path or "<dict>"
+        """`file:line: key` for an error found after validation (e.g. against the model);
+        for a dict, the key with the claim's id (`claims[1] (id: b): heads`)."""
+        if self.path is None:
+            return claim_field(key, [c.id for c in self.spec.claims])
         probe = key
         while probe and probe not in self.lines:
             probe = probe.rsplit(".", 1)[0] if "." in probe else probe.rsplit("[", 1)[0] if "[" in probe else ""
-        return f"{path}:{self.lines.get(probe, 1)}: {key}"
+        return f"{self.path}:{self.lines.get(probe, 1)}: {key}"
+
+    def where_claim(self, i: int, key: str) -> str:
+        """The prefix of a problem with field `key` of claim `i` (the message follows after a
+        space), naming the claim: `file:line: claims[i].key: (ID)`, or for a dict
+        `claims[i] (id: ID): key:`."""
+        where = self.where(f"claims[{i}].{key}")
+        return f"{where}:" if self.path is None else f"{where}: ({self.spec.claims[i].id})"
 
     def resolve(self, rel: str) -> Path:
         p = Path(rel).expanduser()
@@ -62,6 +84,51 @@ PATTERN_TEXT = {
           "no spaces (ids name pytest items: file.yaml::ID)",
     "name": "a name is letters, digits, '_', '.' and '-' (it names the report folder)",
 }
+
+
+_CLAIM_FIELD = re.compile(r"^claims\[(\d+)\]\.?(.*)$")
+
+
+def claim_field(key: str, ids: list[Any]) -> str:
+    """A field of a dict-given hypothesis as its problems name it: a claim's field with
+    the claim's id (`claims[2].head` -> `claims[2] (id: prev-token): head`), other fields
+    as they are."""
+    m = _CLAIM_FIELD.match(key)
+    if m is None:
+        return key
+    i, rest = int(m[1]), m[2]
+    claim_id = ids[i] if i < len(ids) else None
+    named = f"claims[{i}] (id: {claim_id})" if isinstance(claim_id, str) and claim_id else f"claims[{i}]"
+    return f"{named}: {rest}" if rest else named
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a problem is: `file:line: field` in a file; in a dict (file None), the field,
+    with the claim's id for a claim's field (claim_field)."""
+
+    file: str | None
+    ids: list[Any] = field(default_factory=list)  # claim ids by index, for a dict
+
+    def at(self, line: int, key: str) -> str:
+        """The problem's prefix for field `key` found on `line`."""
+        return f"{self.file}:{line}: {key}" if self.file is not None else claim_field(key, self.ids)
+
+
+def _claim_ids(raw: Any) -> list[Any]:
+    """The `id` of each item of a raw document's `claims` (None where there is none)."""
+    claims = raw.get("claims") if isinstance(raw, dict) else None
+    return [c.get("id") if isinstance(c, dict) else None for c in claims] if isinstance(claims, list) else []
+
+
+def did_you_mean(got: Any, allowed: list[str]) -> str:
+    """` (did you mean X?)` for the allowed word closest to `got` (difflib, case
+    ignored), or "" when none is close."""
+    if not isinstance(got, str) or not allowed:
+        return ""
+    lower = {a.lower(): a for a in allowed}
+    close = difflib.get_close_matches(got.lower(), list(lower), n=1, cutoff=0.6)
+    return f" (did you mean {lower[close[0]]}?)" if close and lower[close[0]] != got else ""
 
 
 # ---------------------------------------------------------------- line tracking
@@ -100,7 +167,7 @@ def _clean_msg(msg: str) -> str:
     return msg
 
 
-def _problems(exc: ValidationError, lines: dict[KeyPath, int], where: str) -> list[str]:
+def _problems(exc: ValidationError, lines: dict[KeyPath, int], source: _Source) -> list[str]:
     all_tags = tags()
     out = []
     for err in exc.errors():
@@ -113,20 +180,23 @@ def _problems(exc: ValidationError, lines: dict[KeyPath, int], where: str) -> li
         msg = _clean_msg(err["msg"])
         kind = err["type"]
         if kind == "extra_forbidden":
-            msg = "unknown key; allowed keys: " + ", ".join(allowed_keys(_model_at(loc[:-1], all_tags)))
+            allowed = allowed_keys(_model_at(loc[:-1], all_tags))
+            msg = "unknown key; allowed keys: " + ", ".join(allowed) + did_you_mean(loc[-1], allowed)
         elif kind == "string_pattern_mismatch":
             msg = f"{PATTERN_TEXT.get(str(loc[-1]), msg)} (got {err.get('input')!r})"
         elif kind == "literal_error":
-            msg = f"{msg} (got {err.get('input')!r})"
+            expected = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+            msg = f"{msg} (got {err.get('input')!r})" + did_you_mean(err.get("input"), expected)
         elif kind == "claim_kind":
             got = err["input"].get("kind") if isinstance(err["input"], dict) else err["input"]
             msg = f"unknown claim kind {got!r}; allowed: {', '.join(registry.names())}"
+            msg += did_you_mean(got, registry.names())
             if isinstance(err["input"], dict) and "kind" in err["input"]:
                 path, line = path + ("kind",), lines.get(path + ("kind",), line)
         elif kind == "missing":
             msg = "required field is missing"
             path = tuple(p for p in loc if p not in all_tags)
-        out.append((line, f"{where}:{line}: {_field(path)}: {msg}"))
+        out.append((line, f"{source.at(line, _field(path))}: {msg}"))
     return [text for _, text in sorted(set(out))]
 
 
@@ -156,7 +226,7 @@ def _model_at(loc: tuple[str | int, ...], all_tags: dict[str, type[BaseModel]]) 
 
 
 # ---------------------------------------------------------------- entry points
-def _check_structure(text: str, where: str) -> None:
+def _check_structure(text: str, source: _Source) -> None:
     """Refuse YAML aliases (`*name`: each expands to a copy of the anchored node, so a
     few hundred bytes can stand for billions of nodes) and nesting deeper than
     MAX_DEPTH, reading the event stream only (nothing is built)."""
@@ -166,69 +236,112 @@ def _check_structure(text: str, where: str) -> None:
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.AliasEvent):
-            raise SpecError([f"{where}:{line(event)}: (yaml): aliases (*{event.anchor}) are not supported in "
+            raise SpecError([f"{source.at(line(event), '(yaml)')}: aliases (*{event.anchor}) are not supported in "
                              "hypothesis files; write the value out"])
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             if depth > MAX_DEPTH:
-                raise SpecError([f"{where}:{line(event)}: (yaml): nested deeper than "
+                raise SpecError([f"{source.at(line(event), '(yaml)')}: nested deeper than "
                                  f"{MAX_DEPTH} levels; a hypothesis file needs a handful"])
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
 
 
-def parse_text(text: str, where: str) -> tuple[Hypothesis, str, dict[str, int]]:
-    """Validate YAML text; return (spec, sha256 of the text, {field: line})."""
+# PyYAML problems that a wrong indentation (or a tab) on this line or the one above causes
+INDENTATION_PROBLEMS = ("mapping values are not allowed", "could not find expected ':'", "did not find expected key",
+                        "did not find expected '-' indicator", "expected <block end>", "while scanning a simple key")
+INDENTATION_HINT = ("hint: check the indentation of this line and the one above "
+                    "(YAML nests by indentation; use spaces, not tabs)")
+TAB_HINT = "hint: this line has a tab character; indent with spaces (YAML nests by indentation and refuses tabs)"
+
+
+def yaml_problem(exc: yaml.YAMLError) -> tuple[int, str]:
+    """(line, message) of a YAML syntax error: PyYAML's problem, with a plain hint when
+    it is one that a wrong indentation or a tab causes."""
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark else 1
+    problem = str(getattr(exc, "problem", None) or exc)
+    context = str(getattr(exc, "context", None) or "")
+    if "'\\t'" in problem or "tab" in problem:
+        return line, f"{problem}; {TAB_HINT}"
+    if any(p in problem or p in context for p in INDENTATION_PROBLEMS):
+        return line, f"{problem}; {INDENTATION_HINT}"
+    return line, problem
+
+
+def parse_text(text: str, where: str | None, base_dir: Path | None = None,
+               check_model: bool = False) -> tuple[Hypothesis, str, dict[str, int]]:
+    """Validate YAML text; return (spec, sha256 of the text, {field: line}).  `where` is
+    the file problems are reported in (`file:line: field: message`), None for a dict's
+    dump (`field: message`, naming claims by id).  With `check_model`, names are checked
+    against the model directory's config.json (model_shape_of; `base_dir` resolves a
+    relative `model`)."""
     digest = hashlib.sha256(text.encode()).hexdigest()
+    source = _Source(where)
     if len(text.encode()) > MAX_FILE_BYTES:
-        raise SpecError([f"{where}:1: (file): {len(text.encode()):,} bytes; hypothesis files are limited to "
+        raise SpecError([f"{source.at(1, '(file)')}: {len(text.encode()):,} bytes; hypothesis files are limited to "
                          f"{MAX_FILE_BYTES:,} bytes (split the claims over several files)"])
     try:
-        _check_structure(text, where)
+        _check_structure(text, source)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise SpecError([f"{where}:{line}: (yaml): {getattr(exc, 'problem', None) or exc}"]) from None
+        line, problem = yaml_problem(exc)
+        raise SpecError([f"{source.at(line, '(yaml)')}: {problem}"]) from None
     if not isinstance(raw, dict) or node is None:
-        raise SpecError([f"{where}:1: (top level): a hypothesis file is a YAML mapping with keys "
+        raise SpecError([f"{source.at(1, '(top level)')}: a hypothesis file is a YAML mapping with keys "
                          "harness, name, model, data, claims"])
+    if where is None:
+        source = _Source(None, _claim_ids(raw))
     lines: dict[KeyPath, int] = {}
     dups: list[tuple[int, KeyPath]] = []
     _lines(node, (), lines, dups)
     if dups:
-        raise SpecError([f"{where}:{ln}: {_field(p)}: duplicate key" for ln, p in dups])
-    spec = _validate(raw, lines, where)
+        raise SpecError([f"{source.at(ln, _field(p))}: duplicate key" for ln, p in dups])
+    shape = model_shape_of(raw.get("model"), base_dir) if check_model else None
+    spec = _validate(raw, lines, source, shape)
     seen: set[str] = set()
     for i, c in enumerate(spec.claims):
         if c.id in seen:
             line = lines.get(("claims", i, "id"), 1)
-            raise SpecError([f"{where}:{line}: claims[{i}].id: claim id {c.id!r} is used twice"])
+            raise SpecError([f"{source.at(line, f'claims[{i}].id')}: claim id {c.id!r} is used twice"])
         seen.add(c.id)
     known = spec.data.corruption_names()  # None for a file: checked when it is read
     bad = [(i, name) for i, c in enumerate(spec.claims) for name in c.corruptions_used()
            if known is not None and name not in known]
     if bad:
-        raise SpecError([f"{where}:{lines.get(('claims', i, 'corruption'), 1)}: claims[{i}].corruption: "
+        raise SpecError([f"{source.at(lines.get(('claims', i, 'corruption'), 1), f'claims[{i}].corruption')}: "
                          f"{name!r} is not one of the data's corruptions: {', '.join(known or [])} "
                          "(add it to data.corruptions)" for i, name in bad])
     return spec, digest, {_field(k): v for k, v in lines.items()}
 
 
-def _validate(raw: dict[str, Any], lines: dict[KeyPath, int], where: str) -> Hypothesis:
+def model_shape_of(model: Any, base_dir: Path | None) -> Shape | None:
+    """The shape of a hypothesis's `model` when it is a local directory with a readable
+    config.json (model.shape.config_shape); None for `hf:NAME` and anything else."""
+    if not isinstance(model, str) or not model or model.startswith("hf:"):
+        return None
     try:
-        return document_model().model_validate(raw)
+        path = Path(model).expanduser()
+        return config_shape(path if path.is_absolute() else (base_dir or Path(".")) / path)
+    except (OSError, ValueError, RuntimeError):  # unreadable, a NUL byte, no home directory for ~user
+        return None
+
+
+def _validate(raw: dict[str, Any], lines: dict[KeyPath, int], source: _Source, shape: Shape | None) -> Hypothesis:
+    try:
+        return document_model().model_validate(raw, context={SHAPE: shape} if shape is not None else None)
     except ValidationError as exc:
-        raise SpecError(_problems(exc, lines, where)) from None
+        raise SpecError(_problems(exc, lines, source)) from None
 
 
-def load_all(files: list[Path]) -> list[LoadedHypothesis]:
-    """Load several files, reporting every problem of every file at once (one SpecError)."""
+def load_all(files: list[Path], check_model: bool = False) -> list[LoadedHypothesis]:
+    """Load several files, reporting every problem of every file at once (one SpecError);
+    `check_model` as in load."""
     loaded, problems = [], []
     for f in files:
         try:
-            loaded.append(load(f))
+            loaded.append(load(f, check_model=check_model))
         except SpecError as exc:
             problems += exc.problems
     if problems:
@@ -259,17 +372,24 @@ def read_text(path: Path) -> str:
     return utf8(raw, path, lambda message: SpecError([message]), "(file): ")
 
 
-def load(source: str | Path | dict[str, Any], base_dir: str | Path | None = None) -> LoadedHypothesis:
+def load(source: str | Path | dict[str, Any], base_dir: str | Path | None = None,
+         check_model: bool = False) -> LoadedHypothesis:
     """Load and validate a hypothesis from a file path or a dict.
 
     Relative paths inside the hypothesis resolve against the file's folder
-    (for a dict: `base_dir`, default the current directory)."""
+    (for a dict: `base_dir`, default the current directory).  `check_model`: check the
+    component names against the model's config.json too, when it is a local directory
+    that has one (parse_text)."""
     if isinstance(source, dict):
-        text = yaml.dump(source, Dumper=_NoAliasDumper, sort_keys=False)  # a shared object is written out
-        spec, digest, lines = parse_text(text, "<dict>")
-        return LoadedHypothesis(spec=spec, path=None, base_dir=str(Path(base_dir or ".").resolve()),
-                                sha256=digest, lines=lines)
+        folder = Path(base_dir or ".").resolve()
+        try:
+            text = yaml.dump(source, Dumper=_NoAliasDumper, sort_keys=False)  # a shared object is written out
+        except yaml.YAMLError as exc:
+            raise SpecError([f"(top level): the hypothesis holds a value that is not plain data "
+                             f"(strings, numbers, booleans, lists, mappings): {exc}"]) from None
+        spec, digest, lines = parse_text(text, None, folder, check_model)
+        return LoadedHypothesis(spec=spec, path=None, base_dir=str(folder), sha256=digest, lines=lines)
     path = Path(source)
-    spec, digest, lines = parse_text(read_text(path), str(path))
+    spec, digest, lines = parse_text(read_text(path), str(path), path.resolve().parent, check_model)
     return LoadedHypothesis(spec=spec, path=str(path), base_dir=str(path.resolve().parent),
                             sha256=digest, lines=lines)

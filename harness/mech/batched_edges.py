@@ -625,7 +625,7 @@ def _groups(edges: list[names.Edge]) -> dict[Any, list[int]]:
         elif isinstance(r, names.HeadInput):
             groups.setdefault(r.head.layer, []).append(i)
         else:
-            raise UnsupportedError(f"edge patching into {r} is not supported (receivers: .q/.k/.v, logits)")
+            raise UnsupportedError(names.edge_end_unsupported(r, "into"))
     return groups
 
 
@@ -750,7 +750,7 @@ def _sender_chunk(sw: _Sweep, rc: _Receivers, edges: list[names.Edge], idx: list
 def _head_input(edge: names.Edge) -> names.HeadInput:
     r = edge.receiver
     if not isinstance(r, names.HeadInput):
-        raise UnsupportedError(f"edge patching into {r} is not supported (receivers: .q/.k/.v, logits)")
+        raise UnsupportedError(names.edge_end_unsupported(r, "into"))
     return r
 
 

@@ -57,14 +57,14 @@ def cache_names(edges: list[names.Edge], n_layers: int) -> list[str]:
         elif isinstance(s, names.Embed):
             out += [names.HOOK_EMBED, names.HOOK_POS_EMBED]
         else:
-            raise UnsupportedError(f"edge patching from {s} is not supported (senders: heads, embed)")
+            raise UnsupportedError(names.edge_end_unsupported(s, "from"))
         r = e.receiver
         if isinstance(r, names.HeadInput):
             out.append(hook_resid_pre(r.head.layer))
         elif isinstance(r, names.Logits):
             out.append(hook_resid_post(n_layers - 1))
         else:
-            raise UnsupportedError(f"edge patching into {r} is not supported (receivers: .q/.k/.v, logits)")
+            raise UnsupportedError(names.edge_end_unsupported(r, "into"))
     return list(dict.fromkeys(out))
 
 
@@ -154,7 +154,7 @@ def fast_plan(bridge: Any, patch: EdgePatch) -> Plan:
         plan.add(hook_resid_post(bridge.cfg.n_layers - 1), final)
         return plan
     if not isinstance(r, names.HeadInput):
-        raise UnsupportedError(f"edge patching into {r} is not supported (receivers: .q/.k/.v, logits)")
+        raise UnsupportedError(names.edge_end_unsupported(r, "into"))
     new = receiver_input(bridge, r.head, r.which, patch.resid)
     idx = r.head.head
 
@@ -189,7 +189,7 @@ def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: Cache) -> Floa
         with torch.no_grad():
             return wide(bridge.unembed(like(_ln(bridge.ln_final, patch.resid, of(bridge)), bridge.W_U)))
     if not isinstance(r, names.HeadInput):
-        raise UnsupportedError(f"edge patching into {r} is not supported (receivers: .q/.k/.v, logits)")
+        raise UnsupportedError(names.edge_end_unsupported(r, "into"))
     L, h = r.head.layer, r.head
     resid = wide(base[hook_resid_pre(L)])
     qkv = {w: receiver_input(bridge, h, w, patch.resid if w == r.which else resid) for w in "qkv"}

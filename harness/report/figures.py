@@ -1,14 +1,24 @@
 """Report figures (matplotlib, headless), drawn from the evidence alone.
 
-Each function returns PNG bytes or None when the run has nothing to show:
-* attention:    heatmaps of the claimed heads' patterns on the first prompt;
-* composition:  score matrices per mode, cells above their own null 99th
-                percentile marked, claimed edges outlined;
-* effects:      causal and attention claims: estimate with CI bar and the
-                per-prompt values beside it (cancellation stays visible);
-* signature:    composition score (x) vs causal effect (y) for every candidate
-                edge into the named receivers, claimed edges labelled, the four
-                weights-vs-use quadrants shaded.
+Each `draw_*` function returns a matplotlib Figure, or None when the run has
+nothing to show; `render_all` turns them into PNG bytes:
+* attention:    the claimed heads' patterns on the first prompt, one colour scale;
+* composition:  score matrices per mode on one colour scale, sender heads (rows)
+                against receiver inputs (columns), claimed edges outlined, each
+                panel's count of cells above their own null 99th percentile;
+* effects:      every observational and causal claim: estimate with CI bar,
+                per-prompt values beside it, and the region its CI must lie in
+                for PASS (`at_least`, `at_most`, `min_effect`, `tolerance`);
+                claims with an undefined value say so in their row;
+* signature:    composition score (x) against edge effect (y) for every candidate
+                edge into the named receivers; colour = use status (the edge
+                claims' rule), filled = composes (BH-adjusted null p < alpha),
+                the `min_effect` and `tolerance` lines drawn, claimed and used
+                edges labelled.
+
+Every figure is at most `HTML_WIDTH` pixels wide, the width the HTML report shows
+it at, so the report never scales its text down; `text_problems` finds text that
+overlaps other text or leaves the figure (the tests run it on every figure).
 """
 
 from __future__ import annotations
@@ -29,6 +39,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 MAX_ROWS = 80  # claims drawn in effects.png (the rest are in the report's text)
 MAX_PANELS = 12  # heads drawn in attention.png
 LABEL_CHARS = 60
+DPI = 110
+HTML_WIDTH = 1060  # px: the report page's content width (report.html: max-width 1100px, 1em padding)
+MAX_WIDTH_IN = HTML_WIDTH / DPI
+CELL_TEXT_MAX = 12  # composition grids up to this many rows and columns print each cell's score
+TICKS_MAX = 40  # longer axes are labelled per layer instead of per head
 
 
 def literal(fn: F) -> F:
@@ -59,150 +74,376 @@ def pyplot() -> Any:
     return plt
 
 
-def png(fig: Any) -> bytes:
+def png(fig: Any, tight: bool = True) -> bytes:
+    """The figure as PNG bytes (closed afterwards); `tight`: cropped to what is drawn
+    (the report's own figures use constrained layout at their exact size instead)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None}, bbox_inches="tight" if tight else None)
     pyplot().close(fig)
     return buf.getvalue()
 
 
+# ---------------------------------------------------------------- checking text
+def _drawn_texts(fig: Any) -> list[Any]:
+    """Every non-empty text the figure draws (titles, labels, tick labels in view, legends,
+    annotations), recorded while the figure is drawn once."""
+    from matplotlib.text import Text
+
+    drawn: list[Any] = []
+    original = Text.draw
+
+    def recording(self: Any, renderer: Any) -> None:
+        original(self, renderer)
+        if self.get_visible() and self.get_text().strip():
+            drawn.append(self)
+
+    Text.draw = recording  # type: ignore[method-assign]
+    try:
+        fig.canvas.draw()
+    finally:
+        Text.draw = original  # type: ignore[method-assign]
+    return drawn
+
+
+def text_problems(fig: Any) -> list[str]:
+    """Texts that overlap another text or reach outside the figure, as `'a' overlaps 'b'`
+    lines ([] when every text stands clear)."""
+    texts = _drawn_texts(fig)
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    found = []
+    for i, (a, box) in enumerate(boxes):
+        if box.x0 < page.x0 - 1 or box.y0 < page.y0 - 1 or box.x1 > page.x1 + 1 or box.y1 > page.y1 + 1:
+            found.append(f"{a!r} reaches outside the figure")
+        for b, other in boxes[i + 1:]:
+            if box.overlaps(other) and _area(box, other) > 2.0:
+                found.append(f"{a!r} overlaps {b!r}")
+    return found
+
+
+def _area(a: Any, b: Any) -> float:
+    """The area (px²) two boxes share."""
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return float(max(w, 0.0) * max(h, 0.0))
+
+
+def smallest_font_px(fig: Any) -> float:
+    """The smallest text of the figure in pixels of the saved PNG."""
+    sizes = [float(t.get_fontsize()) * DPI / 72 for t in _drawn_texts(fig)]
+    return float(min(sizes)) if sizes else float("inf")
+
+
+def _figure(width: float, height: float) -> tuple[Any, Any]:
+    """(pyplot, a constrained-layout figure at most MAX_WIDTH_IN wide)."""
+    plt = pyplot()
+    return plt, plt.figure(figsize=(min(width, MAX_WIDTH_IN), height), layout="constrained")
+
+
+# ---------------------------------------------------------------- attention
 @literal
-def attention(data: list[dict[str, Any]]) -> bytes | None:
+def draw_attention(data: list[dict[str, Any]]) -> Any | None:
     data = data[:MAX_PANELS]
     if not data:
         return None
-    plt = pyplot()
-    n = len(data)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 4.0), squeeze=False)
-    for ax, item in zip(axes[0], data):
-        pat = np.asarray(item["pattern"], dtype=float)
-        im = ax.imshow(pat, cmap="Blues", vmin=0, vmax=1)
-        ax.set_title(f"{label(item['head'])} attention (prompt 0)")
-        ax.set_xlabel("key position")
-        ax.set_ylabel("query position")
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    return png(fig)
+    cols = min(len(data), 4)
+    rows = -(-len(data) // cols)
+    plt, fig = _figure(2.5 * cols + 1.0, 2.55 * rows + 0.5)
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    im = None
+    for k, ax in enumerate(axes):
+        if k >= len(data):
+            ax.set_visible(False)
+            continue
+        item = data[k]
+        im = ax.imshow(np.asarray(item["pattern"], dtype=float), cmap="Blues", vmin=0, vmax=1)
+        ax.set_title(label(item["head"], 24), fontsize=10)
+        ax.tick_params(labelsize=8)
+        if k % cols == 0:
+            ax.set_ylabel("query position", fontsize=9)
+        if k // cols == rows - 1 or k + cols >= len(data):
+            ax.set_xlabel("key position", fontsize=9)
+    fig.colorbar(im, ax=axes[:len(data)].tolist(), shrink=0.85, label="attention weight")
+    fig.suptitle("Attention patterns on the first clean prompt", fontsize=11)
+    return fig
+
+
+# ---------------------------------------------------------------- composition
+def _matrix(rows: list[list[Any]]) -> np.ndarray:
+    return np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=float)
+
+
+def _ticks(ax: Any, axis: str, names_: list[str]) -> None:
+    """Head labels on an axis; per layer (`L3`) when there are more than TICKS_MAX."""
+    setter = ax.set_xticks if axis == "x" else ax.set_yticks
+    if len(names_) <= TICKS_MAX:
+        setter(range(len(names_)), [label(n, 16) for n in names_], fontsize=7,
+               **({"rotation": 90} if axis == "x" else {}))
+        return
+    starts = [i for i, n in enumerate(names_) if i == 0 or n.split("H")[0] != names_[i - 1].split("H")[0]]
+    setter(starts, [label(names_[i].split("H")[0], 8) for i in starts], fontsize=7)
 
 
 @literal
-def composition(data: dict[str, Any], claimed: set[str]) -> bytes | None:
+def draw_composition(data: dict[str, Any], claimed: set[str]) -> Any | None:
     if not data:
         return None
-    plt = pyplot()
     modes = sorted(data)
-    fig, axes = plt.subplots(1, len(modes), figsize=(5.0 * len(modes), 4.6), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        d = data[mode]
-        sc = np.array([[np.nan if v is None else v for v in row] for row in d["scores"]], dtype=float)
-        q99 = np.array([[np.nan if v is None else v for v in row] for row in d["null_q99"]], dtype=float)
-        im = ax.imshow(sc, cmap="viridis")
-        ax.set_xticks(range(len(d["receivers"])), [label(r) for r in d["receivers"]], rotation=90, fontsize=7)
-        ax.set_yticks(range(len(d["senders"])), [label(x) for x in d["senders"]], fontsize=7)
-        ax.set_title(f"{label(mode.upper())}-composition (• above own null q99)")
+    scores = {m: _matrix(data[m]["scores"]) for m in modes}
+    above = {m: _matrix(data[m]["null_q99"]) for m in modes}
+    finite = [s[np.isfinite(s)] for s in scores.values()]
+    top = max((float(f.max()) for f in finite if f.size), default=1.0) or 1.0
+    n_cols = max(len(data[m]["receivers"]) for m in modes)
+    plt, fig = _figure(2.9 * len(modes) + 1.2, 3.9 if n_cols <= TICKS_MAX else 4.4)
+    axes = np.atleast_1d(fig.subplots(1, len(modes), squeeze=False)).ravel()
+    im = None
+    for k, (ax, mode) in enumerate(zip(axes, modes)):
+        d, sc, q99 = data[mode], scores[mode], above[mode]
+        im = ax.imshow(sc, cmap="viridis", vmin=0.0, vmax=top, aspect="auto")
+        _ticks(ax, "x", d["receivers"])
+        _ticks(ax, "y", d["senders"])
+        valid = np.isfinite(sc) & np.isfinite(q99)
+        n_above = int(np.count_nonzero(sc[valid] > q99[valid]))
+        ax.set_title(f"{label(mode.upper(), 4)}-composition\n{n_above} of {int(valid.sum())} above own null q99",
+                     fontsize=9)
+        ax.set_xlabel("receiver input (reads)", fontsize=9)
+        if k == 0:
+            ax.set_ylabel("sender head (writes)", fontsize=9)
+        small = sc.shape[0] <= CELL_TEXT_MAX and sc.shape[1] <= CELL_TEXT_MAX
         for i, s in enumerate(d["senders"]):
             for j, r in enumerate(d["receivers"]):
-                if np.isfinite(sc[i, j]) and np.isfinite(q99[i, j]) and sc[i, j] > q99[i, j]:
-                    ax.plot(j, i, "o", color="white", markersize=3)
+                if small and np.isfinite(sc[i, j]):
+                    ax.text(j, i, f"{sc[i, j]:.2f}"[1:] if 0 <= sc[i, j] < 1 else f"{sc[i, j]:.1f}",
+                            ha="center", va="center", fontsize=5.5,
+                            color="black" if sc[i, j] > 0.6 * top else "white")
                 if f"{s} -> {r}" in claimed:
-                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=2))
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    return png(fig)
+                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.8))
+    fig.colorbar(im, ax=axes.tolist(), shrink=0.9, label="composition score C (one scale)")
+    if claimed:
+        from matplotlib.patches import Patch
+
+        fig.legend(handles=[Patch(fill=False, edgecolor="red", lw=1.8, label="claimed edge")],
+                   loc="outside lower center", fontsize=8, frameon=False)
+    return fig
+
+
+# ---------------------------------------------------------------- effects
+def _rows(claims: list[ClaimResult]) -> list[ClaimResult]:
+    """The claims the effects figure draws: observational and causal ones (the first MAX_ROWS)."""
+    return [c for c in claims if c.evidence != "weights"][:MAX_ROWS]
+
+
+def _region(c: ClaimResult) -> tuple[float | None, float | None] | None:
+    r = c.pass_region
+    return None if r is None else (r.low, r.high)
 
 
 @literal
-def effects(claims: list[ClaimResult]) -> bytes | None:
-    """Each claim with per-prompt data (the first MAX_ROWS): estimate, CI, per-prompt values."""
-    every = [(c, c.value, c.ci) for c in claims if c.per_prompt and c.ci and c.value is not None
-             and None not in c.ci]
-    rows = every[:MAX_ROWS]
+def draw_effects(claims: list[ClaimResult]) -> Any | None:
+    """Each observational and causal claim (the first MAX_ROWS), grouped by unit: estimate, CI,
+    per-prompt values, PASS region; an undefined value written in its row."""
+    every = [c for c in claims if c.evidence != "weights"]
+    rows = _rows(claims)
     if not rows:
         return None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(rows) + 1.2))
+    units = list(dict.fromkeys(c.unit for c in rows))
+    groups = [[c for c in rows if c.unit == u] for u in units]
+    plt, fig = _figure(9.6, 0.36 * len(rows) + 0.95 * len(groups) + 1.0)
+    axes = np.atleast_1d(fig.subplots(len(groups), 1, squeeze=False,
+                                      gridspec_kw={"height_ratios": [len(g) + 1.2 for g in groups]})).ravel()
     rng = np.random.default_rng(0)
-    xs, ys = [], []
-    for y, (c, _, _) in enumerate(rows):
-        pp = np.asarray(c.per_prompt, dtype=float)
-        xs.append(pp)
-        ys.append(y + 0.22 + rng.uniform(-0.08, 0.08, len(pp)))
-    ax.scatter(np.concatenate(xs), np.concatenate(ys), s=4, alpha=0.35, color="grey")
-    for y, (c, value, (lo, hi)) in enumerate(rows):
-        ax.errorbar(value, y, xerr=[[max(value - lo, 0.0)], [max(hi - value, 0.0)]], fmt="o",
-                    color=VERDICT_COLOURS.get(c.verdict, "black"), capsize=4)
-    ax.set_yticks(range(len(rows)), [f"{label(c.id)} ({label(c.unit, 20)})" for c, _, _ in rows], fontsize=8)
-    ax.axvline(0, color="black", lw=0.5)
-    ax.invert_yaxis()
-    ax.set_xlabel("estimate with CI (colour = verdict); grey: per-prompt values")
+    for ax, unit, group in zip(axes, units, groups):
+        xs = [x for c in group for x in ([c.value] if c.value is not None else []) + list(c.ci or [])
+              if x is not None]
+        for c in group:
+            r = _region(c)
+            xs += [x for x in (r or ()) if x is not None]
+            if c.per_prompt:
+                pp = np.asarray([v for v in c.per_prompt if v is not None], dtype=float)
+                pp = pp[np.isfinite(pp)]
+                if pp.size:  # every value, unless a few outliers would squash the rest
+                    q1, q99 = float(np.quantile(pp, 0.01)), float(np.quantile(pp, 0.99))
+                    wide = float(pp.max() - pp.min()) > 4 * max(q99 - q1, 1e-9)
+                    xs += [q1, q99] if wide else [float(pp.min()), float(pp.max())]
+        lo_x, hi_x = (min(xs + [0.0]), max(xs + [0.0])) if xs else (0.0, 1.0)
+        pad = 0.06 * (hi_x - lo_x or 1.0)
+        lo_x, hi_x = lo_x - pad, hi_x + pad
+        for y, c in enumerate(group):
+            r = _region(c)
+            if r is not None:
+                a = lo_x if r[0] is None else max(r[0], lo_x)
+                b = hi_x if r[1] is None else min(r[1], hi_x)
+                ax.fill_between([a, b], y - 0.42, y + 0.42, color="#d8f0d8", zorder=0, lw=0)
+                for edge in (x for x in r if x is not None and lo_x <= x <= hi_x):
+                    ax.plot([edge, edge], [y - 0.42, y + 0.42], color="#2e8b2e", lw=1.0, ls="--", zorder=1)
+                # the bound's words: inside a one-sided region, beside a two-sided one
+                x_text, ha = (b, "left") if None not in r else (b, "right") if r[0] is None else (a, "left")
+                ax.text(x_text, y - 0.4, f" {label(c.pass_region.text, 40)} " if c.pass_region else "",
+                        ha=ha, va="top", fontsize=6.5, color="#2e8b2e", zorder=2)
+            outside = 0
+            if c.per_prompt:
+                pp = np.asarray([v for v in c.per_prompt if v is not None], dtype=float)
+                pp = pp[np.isfinite(pp)]
+                inside = pp[(pp >= lo_x) & (pp <= hi_x)]
+                outside = int(pp.size - inside.size)
+                ax.scatter(inside, y + 0.24 + rng.uniform(-0.08, 0.08, inside.size), s=4, alpha=0.35,
+                           color="grey", zorder=2, lw=0)
+            colour = VERDICT_COLOURS.get(c.verdict, "black")
+            if c.value is None:
+                ax.text(lo_x + 0.02 * (hi_x - lo_x), y, label(f"undefined: {c.why}", 90), va="center",
+                        fontsize=7, color=colour, zorder=3)
+            elif c.ci and None not in c.ci:
+                ax.errorbar(c.value, y, xerr=[[max(c.value - c.ci[0], 0.0)], [max(c.ci[1] - c.value, 0.0)]],
+                            fmt="o", color=colour, capsize=4, markersize=5, zorder=3)
+            else:
+                ax.plot(c.value, y, "o", color=colour, markersize=5, zorder=3)
+            if outside:
+                ax.text(hi_x, y + 0.24, f"+{outside} off axis ", ha="right", va="center", fontsize=6,
+                        color="dimgray")
+        ax.set_xlim(lo_x, hi_x)
+        ax.set_ylim(len(group) - 0.5, -0.5)
+        ax.set_yticks(range(len(group)), [label(c.id, 40) for c in group], fontsize=8)
+        ax.set_xlabel(label(unit, 30), fontsize=9)
+        if lo_x < 0 < hi_x:
+            ax.axvline(0, color="black", lw=0.5, zorder=1)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = [Line2D([], [], marker="o", ls="", color=VERDICT_COLOURS[v], label=f"{v}: estimate, CI")
+                          for v in ("PASS", "FAIL", "INCONCLUSIVE")]
+    handles += [Line2D([], [], marker="o", ls="", color="grey", alpha=0.5, markersize=3, label="per prompt"),
+                Patch(color="#d8f0d8", label="PASS region (the CI must lie in it)")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=7.5, frameon=False)
     shown = "" if len(rows) == len(every) else f" (the first {len(rows)} of {len(every)})"
-    ax.set_title(f"Claims with per-prompt data{shown}")
-    return png(fig)
+    fig.suptitle(f"Observational and causal claims{shown}", fontsize=11)
+    return fig
 
 
-QUADRANTS = [  # (composes, used) -> label, colour
-    ((True, True), "route used", "#d8f0d8"),
-    ((True, False), "route present, unused", "#f8e4c8"),
-    ((False, True), "used without a weight route", "#dce6f8"),
-    ((False, False), "no route", "#eeeeee"),
-]
-OPPOSITE_COLOUR = "#f4d4d4"
+# ---------------------------------------------------------------- signature
+USE_STYLE = {  # use status -> (colour, legend text)
+    "used": ("#2e8b2e", "used"),
+    "used (opposite sign)": ("#c83232", "used, opposite sign"),
+    "unused": ("#4a6fa5", "unused (within ±tolerance)"),
+    "undetermined": ("#d99a00", "undetermined"),
+    "untested": ("#888888", "untested (patch changes nothing read)"),
+}
+
+
+def use_of(p: dict[str, Any], min_effect: float, tolerance: float) -> str:
+    """A signature point's use status: as recorded, or (documents before version 4) from
+    its CI against the bands alone."""
+    if p.get("use"):
+        return str(p["use"])
+    if p.get("untested"):
+        return "untested"
+    lo, hi = p["effect_ci"]
+    if lo > min_effect:
+        return "used"
+    if hi < -min_effect:
+        return "used (opposite sign)"
+    return "unused" if -tolerance <= lo and hi <= tolerance else "undetermined"
+
+
+def _place_labels(ax: Any, fig: Any, items: list[tuple[float, float, str]]) -> None:
+    """Annotate points, each label moved up or down until it overlaps no other label
+    and stays inside the axes."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed: list[Any] = []
+    for x, y, text in sorted(items, key=lambda t: -t[1]):
+        px, _ = ax.transData.transform((x, y))
+        right = px < frame.x0 + 0.6 * frame.width
+        for dy in (6, -12, 18, -24, 30, -36, 42, -48):
+            a = ax.annotate(text, (x, y), textcoords="offset points", xytext=(6 if right else -6, dy),
+                            ha="left" if right else "right", fontsize=7, color="black",
+                            arrowprops={"arrowstyle": "-", "color": "dimgray", "lw": 0.5})
+            box = a.get_window_extent(renderer)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(b) for b in placed):
+                placed.append(box)
+                break
+            a.remove()
 
 
 @literal
-def signature(data: dict[str, Any]) -> bytes | None:
+def draw_signature(data: dict[str, Any]) -> Any | None:
     pts = [p for p in data.get("points", []) if p["composition"] is not None and p["effect"] is not None
            and p["effect_ci"] is not None and None not in p["effect_ci"]]
     if not pts:
         return None
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    min_effect, tol = float(data["min_effect"]), float(data.get("tolerance") or 0.0)
+    plt, fig = _figure(8.6, 5.6)
+    ax = fig.subplots()
     xs = np.array([p["composition"] for p in pts])
-    ys = np.array([p["effect"] for p in pts])
-    # x boundary: between the largest non-composing and the smallest composing score
-    comp = [p["composition"] for p in pts if p["composes"]]
-    non = [p["composition"] for p in pts if not p["composes"]]
-    xb = (max(non) + min(comp)) / 2 if comp and non else float(np.median(xs))
-    yb = data["min_effect"]
-    x0, x1 = min(xs.min(), xb) - 0.02, max(xs.max(), xb) + 0.02
-    y0, y1 = min(ys.min(), 0) - 0.05, max(ys.max(), yb) + 0.08
-    opposite = bool(ys.min() < -yb) or any(p["effect_ci"][1] < -yb for p in pts)
-    y0 = min(y0, -yb - 0.05) if opposite else y0
-    for (c, u), name, colour in QUADRANTS:
-        xa, xz = (xb, x1) if c else (x0, xb)
-        ya, yz = (yb, y1) if u else ((-yb if opposite else y0), yb)
-        ax.add_patch(plt.Rectangle((xa, ya), xz - xa, yz - ya, color=colour, zorder=0))
-        ax.text((xa + xz) / 2, yz - 0.02, name, ha="center", va="top", fontsize=8, color="dimgray")
-    if opposite:  # a band for effects against the claim's direction
-        ax.add_patch(plt.Rectangle((x0, y0), x1 - x0, -yb - y0, color=OPPOSITE_COLOUR, zorder=0))
-        ax.text((x0 + x1) / 2, y0 + 0.02, "used, opposite sign", ha="center", va="bottom", fontsize=8,
-                color="dimgray")
+    lows = np.array([p["effect_ci"][0] for p in pts])
+    highs = np.array([p["effect_ci"][1] for p in pts])
+    y0, y1 = min(lows.min(), -tol) - 0.04, max(highs.max(), min_effect) + 0.06
+    ax.axhspan(-tol, tol, color="#e8eef8", zorder=0, lw=0)
+    ax.axhline(min_effect, color="#2e8b2e", ls="--", lw=1, zorder=1)
+    if y0 < -min_effect:
+        ax.axhline(-min_effect, color="#c83232", ls="--", lw=1, zorder=1)
+    ax.axhline(0, color="black", lw=0.4, zorder=1)
+    present = []
     for p in pts:
+        use = use_of(p, min_effect, tol)
+        colour = USE_STYLE.get(use, ("black", use))[0]
+        present.append(use)
         lo, hi = p["effect_ci"]
-        colour = "tab:red" if p["claimed"] else "tab:blue"
         ax.errorbar(p["composition"], p["effect"], yerr=[[max(p["effect"] - lo, 0.0)], [max(hi - p["effect"], 0.0)]],
-                    fmt="o" if p["claimed"] else ".", color=colour, markersize=6 if p["claimed"] else 4, capsize=2,
-                    markerfacecolor="white" if p.get("untested") else colour)
+                    fmt="o", color=colour, markersize=5, capsize=2, zorder=3, markeredgewidth=1.3,
+                    markerfacecolor=colour if p["composes"] else "white")
         if p["claimed"]:
-            ax.annotate(label(p["edge"]), (p["composition"], p["effect"]), textcoords="offset points",
-                        xytext=(5, 5), fontsize=7)
-    ax.set_xlim(x0, x1)
+            ax.plot(p["composition"], p["effect"], "o", markersize=10, markerfacecolor="none",
+                    markeredgecolor="black", markeredgewidth=1.0, zorder=4)
+    span = float(xs.max() - xs.min()) or 0.1
+    ax.set_xlim(xs.min() - 0.06 * span, xs.max() + 0.06 * span)
     ax.set_ylim(y0, y1)
-    ax.set_xlabel("composition score (weights)")
-    ax.set_ylabel("edge effect, fraction of gap (use)")
-    ax.set_title("Signature: weights propose, interventions decide")
-    if any(p.get("untested") for p in pts):
-        ax.text(0.01, 0.01, "hollow: untested (the patch changes nothing the receiver reads)",
-                transform=ax.transAxes, fontsize=7, color="dimgray")
-    return png(fig)
+    ax.set_xlabel("composition score C (weights)", fontsize=9)
+    ax.set_ylabel("edge effect, fraction of gap (use)", fontsize=9)
+    ax.set_title("Signature: weights propose, interventions decide", fontsize=11)
+    ax.text(1.0, min_effect, f" min_effect {min_effect:g}", transform=ax.get_yaxis_transform(), va="center",
+            ha="left", fontsize=7, color="#2e8b2e")
+    ax.text(1.0, tol, f" ±tolerance {tol:g}", transform=ax.get_yaxis_transform(), va="bottom", ha="left",
+            fontsize=7, color="#4a6fa5")
+    from matplotlib.lines import Line2D
+
+    uses = [u for u in USE_STYLE if u in present] + [u for u in dict.fromkeys(present) if u not in USE_STYLE]
+    handles = [Line2D([], [], marker="o", ls="", color=USE_STYLE.get(u, ("black", u))[0],
+                      label=USE_STYLE.get(u, ("black", u))[1]) for u in uses]
+    handles += [Line2D([], [], marker="o", ls="", color="black", markerfacecolor="black", label="composes (p_adj < "
+                       f"{data.get('composition_alpha', 0.01):g})"),
+                Line2D([], [], marker="o", ls="", color="black", markerfacecolor="white", label="does not compose"),
+                Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor="black", markersize=10,
+                       label="claimed edge (ring)")]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=7.5, title="use (colour), weights (fill)",
+               title_fontsize=8, frameon=False)
+    shown = [(p["composition"], p["effect"], label(p["edge"], 32)) for p in pts
+             if p["claimed"] or use_of(p, min_effect, tol) in ("used", "used (opposite sign)")]
+    _place_labels(ax, fig, shown)
+    return fig
+
+
+def signature(data: dict[str, Any]) -> bytes | None:
+    """The signature plot as PNG bytes (None: no point to draw); `harness scan` draws it too."""
+    fig = draw_signature(data)
+    return None if fig is None else png(fig, tight=False)
+
+
+def draw_all(ev: Evidence) -> dict[str, Any]:
+    """{file name: Figure} for every figure this evidence supports."""
+    fd = ev.figures_data or {}
+    claimed = {e for c in ev.claims for e in registry.get(c.kind).claimed_edges(c)}
+    out = {
+        "attention.png": draw_attention(fd.get("attention", [])),
+        "composition.png": draw_composition(fd.get("composition", {}), claimed),
+        "effects.png": draw_effects(ev.claims),
+        "signature.png": draw_signature(fd.get("signature", {})),
+    }
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def render_all(ev: Evidence) -> dict[str, bytes]:
     """{file name: PNG bytes} for every figure this evidence supports."""
-    fd = ev.figures_data or {}
-    claimed = {e for c in ev.claims for e in registry.get(c.kind).claimed_edges(c)}
-    out = {
-        "attention.png": attention(fd.get("attention", [])),
-        "composition.png": composition(fd.get("composition", {}), claimed),
-        "effects.png": effects(ev.claims),
-        "signature.png": signature(fd.get("signature", {})),
-    }
-    return {k: v for k, v in out.items() if v is not None}
+    return {k: png(v, tight=False) for k, v in draw_all(ev).items()}

@@ -2,8 +2,8 @@
 
 Whatever the Markdown holds, the page runs nothing and loads nothing: the body is
 sanitised against an allow-list of the elements a report uses (headings, paragraphs,
-lists, tables, code, emphasis, links to relative or http(s) targets, images with PNG
-data URIs only, verdict classes on table cells), and a Content-Security-Policy
+lists, tables, code, emphasis, links to relative or http(s) targets, `claim-<n>` anchors,
+images with PNG data URIs only, verdict classes on table cells), and a Content-Security-Policy
 forbids scripts, frames, forms and every outside resource.  Input text is already
 made literal in the Markdown (report.text); this is the second, independent layer.
 """
@@ -24,6 +24,7 @@ body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; max-width: 1
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; }
 th { background: #f3f3f3; }
+td:first-child { white-space: nowrap; }
 img { max-width: 100%; border: 1px solid #eee; }
 code { background: #f5f5f5; padding: 0 0.2em; }
 h1 { border-bottom: 2px solid #444; } h2 { border-bottom: 1px solid #aaa; margin-top: 2em; }
@@ -33,9 +34,10 @@ CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri '
        "frame-ancestors 'none'")
 TAGS = {"h1", "h2", "h3", "h4", "h5", "h6", "p", "ul", "ol", "li", "table", "thead", "tbody", "tr", "th", "td",
         "code", "pre", "em", "strong", "img", "a", "hr", "br", "blockquote"}
-ATTRIBUTES = {"img": {"src", "alt", "title"}, "a": {"href", "title"}}
+ATTRIBUTES = {"img": {"src", "alt", "title"}, "a": {"href", "title", "id"}}
 PNG_URI = "data:image/png;base64,"
 _RELATIVE = re.compile(r"^[^:/?#]*(?:[/?#]|$)")  # no scheme: a relative reference
+_ANCHOR = re.compile(r"^claim-[0-9]+$")  # the ids of claim sections (report.markdown.anchor)
 
 
 def _allowed(tag: str, attr: str, value: str) -> str | None:
@@ -43,6 +45,8 @@ def _allowed(tag: str, attr: str, value: str) -> str | None:
     to relative or http(s) targets."""
     if (tag, attr) == ("img", "src"):
         return value if value.startswith(PNG_URI) else None
+    if (tag, attr) == ("a", "id"):
+        return value if _ANCHOR.match(value) else None
     if (tag, attr) == ("a", "href"):
         return value if _RELATIVE.match(value) or value.lower().startswith(("http://", "https://")) else None
     return value

@@ -8,18 +8,24 @@ from tabulate import tabulate
 
 from ..claims import registry
 from ..evidence.details import RUNGS, LadderRow, WeightsVsUseRow
-from ..evidence.format import fmt, fmt_ci
+from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
-from .text import literal_result, md_block, md_cell, md_code, md_text, plain
+from .text import literal_result, md_block, md_cell, md_code, md_link_text, md_text, plain
 
 FIGURE_CAPTIONS = {
-    "attention.png": "Attention patterns of the claimed heads on the first clean prompt.",
-    "composition.png": ("Composition scores (weights); dots: above the cell's own null 99th percentile "
-                        "(uncorrected, a guide to the eye); red boxes: claimed edges."),
-    "effects.png": "Claims with per-prompt data: estimate and CI (colour = verdict), per-prompt values in grey.",
-    "signature.png": ("Signature plot: composition score against edge effect for every candidate edge "
-                      "into the named receivers; claimed edges labelled."),
+    "attention.png": "Attention patterns of the heads the claims name, on the first clean prompt (one colour scale).",
+    "composition.png": ("Composition scores (weights) on one colour scale: sender heads (rows) against receiver "
+                        "inputs (columns); red boxes: claimed edges. Each panel counts the cells above their own "
+                        "null 99th percentile (per cell, uncorrected: many cells above it says the null is "
+                        "exceeded broadly, not that each route is used)."),
+    "effects.png": ("Observational and causal claims, one panel per unit: estimate and CI (colour = verdict), "
+                    "per-prompt values in grey, and the PASS region (green, dashed bound) the CI must lie in; a "
+                    "claim whose value is undefined says why in its row."),
+    "signature.png": ("Signature plot: composition score against edge effect (noising, resample replacement) for "
+                      "every candidate edge into the named receivers. Colour: use by the edge claims' rule (the "
+                      "CI against min_effect and ±tolerance, BH-adjusted p); filled: composes (BH-adjusted null "
+                      "p < composition_alpha); ring: claimed edges. Claimed and used edges are labelled."),
 }
 FIGURE_PLACES = {"weights": "composition.png", "observational": "attention.png", "causal": "effects.png"}
 
@@ -32,15 +38,32 @@ def key_number(r: ClaimResult) -> str:
     return registry.get(r.kind).key_number(r)
 
 
+def anchor(index: int) -> str:
+    """The HTML id of the section of the claim at `index` (0-based): `claim-<n>`, n from 1."""
+    return f"claim-{index + 1}"
+
+
+NBSP = "\u00a0"  # keeps `value [CI]` on one line in the report's table
+
+
 def claim_table(ev: Evidence, tablefmt: str = "simple") -> str:
     """The claim table: id, kind, expectation, verdict, value [CI] (a tabulate format).
 
-    In the "github" format (report.md) every cell is literal Markdown (`md_cell`); in any
-    other format (the terminal) every cell is one line without control characters."""
-    cell = md_cell if tablefmt == "github" else plain
-    rows = [tuple(cell(x) for x in (c.id, c.kind, c.expectation, c.verdict, key_number(c))) for c in ev.claims]
-    return tabulate(rows, headers=["claim", "kind", "expectation", "verdict", "value [CI]"], tablefmt=tablefmt,
-                    disable_numparse=[0, 1, 2])
+    In the "github" format (report.md) every cell is literal Markdown (`md_cell`), each id
+    links to its claim's section, the value does not wrap, and a `reason` column says why
+    each verdict (ClaimResult.why).  In any other format (the terminal) every cell is one
+    line without control characters, and the reasons of the claims that did not pass
+    follow the table, one line each."""
+    if tablefmt == "github":
+        rows = [(f"[{md_link_text(c.id)}](#{anchor(i)})", md_cell(c.kind), md_cell(c.expectation), md_cell(c.verdict),
+                 md_cell(key_number(c)).replace(" ", NBSP), md_cell(c.why)) for i, c in enumerate(ev.claims)]
+        return tabulate(rows, headers=["claim", "kind", "expectation", "verdict", "value [CI]", "reason"],
+                        tablefmt=tablefmt, disable_numparse=True)
+    cells = [[plain(x) for x in (c.id, c.kind, c.expectation, c.verdict, key_number(c))] for c in ev.claims]
+    table = tabulate(cells, headers=["claim", "kind", "expectation", "verdict", "value [CI]"], tablefmt=tablefmt,
+                     disable_numparse=[0, 1, 2])
+    why = [f"  {plain(c.id)}: {c.verdict}: {plain(c.why)}" for c in ev.claims if c.verdict != "PASS"]
+    return table + ("\n\nwhy not PASS:\n" + "\n".join(why) if why else "")
 
 
 def _figure(name: str, figures: frozenset[str] | set[str]) -> list[str]:
@@ -49,11 +72,12 @@ def _figure(name: str, figures: frozenset[str] | set[str]) -> list[str]:
     return [f"![{FIGURE_CAPTIONS[name]}](figures/{name})", "", f"*{FIGURE_CAPTIONS[name]}*", ""]
 
 
-def _claim_section(r: ClaimResult, unit: str) -> list[str]:
-    """A claim's section; every string of the result (its details' too) is literal text."""
+def _claim_section(r: ClaimResult, unit: str, index: int) -> list[str]:
+    """A claim's section (its heading carries the id the verdict table links to); every
+    string of the result (its details' too) is literal text."""
     description = md_block(r.description) if r.description.strip() else ""
     r = literal_result(r)
-    out = [f"#### {r.id} — {r.verdict}", ""]
+    out = [f'#### <a id="{anchor(index)}"></a>{r.id} — {r.verdict}', ""]
     if description:
         out += [description, ""]
     confidence = getattr(r.details, "confidence", None) or 0.95
@@ -92,7 +116,7 @@ def weights_vs_use_table(rows: list[WeightsVsUseRow]) -> list[str]:
     every claim that tests it."""
     if not rows:
         return []
-    body = [(md_cell(r.edge), md_cell(r.direction), fmt(r.composition), f"{r.composition_p_adjusted:.3g}",
+    body = [(md_cell(r.edge), md_cell(r.direction), fmt(r.composition), fmt_p(r.composition_p_adjusted),
              "yes" if r.composes else "no",
              "undefined" if r.effect is None or not r.effect_ci
              else f"{r.effect:.3f} [{fmt(r.effect_ci[0])}, {fmt(r.effect_ci[1])}]",
@@ -126,8 +150,11 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
             continue
         out += [f"### {title}", ""] + _figure(FIGURE_PLACES[kind], figures)
         for r in group:
-            out += _claim_section(r, b["unit"])
+            out += _claim_section(r, b["unit"], ev.claims.index(r))
     out += weights_vs_use_table(ev.weights_vs_use) + _figure("signature.png", figures)
+    note = (ev.figures_data or {}).get("signature", {}).get("note")
+    if note and "signature.png" in figures:
+        out += [f"Signature plot data: {t(note)}.", ""]
     st = {k: t(v) if isinstance(v, str) else v for k, v in s["stats"].items()}
     out += ["## Settings", "",
             f"- data: {t(d['description'])} ({t(d['n_prompts'])} prompts of length {t(d['seq_len'])}, "

@@ -3,9 +3,14 @@ that hold parsed component names.
 
 A name field validates a string with `names` and holds the parsed frozen
 dataclass (`Head`, `Edge`); it serialises back to the canonical string, so
-`model_dump()` of a claim gives the file's spelling.  Validation errors are
-`ValueError`s with the grammar's message, which the loader reports as
-`file:line: field: message`.
+`model_dump()` of a claim gives the file's spelling.  Each field takes only what
+fits it (`HeadName`, `HeadList`: heads; `EdgeName`: an edge claim's edge;
+`HeadRouteName`: a composition edge, head to head input), and a bad name's message
+says so and suggests the nearest name that fits (names.parse_as).  Validation errors
+are `ValueError`s with that message, which the loader reports as
+`file:line: field: message`.  When the validation context holds a `names.Shape`
+under SHAPE (hypothesis.loading, from the model's config.json), names are also
+checked against the model's range and only names inside it are suggested.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from pydantic import Field, PlainSerializer, PlainValidator, WithJsonSchema, model_validator
+from pydantic import Field, PlainSerializer, PlainValidator, ValidationInfo, WithJsonSchema, model_validator
 
 from ..errors import ComponentNameError
 from . import names
@@ -22,33 +27,60 @@ from .settings import Stats, Strict
 T = TypeVar("T")
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+=,@>-]*$"  # addressable as a pytest node id, no shell quoting needed
 ID_MAX = 100
+SHAPE = "model_shape"  # validation-context key: a names.Shape to check names against (hypothesis.loading)
 
 
-def _parsed(parse: Callable[[str], T]) -> Callable[[Any], T]:
-    def validate(value: Any) -> T:
+def model_shape(info: ValidationInfo) -> names.Shape | None:
+    """The model shape the validation was given in its context, if any."""
+    shape = info.context.get(SHAPE) if isinstance(info.context, dict) else None
+    return shape if isinstance(shape, names.Shape) else None
+
+
+def _parsed(parse: Callable[[Any, names.Shape | None], T]) -> Callable[[Any, ValidationInfo], T]:
+    """A pydantic validator from a names parser: the message of a ComponentNameError
+    becomes the field's error; names are checked against the context's shape when given."""
+    def validate(value: Any, info: ValidationInfo) -> T:
         if isinstance(value, (names.Head, names.Edge)):
-            return parse(str(value))
+            value = str(value)
         try:
-            return parse(value)
+            return parse(value, model_shape(info))
         except ComponentNameError as exc:
             raise ValueError(str(exc)) from None
     return validate
 
 
+def _head_list(value: Any, info: ValidationInfo) -> list[names.Head]:
+    """A non-empty list of distinct heads (each checked as a HeadName)."""
+    head = _parsed(names.parse_head)
+    return _no_duplicates([head(x, info) for x in _as_list(value)])
+
+
 def _no_duplicates(heads: list[names.Head]) -> list[names.Head]:
+    """`heads`, unless a head is listed twice (ValueError)."""
     if len(set(heads)) != len(heads):
         raise ValueError("a head is listed twice")
     return heads
 
 
+def _edge(ends: names.EdgeEnds) -> Callable[[Any, names.Shape | None], names.Edge]:
+    """A parser of edges whose ends fit `ends`."""
+    def parse(value: Any, shape: names.Shape | None) -> names.Edge:
+        return names.parse_edge(value, ends, shape)
+    return parse
+
+
 _AS_STRING = PlainSerializer(str, return_type=str)
 HeadName = Annotated[names.Head, PlainValidator(_parsed(names.parse_head)), _AS_STRING,
                      WithJsonSchema({"type": "string", "examples": ["L1H6"]})]
-EdgeName = Annotated[names.Edge, PlainValidator(_parsed(names.parse_edge)), _AS_STRING,
+# an edge claim's edge: a head or embed -> a later head's .q/.k/.v or logits (names.EDGE_RULE)
+EdgeName = Annotated[names.Edge, PlainValidator(_parsed(_edge(names.EDGE))), _AS_STRING,
                      WithJsonSchema({"type": "string", "examples": ["L0H3 -> L1H6.k"]})]
-HeadList = Annotated[list[HeadName], PlainValidator(
-    lambda v: _no_duplicates([_parsed(names.parse_head)(x) for x in _as_list(v)])),
-    WithJsonSchema({"type": "array", "items": {"type": "string"}, "minItems": 1, "examples": [["L0H7", "L1H5"]]})]
+# a composition claim's edge: a head -> a later head's .q/.k/.v
+HeadRouteName = Annotated[names.Edge, PlainValidator(_parsed(_edge(names.HEAD_ROUTE))), _AS_STRING,
+                          WithJsonSchema({"type": "string", "examples": ["L0H3 -> L1H6.k"]})]
+HeadList = Annotated[list[HeadName], PlainValidator(_head_list),
+                     WithJsonSchema({"type": "array", "items": {"type": "string"}, "minItems": 1,
+                                     "examples": [["L0H7", "L1H5"]]})]
 
 
 def _as_list(value: Any) -> list[Any]:

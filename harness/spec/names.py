@@ -4,13 +4,21 @@ Grammar (whitespace around `->` is optional, printed as ` -> `):
 
     head      := "L" layer "H" head            e.g. L1H6
     input     := head "." ("q" | "k" | "v")    e.g. L1H6.k
-    node      := head | "embed" | "logits" | "L" layer ".mlp"
-    edge      := sender " -> " receiver        sender: head | embed | L<n>.mlp
-                                               receiver: input | logits | L<n>.mlp
+    node      := head | input | "embed" | "logits" | "L" layer ".mlp"
+    edge      := sender " -> " receiver        sender: head | embed
+                                               receiver: input | logits
+
+MLP names (`L1.mlp`) parse as nodes and are checked against a model's range, but
+no field takes them yet: MLPs are not edge senders or receivers (EDGE_RULE, the
+one statement every message about edge ends uses) and are never ablated.
 
 `parse_component` / `parse_edge` return frozen dataclasses whose `str()` is the
-canonical spelling, so `str(parse_x(s)) == s` for canonical `s`.
-`check_in_model` rejects names outside a model's range and names the range.
+canonical spelling, so `str(parse_x(s)) == s` for canonical `s`.  Each field that
+takes a name says what fits it (`Fits`: a head; an edge's sender or receiver; a
+composition edge's ends); a bad name's error lists only that and suggests the
+nearest name that fits (`nearest`: `LOH7` -> `L0H7`), inside the model's range
+when a `Shape` is known.  `check_in_model` rejects names outside a model's range
+and names the range.
 
 This module is also the one place that spells TransformerLens hook names
 (`hook_z(1) == "blocks.1.attn.hook_z"`, ...): code elsewhere calls these
@@ -19,8 +27,10 @@ functions instead of writing hook strings inline.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ComponentNameError
 
@@ -90,6 +100,55 @@ class Edge:
 
 
 _ALLOWED = "L<layer>H<head>, L<layer>H<head>.q/.k/.v, L<layer>.mlp, embed, logits"
+# What an edge connects today; every message about edge ends (parsing, claims, patching) says this.
+MLP_NOTE = "MLPs are not edge senders or receivers"
+EDGE_RULE = f"an edge goes from a head or embed to a later head's .q/.k/.v input or to logits; {MLP_NOTE}"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's size as far as component names go."""
+
+    n_layers: int
+    n_heads: int
+    has_mlp: bool = False
+
+
+@dataclass(frozen=True)
+class Fits:
+    """What a name field takes: the component types it accepts, what to call such a
+    name (`noun`) and how to write one (`text`), for its error messages; `edge_end`: an
+    end of an edge (an MLP there gets MLP_NOTE)."""
+
+    types: tuple[type, ...]
+    noun: str
+    text: str
+    edge_end: bool = False
+
+    def accepts(self, c: Component) -> bool:
+        """Whether the field takes component `c`."""
+        return isinstance(c, self.types)
+
+
+HEAD = Fits((Head,), "a head", "a head L<layer>H<head>, e.g. L1H6")
+SENDER = Fits((Head, Embed), "an edge sender", "a head L<layer>H<head> or embed", edge_end=True)
+RECEIVER = Fits((HeadInput, Logits), "an edge receiver", "a later head's input L<layer>H<head>.q/.k/.v, or logits",
+                edge_end=True)
+ROUTE_SENDER = Fits((Head,), "the sender of a composition edge", "a head L<layer>H<head>", edge_end=True)
+ROUTE_RECEIVER = Fits((HeadInput,), "the receiver of a composition edge",
+                      "a later head's input L<layer>H<head>.q/.k/.v", edge_end=True)
+
+
+@dataclass(frozen=True)
+class EdgeEnds:
+    """What an edge field takes at each end."""
+
+    sender: Fits
+    receiver: Fits
+
+
+EDGE = EdgeEnds(SENDER, RECEIVER)  # edge claims: what edge patching supports (EDGE_RULE)
+HEAD_ROUTE = EdgeEnds(ROUTE_SENDER, ROUTE_RECEIVER)  # composition claims: weights compose between heads
 
 
 def parse_component(text: str) -> Component:
@@ -112,36 +171,154 @@ def parse_component(text: str) -> Component:
     raise ComponentNameError(f"{text!r} is not a component name; allowed: {_ALLOWED}")
 
 
-def parse_head(text: str) -> Head:
-    """Parse a name that must be a head (`L1H6`)."""
-    c = parse_component(text)
-    if not isinstance(c, Head):
-        raise ComponentNameError(f"{text!r} is not a head; expected L<layer>H<head>, e.g. L1H6")
+def parse_as(text: Any, fits: Fits, shape: Shape | None = None) -> Component:
+    """Parse a name for a field that takes `fits` (and, with `shape`, only names inside
+    that model).  A name that does not fit raises ComponentNameError saying what the
+    field takes, with the nearest name that does when one is close
+    (`'LOH7' is not a head; expected a head L<layer>H<head>, e.g. L1H6 (did you mean L0H7?)`)."""
+    if not isinstance(text, str):
+        raise ComponentNameError(f"expected {fits.text}, got {text!r}")
+    if text != text.strip():
+        raise ComponentNameError(f"{text!r} has spaces around the name; write {text.strip()!r}")
+    try:
+        c: Component | None = parse_component(text)
+    except ComponentNameError:
+        c = None
+    if c is not None and fits.accepts(c):
+        if shape is not None:
+            check_in_model(c, shape.n_layers, shape.n_heads, shape.has_mlp)
+        return c
+    note = f"; {MLP_NOTE}" if isinstance(c, Mlp) and fits.edge_end else ""
+    hint = nearest(text, fits, shape)
+    raise ComponentNameError(f"{text!r} is not {fits.noun}; expected {fits.text}{note}"
+                             + (f" (did you mean {hint}?)" if hint else ""))
+
+
+def parse_head(text: Any, shape: Shape | None = None) -> Head:
+    """Parse a name that must be a head (`L1H6`); see parse_as."""
+    c = parse_as(text, HEAD, shape)
+    if not isinstance(c, Head):  # unreachable: parse_as returns what HEAD accepts
+        raise ComponentNameError(f"{text!r} is not a head")
     return c
 
 
-def parse_edge(text: str) -> Edge:
-    """Parse `sender -> receiver` and check the edge goes forward in the model."""
+_ARROW = re.compile(r"\s*(?:-+\s*>|=+>|\u2192|\u27f6|>)\s*")  # ->, - >, =>, unicode arrows, a bare >
+
+
+def parse_edge(text: Any, ends: EdgeEnds = EDGE, shape: Shape | None = None) -> Edge:
+    """Parse `sender -> receiver` for a field that takes `ends` (default: an edge claim's,
+    EDGE_RULE) and check the edge goes forward (and, with `shape`, lies inside the model).
+    Errors say what fits each end and suggest the nearest name (parse_as)."""
     if not isinstance(text, str) or text.count("->") != 1:
+        hint = _arrow_fix(text, ends, shape) if isinstance(text, str) else None
         raise ComponentNameError(
             f"{text!r} is not an edge; expected 'sender -> receiver', e.g. 'L0H3 -> L1H6.k'"
+            + (f" (did you mean {hint!r}?)" if hint else "")
         )
     if text != text.strip():
         raise ComponentNameError(f"{text!r} has spaces around the edge; write {text.strip()!r}")
     left, right = (part.strip() for part in text.split("->"))
-    sender, receiver = parse_component(left), parse_component(right)
-    if not isinstance(sender, (Head, Mlp, Embed)):
-        raise ComponentNameError(f"edge sender {left!r} must be a head, an MLP or embed")
-    if not isinstance(receiver, (HeadInput, Mlp, Logits)):
-        hint = f" (did you mean {receiver}.q, .k or .v?)" if isinstance(receiver, Head) else ""
-        raise ComponentNameError(
-            f"edge receiver {right!r} must be a head input (.q/.k/.v), an MLP or logits{hint}"
-        )
-    if layer_of(sender) >= layer_of(receiver) and not (
-        isinstance(sender, Head) and isinstance(receiver, Mlp) and sender.layer == receiver.layer
-    ):
+    sender = parse_as(left, ends.sender)
+    receiver = parse_as(right, ends.receiver)
+    if not isinstance(sender, (Head, Mlp, Embed)) or not isinstance(receiver, (HeadInput, Mlp, Logits)):
+        raise ComponentNameError(f"{text!r} is not an edge: {EDGE_RULE}")  # unreachable with the shipped ends
+    if layer_of(sender) >= layer_of(receiver):
         raise ComponentNameError(f"edge {text!r} does not go forward: the sender must come earlier")
-    return Edge(sender, receiver)
+    edge = Edge(sender, receiver)
+    if shape is not None:
+        check_in_model(edge, shape.n_layers, shape.n_heads, shape.has_mlp)
+    return edge
+
+
+def _arrow_fix(text: str, ends: EdgeEnds, shape: Shape | None) -> str | None:
+    """`text` with its arrow written `->`, when that makes an edge that fits `ends`."""
+    fixed = _ARROW.sub(" -> ", text.strip())
+    if fixed == text or fixed.count("->") != 1:
+        return None
+    try:
+        return str(parse_edge(fixed, ends, shape))
+    except ComponentNameError:
+        return None
+
+
+# ---------------------------------------------------------------- did you mean
+_DIGITS = str.maketrans("oil|", "0111")  # letters typed for digits: O for 0, l/I for 1
+_NUM = r"([0-9oil|]+)"
+_SEP = r"\s*[._:\-/ ]?\s*"
+_LOOSE_HEAD = re.compile(rf"^(?:layer|l){_SEP}{_NUM}{_SEP}(?:head|h){_SEP}{_NUM}(?:{_SEP}([qkv]))?$")
+_LOOSE_MLP = re.compile(rf"^(?:layer|l){_SEP}{_NUM}{_SEP}mlp$")
+
+
+def _loose(text: str) -> Component | None:
+    """What a misspelt name most likely means: case ignored, O/l/I read as digits,
+    separators and leading zeros dropped (`LOH7`, `l0h7`, `L01H7`, `L0.H7` -> L0H7;
+    `L0H7K` -> L0H7.k; `Embed` -> embed).  None when it does not look like a name."""
+    s = text.strip().lower()
+    if s in ("embed", "logits"):
+        return Embed() if s == "embed" else Logits()
+    if m := _LOOSE_HEAD.match(s):
+        head = Head(int(m[1].translate(_DIGITS)), int(m[2].translate(_DIGITS)))
+        return HeadInput(head, m[3]) if m[3] else head
+    if m := _LOOSE_MLP.match(s):
+        return Mlp(int(m[1].translate(_DIGITS)))
+    return None
+
+
+def _inside(c: Component, shape: Shape | None) -> bool:
+    """Whether `c` is in a model of `shape` (always, when the shape is unknown)."""
+    if shape is None:
+        return True
+    try:
+        check_in_model(c, shape.n_layers, shape.n_heads, shape.has_mlp)
+    except ComponentNameError:
+        return False
+    return True
+
+
+def _fitting(c: Component, fits: Fits, shape: Shape | None) -> str | None:
+    """`c`, or the closest thing to it, as a hint when it fits the field (and the model)."""
+    if fits.accepts(c) and _inside(c, shape):
+        return str(c)
+    if isinstance(c, Head) and HeadInput in fits.types and _inside(c, shape):
+        return f"{c}.q, .k or .v"
+    if isinstance(c, HeadInput) and Head in fits.types and _inside(c.head, shape):
+        return str(c.head)
+    return None
+
+
+def _vocabulary(fits: Fits, shape: Shape | None, text: str) -> list[str]:
+    """Every name the field takes: inside `shape`, or (unknown model) up to the larger of
+    12 and the numbers in `text`."""
+    if shape is not None:
+        n_layers, n_heads = shape.n_layers, shape.n_heads
+    else:
+        n_layers = n_heads = max([12] + [int(n) + 1 for n in re.findall(r"\d+", text)[:2] if len(n) < 4])
+    heads = Head.every(n_layers, n_heads)
+    out: list[Component] = [Embed(), Logits(), *heads, *(HeadInput(h, w) for h in heads for w in QKV)]
+    return [str(c) for c in out if fits.accepts(c)]
+
+
+def nearest(text: str, fits: Fits, shape: Shape | None = None) -> str | None:
+    """The name the field takes that `text` most likely means, as a hint (`L0H7`, or
+    `L1H5.q, .k or .v` for a head where an input is wanted); only names inside `shape`
+    when it is known.  First the spelling is normalised (`_loose`); otherwise the one
+    closest name by difflib's ratio (at least 0.7, and no tie).  None when nothing is close."""
+    c = _loose(text)
+    if c is not None:
+        hint = _fitting(c, fits, shape)
+        if hint is not None and hint != text:
+            return hint
+    scored = sorted(((difflib.SequenceMatcher(None, text.lower(), w.lower()).ratio(), w)
+                     for w in _vocabulary(fits, shape, text)), reverse=True)
+    if scored and scored[0][0] >= 0.7 and (len(scored) == 1 or scored[1][0] < scored[0][0]):
+        return scored[0][1]
+    return None
+
+
+def edge_end_unsupported(c: Component, end: str) -> str:
+    """The message for patching an edge from (`end="from"`) or into (`"into"`) a
+    component that is not an edge end (EDGE_RULE)."""
+    return f"edge patching {end} {c} is not supported: {EDGE_RULE}"
 
 
 def is_head_route(e: Edge) -> bool:

@@ -59,7 +59,13 @@ def job_summary(result: dict[str, Any], plans: dict[str, dict[str, Any]]) -> dic
                                 "composes": w.composes, "use": w.use, "composition": w.composition,
                                 "effect": w.effect, "effect_ci": w.effect_ci} for w in ev.weights_vs_use],
             "ladder": [{"mechanism": r.mechanism, "highest": r.highest, "contradictions": r.contradictions}
-                       for r in ev.ladder]}
+                       for r in ev.ladder],
+            "sanity_failed": failed_sanity_checks(doc)}
+
+
+def failed_sanity_checks(evidence: dict[str, Any]) -> list[dict[str, str]]:
+    """`name` and `detail` of each recorded sanity check of an evidence document that failed."""
+    return [{"name": c["name"], "detail": c["detail"]} for c in evidence.get("sanity_checks", []) if not c["passed"]]
 
 
 def counts(jobs: list[dict[str, Any]]) -> dict[str, int]:
@@ -72,9 +78,14 @@ def counts(jobs: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def exit_code(doc: dict[str, Any]) -> int:
+    """JOB_FAILED (4) when a job failed (a fatal sanity check fails its job); else SANITY (3)
+    when a job that ran recorded a failed sanity check; else OK (0) when every claim of every
+    job passed, CLAIMS (1) otherwise."""
     c = doc["counts"]
     if c["failed"]:
         return ExitCode.JOB_FAILED
+    if any(j.get("sanity_failed") for j in doc["jobs"]):
+        return ExitCode.SANITY
     return ExitCode.OK if c[FAIL] == 0 and c[INCONCLUSIVE] == 0 else ExitCode.CLAIMS
 
 

@@ -10,8 +10,10 @@ its error and the sweep goes on.  The combined report folder holds
     figures/        the plots over training step
     runs/<hypothesis>/<NN>-<model>/   each job's full evidence report
 
-written atomically, like a run's report.  Exit code: 0 every claim of every
-job passed; 1 some claim failed or was inconclusive; 4 some job failed.
+written atomically, like a run's report.  Exit code (sweep.document.exit_code): 0
+every claim of every job passed; 1 some claim failed or was inconclusive; 3 a job
+recorded a failed sanity check (its report says which; `jobs[].sanity_failed`);
+4 some job failed (a fatal sanity check fails its job).
 """
 
 from __future__ import annotations

@@ -16,15 +16,17 @@ a prompt file: its own corruptions):
 
 Prints the edges ranked by effect, and writes into a new folder: scan.json
 (every edge under every corruption), signature.png (composition vs effect), and
-starter.yaml, a hypothesis file whose claims are the strongest routes found used
-under any corruption (each claim naming its corruption), for the user to edit
-and then test on held-out prompts (with the generator its data uses the `test`
-split; the scan uses `explore`; with a prompt file, give the starter a held-out
-file).
+starter.yaml, a hypothesis file (its model path relative to the file's folder)
+whose claims are the strongest routes found used under any corruption (each
+claim naming its corruption), for the user to edit and then test on held-out
+prompts (with the generator its data uses the `test` split; the scan uses
+`explore`; with a prompt file, give the starter a held-out file).  `harness
+report` refuses a scan.json (is_scan): scan results are not re-rendered.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from ..claims.edge import UNDETERMINED, UNTESTED, USED, classify, use_status
 from ..claims.effects import floor_changes, intervention_change, metric_scale, normalized_effect
 from ..errors import UserError
 from ..evidence.document import to_json
+from ..evidence.format import fmt_p
 from ..hypothesis.loading import load
 from ..mech import batched_edges, change, weights
 from ..mech.factored import Composition
@@ -183,9 +186,9 @@ def _table(rows: list[dict[str, Any]], desc: str, n: int, corruptions: list[str]
 
     several = len(corruptions) > 1
     body = [(r["edge"], *([r["corruption"]] if several else []), "undefined" if r["effect"] is None else
-             f"{r['effect']:.3f} [{r['effect_ci'][0]:.3f}, {r['effect_ci'][1]:.3f}]", f"{r['p_adjusted']:.2g}",
+             f"{r['effect']:.3f} [{r['effect_ci'][0]:.3f}, {r['effect_ci'][1]:.3f}]", fmt_p(r['p_adjusted']),
              r["use"], f"{r['relative_change']:.2f}", "" if r["composition"] is None else f"{r['composition']:.3f}",
-             "" if r["composition_p"] is None else f"{r['composition_p']:.3g}", r.get("class", ""))
+             "" if r["composition_p"] is None else fmt_p(r['composition_p']), r.get("class", ""))
             for r in rows]
     headers = ["edge", *(["corruption"] if several else []), "effect [CI]", "p_adj", "use", "changed",
                "composition", "comp. p (uncorr.)", "weights vs use"]
@@ -194,10 +197,32 @@ def _table(rows: list[dict[str, Any]], desc: str, n: int, corruptions: list[str]
             f"receiver reads it (below {SCAN_STATS.min_change:g}: untested):\n\n" + tabulate(body, headers=headers))
 
 
+def is_scan(doc: Any) -> bool:
+    """Whether a JSON document is a scan's scan.json (its edges, seed, metric and
+    corruptions; no claims or jobs): `harness report` does not re-render those."""
+    return (isinstance(doc, dict) and isinstance(doc.get("edges"), list) and "corruptions" in doc
+            and "claims" not in doc and "jobs" not in doc)
+
+
+def starter_model(model_source: str, folder: Path) -> str:
+    """The starter file's `model:`: `hf:NAME` as it is, a directory relative to `folder`
+    (where starter.yaml is written; hypothesis paths resolve against their file's folder),
+    or absolute when no relative path leads there (another drive)."""
+    if model_source.startswith("hf:"):
+        return model_source
+    target = Path(model_source).expanduser().resolve()
+    try:
+        return Path(os.path.relpath(target, folder.resolve())).as_posix()
+    except ValueError:
+        return str(target)
+
+
 def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, metric: str,
-            corruptions: list[str], data_file: Path | None = None, top: int = 5) -> dict[str, Any]:
+            corruptions: list[str], data_file: Path | None = None, top: int = 5,
+            folder: Path | None = None) -> dict[str, Any]:
     """A hypothesis with the strongest used edges as claims (each under the corruption that
-    showed it, and for head -> head edges that compose the composition claim beside them)."""
+    showed it, and for head -> head edges that compose the composition claim beside them).
+    `folder`: where the file will be written; its model path is relative to it (default: absolute)."""
     used: list[dict[str, Any]] = []
     for r in rows:  # the strongest corruption per edge, rows being ranked by effect
         if r["use"] == USED and all(u["edge"] != r["edge"] for u in used):
@@ -228,23 +253,25 @@ def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segme
     return {"harness": 1, "name": "starter",
             "description": "Written by `harness scan` from the strongest routes used under any corruption (explore "
                            f"split). Edit the claims, then test them: {held_out}",
-            "model": str(Path(model_source).resolve()) if not model_source.startswith("hf:") else model_source,
+            "model": (starter_model(model_source, folder) if folder is not None else
+                      str(Path(model_source).resolve()) if not model_source.startswith("hf:") else model_source),
             "data": source, "metric": metric, "claims": claims}
 
 
 def _write(out: Path, rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, seed: int,
            metric: str, corruptions: list[str], data_file: Path | None, unique: bool) -> None:
-    doc = starter(rows, model_source, n_prompts, segment_length, metric, corruptions, data_file)
-    load(doc)  # the starter file must be valid
+    doc = starter(rows, model_source, n_prompts, segment_length, metric, corruptions, data_file, folder=out)
+    load(doc, base_dir=out)  # the starter file must be valid
     files = {"scan.json": to_json({"edges": rows, "seed": seed, "metric": metric,
                                    "corruptions": corruptions}).encode(),
              "starter.yaml": yaml.safe_dump(doc, sort_keys=False).encode()}
     claimed = {c["edge"] for c in doc["claims"]}
     first = [r for r in rows if r["corruption"] == corruptions[0]]
     pts = [{"edge": r["edge"], "composition": r["composition"], "effect": r["effect"], "effect_ci": r["effect_ci"],
-            "composes": r.get("composes", False), "claimed": r["edge"] in claimed, "untested": r["use"] == UNTESTED}
-           for r in first if r["composition"] is not None]
-    png = signature({"points": pts, "min_effect": SCAN_STATS.min_effect})
+            "composes": r.get("composes", False), "claimed": r["edge"] in claimed, "untested": r["use"] == UNTESTED,
+            "use": r["use"]} for r in first if r["composition"] is not None]
+    png = signature({"points": pts, "min_effect": SCAN_STATS.min_effect, "tolerance": SCAN_STATS.tolerance,
+                     "composition_alpha": SCAN_STATS.composition_alpha})
     if png is not None:
         files["signature.png"] = png
     write_folder(out, files, unique=unique)

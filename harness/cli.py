@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, threads
+from .engine.data_source import from_data_file
 from .engine.provenance import command_line
 from .engine.runner import run
 from .errors import ExitCode, HarnessError, SanityCheckError, SpecError, UserError
@@ -56,6 +57,10 @@ from .tools.selftest import render, selftest
 from .tools.weights_table import MAX_DRAWS, composition_tables
 
 DEVICE_HELP = "cpu, cuda, cuda:N or mps; default: best available, or $HARNESS_DEVICE"
+DATA_HELP = ("prompts instead of the generator: a JSONL prompt file (token ids or text), or a YAML data file "
+             "(.yaml/.yml) whose 'data:' mapping is written as in a hypothesis file (a hypothesis file serves too)")
+DISTINCT_HELP = ("generator: no token twice inside a segment, and corrupted segments differ from the clean one at "
+                 "every position")
 
 
 def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -132,7 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("evidence", type=Path, metavar="EVIDENCE.json")
     rp.add_argument("--out", type=Path, help="write into this new folder instead of beside the JSON")
 
-    w = sub.add_parser("weights", help="composition-score matrices of a model, with the rotation null")
+    w = sub.add_parser("weights", help="composition-score matrices of a model, with the rotation null",
+                       description="Composition-score matrices of a model, with the rotation null. Computed from "
+                                   "the weights alone: it runs no prompts, so it takes no --data.")
     w.add_argument("model", help="model directory, or hf:NAME")
     w.add_argument("--processing", choices=WEIGHT_PROCESSING, default="folded",
                    help="weight processing (default folded: LayerNorm folded, writers centred)")
@@ -154,7 +161,8 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--draws", type=int, default=1000, help="composition null draws per edge")
     sc.add_argument("--top", type=int, default=15, help="rows to print")
     sc.add_argument("--budget-mb", type=int, default=32, help="memory budget of a patching chunk (MiB)")
-    sc.add_argument("--data", type=Path, metavar="FILE", help="a JSONL prompt file instead of the generator")
+    sc.add_argument("--data", type=Path, metavar="FILE", help=DATA_HELP)
+    sc.add_argument("--distinct", action="store_true", help=DISTINCT_HELP)
     sc.add_argument("--corruption", action="append", metavar="NAME",
                     help="a corruption to scan under, repeatable (generator: first_half, second_half, both; "
                          "default first_half; with --data: the file's, default all)")
@@ -171,8 +179,11 @@ def _parser() -> argparse.ArgumentParser:
     ro.add_argument("--n-prompts", type=PROMPTS, default=200)
     ro.add_argument("--segment-length", type=SEGMENT, default=20)
     ro.add_argument("--seed", type=SEED, default=0)
-    ro.add_argument("--split", choices=("explore", "test"), default="explore",
-                    help="prompt split (default explore: keep the test split for hypotheses)")
+    ro.add_argument("--split", choices=("explore", "test"), default=None,
+                    help="prompt split of the generator or a template (default explore, or the data file's own "
+                         "split when it sets one: keep the test split for hypotheses)")
+    ro.add_argument("--data", type=Path, metavar="FILE", help=DATA_HELP)
+    ro.add_argument("--distinct", action="store_true", help=DISTINCT_HELP)
     _add_device(ro)
     return p
 
@@ -299,7 +310,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     _, table = scan(args.model, out, args.n_prompts, args.segment_length, args.seed, args.metric,
                     args.processing, args.draws, args.top, args.budget_mb, device=device,
                     corruptions=tuple(dict.fromkeys(args.corruption)) if args.corruption else None, data_file=args.data,
-                    unique=args.out is None)
+                    unique=args.out is None, distinct=args.distinct)
     print(table)
     print(f"\nwrote {out / 'scan.json'}, {out / 'signature.png'} and {out / 'starter.yaml'}")
     return ExitCode.OK
@@ -344,8 +355,11 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 
 def cmd_roles(args: argparse.Namespace) -> int:
-    m = load_model(args.model, device=resolve_device(args.device))
-    print(role_table(m, args.n_prompts, args.segment_length, args.seed, args.split))
+    device = resolve_device(args.device)
+    given = from_data_file(args.data, args.split) if args.data is not None else None  # checked before loading
+    m = load_model(args.model, device=device)
+    print(role_table(m, args.n_prompts, args.segment_length, args.seed, args.split or "explore", args.distinct,
+                     given))
     return ExitCode.OK
 
 

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from harness.errors import ComponentNameError
@@ -17,15 +19,41 @@ def test_edge_round_trip(text):
     assert names.parse_edge(text.replace(" ", "")) == e
 
 
-@pytest.mark.parametrize("text,end", [("L0H2 -> L1.mlp", "an edge receiver"), ("L0.mlp -> L1H0.v", "an edge sender")])
-def test_mlps_are_not_edge_ends(text, end):
-    """MLP names parse as nodes, but no edge field takes them: one message says so."""
-    assert str(names.parse_component("L1.mlp")) == "L1.mlp"
-    with pytest.raises(ComponentNameError, match=f"is not {end}; .*; {names.MLP_NOTE}$"):
+@pytest.mark.parametrize("text", ["L0H2 -> L1.mlp", "L1H0 -> L1.mlp", "L0.mlp -> L1H0.v", "L0.mlp -> L1.mlp",
+                                  "L0H1 + L0.mlp -> logits", "embed + L0H3 -> L2H1.k"])
+def test_mlps_and_groups_are_edge_ends(text):
+    """MLPs send and receive (a head feeds its own layer's MLP); groups send together."""
+    e = names.parse_edge(text)
+    assert str(e) == text and names.parse_edge(text.replace(" ", "")) == e
+
+
+@pytest.mark.parametrize("text,why", [
+    ("L1.mlp -> L1H0.q", "does not go forward"), ("L1.mlp -> L1.mlp", "does not go forward"),
+    ("L0H1 + L0H1 -> L1H0.q", "names L0H1 twice"), ("L1H0 + L0H1 -> L1H0.q", "does not go forward")])
+def test_bad_edges(text, why):
+    with pytest.raises(ComponentNameError, match=why):
         names.parse_edge(text)
-    assert names.MLP_NOTE in names.EDGE_RULE
-    assert (names.edge_end_unsupported(names.Mlp(1), "into")
-            == f"edge patching into L1.mlp is not supported: {names.EDGE_RULE}")
+
+
+def test_composition_edges_take_heads_only():
+    """A composition edge names one head and a head input: an MLP there gets the one
+    message about MLPs and composition scores, a group is refused."""
+    for text, end in (("L0H2 -> L1.mlp", "the receiver of a composition edge"),
+                      ("L0.mlp -> L1H0.v", "the sender of a composition edge")):
+        with pytest.raises(ComponentNameError, match=f"is not {end}; .*; {re.escape(names.MLP_NOTE)}$"):
+            names.parse_edge(text, names.HEAD_ROUTE)
+    with pytest.raises(ComponentNameError, match="not a group"):
+        names.parse_edge("L0H1 + L0H2 -> L1H0.k", names.HEAD_ROUTE)
+
+
+def test_paths_parse_and_go_forward():
+    p = names.parse_path("L0H7 + L0.mlp -> L1H5.k -> L1.mlp -> L2H3.q -> logits")
+    assert str(p) == "L0H7 + L0.mlp -> L1H5.k -> L1.mlp -> L2H3.q -> logits" and p.as_edge is None
+    assert names.parse_path("L0H7 -> L1H5.k").as_edge == names.parse_edge("L0H7 -> L1H5.k")
+    for bad, why in (("L0H7 -> logits -> L1H0.q", "is not a path hop"), ("L1H0 -> L1H1.k", "does not go forward"),
+                     ("L0H7", "is not a path")):
+        with pytest.raises(ComponentNameError, match=why):
+            names.parse_path(bad)
 
 
 def test_parsed_values_are_frozen_and_structured():

@@ -159,8 +159,8 @@ def test_a_bad_name_gets_the_nearest_name_that_fits(text, fits, hint):
 
 @pytest.mark.parametrize("fits,absent", [
     (names.HEAD, ("embed", "logits", ".mlp", ".q/.k/.v")),
-    (names.SENDER, ("logits", ".mlp", ".q/.k/.v")),
-    (names.RECEIVER, ("embed", ".mlp")),
+    (names.SENDER, ("logits", ".q/.k/.v")),
+    (names.RECEIVER, ("embed",)),
     (names.ROUTE_SENDER, ("embed", "logits", ".mlp")),
     (names.ROUTE_RECEIVER, ("embed", "logits", ".mlp")),
 ])
@@ -191,10 +191,8 @@ def test_an_edge_with_a_wrong_arrow_gets_the_edge_that_fits():
 
 
 def test_mlps_get_one_answer_everywhere(tmp_path):
-    """Parsing, claims and patching say the same: MLPs are not edge senders or receivers."""
-    from harness.errors import UnsupportedError
-    from harness.mech import patching
-
+    """Parsing and claims say the same: MLPs are edge senders and receivers (EDGE_RULE),
+    but have no composition score (MLP_NOTE)."""
     f = tmp_path / "h.yaml"
     f.write_text("harness: 1\nname: t\nmodel: hf:gpt2\ndata: {generator: repeated_tokens}\nclaims:\n"
                  "  - id: e\n    kind: edge\n    edge: L0H7 -> L1.mlp\n"
@@ -202,15 +200,10 @@ def test_mlps_get_one_answer_everywhere(tmp_path):
     with pytest.raises(SpecError) as exc:
         loading.load(f)
     assert exc.value.problems == [
-        f"{f}:8: claims[0].edge: 'L1.mlp' is not an edge receiver; expected a later head's input "
-        f"L<layer>H<head>.q/.k/.v, or logits; {names.MLP_NOTE}",
         f"{f}:11: claims[1].edge: 'L0.mlp' is not the sender of a composition edge; expected a head L<layer>H<head>; "
         f"{names.MLP_NOTE}",
     ]
-    with pytest.raises(UnsupportedError) as unsupported:
-        patching.cache_names([names.Edge(names.Mlp(0), names.Logits())], 2)
-    assert str(unsupported.value) == f"edge patching from L0.mlp is not supported: {names.EDGE_RULE}"
-    assert names.MLP_NOTE in names.EDGE_RULE
+    assert "an MLP (L<layer>.mlp)" in names.EDGE_RULE and "a later MLP (its input)" in names.EDGE_RULE
 
 
 # ---------------------------------------------------------------- did you mean: keys; file:line kept
@@ -251,16 +244,16 @@ def problems_of(tmp_path: Path, text: str, check_model: bool = False) -> list[st
      "seed, stats, claims (did you mean name?)"),
     ("  n_prompts: 20", "  n_promts: 20",
      "h.yaml:6: data.n_promts: unknown key; allowed keys: generator, n_prompts, segment_length, bos, bos_token, seed, "
-     "split, vocab_min, vocab_max, corruptions, n_reference (did you mean n_prompts?)"),
+     "split, vocab_min, vocab_max, corruptions, n_reference, distinct (did you mean n_prompts?)"),
     ("claims:", "stats:\n  bootstrp: 100\nclaims:", "h.yaml:8: stats.bootstrp: unknown key; allowed keys: bootstrap, "),
     ("kind: ablation", "kind: abalation", "h.yaml:14: claims[1].kind: unknown claim kind 'abalation'; allowed: role, "
-     "copying, composition, ablation, edge, circuit (did you mean ablation?)"),
+     "copying, composition, ablation, edge, path, circuit (did you mean ablation?)"),
     ("role: previous_token", "role: previous-token", "h.yaml:11: claims[0].role: Input should be 'previous_token', "
      "'induction', 'duplicate_token' or 'first_token' (got 'previous-token') (did you mean previous_token?)"),
     ("head: L0H7", "head: LOH7", "h.yaml:10: claims[0].head: 'LOH7' is not a head; expected a head L<layer>H<head>, "
      "e.g. L1H6 (did you mean L0H7?)"),
-    ("heads: [L0H7]", "heads: [L0H7, L1h5]", "h.yaml:15: claims[1].heads: 'L1h5' is not a head; expected a head "
-     "L<layer>H<head>, e.g. L1H6 (did you mean L1H5?)"),
+    ("heads: [L0H7]", "heads: [L0H7, L1h5]", "h.yaml:15: claims[1].heads: 'L1h5' is not a head or an MLP; expected "
+     "a head L<layer>H<head> or an MLP L<layer>.mlp, e.g. L1H6 or L1.mlp (did you mean L1H5?)"),
 ])
 def test_unknown_keys_and_names_get_a_did_you_mean_with_file_and_line(tmp_path, old, new, expected):
     assert old in GOOD
@@ -376,8 +369,8 @@ def test_a_dict_source_names_the_claim_not_a_line(tmp_path):
     assert sorted(exc.value.problems) == [
         "claims[0] (id: prev-token): at_leest: unknown key; allowed keys: id, kind, head, role, at_least, at_most, "
         "description (did you mean at_least?)",
-        "claims[1] (id: knockout): heads: 'LOH7' is not a head; expected a head L<layer>H<head>, e.g. L1H6 "
-        "(did you mean L0H7?)",
+        "claims[1] (id: knockout): heads: 'LOH7' is not a head or an MLP; expected a head L<layer>H<head> or an MLP "
+        "L<layer>.mlp, e.g. L1H6 or L1.mlp (did you mean L0H7?)",
         "data.n_prompts: Input should be greater than or equal to 2",
     ]
     h = loading.load(yaml.safe_load(GOOD))

@@ -36,7 +36,7 @@ def toy():
 
 
 def test_builtin_kinds_and_their_protocol():
-    assert registry.names() == ["role", "copying", "composition", "ablation", "edge", "circuit"]
+    assert registry.names() == ["role", "copying", "composition", "ablation", "edge", "path", "circuit"]
     for name, kind in registry.kinds().items():
         assert kind.name == name and kind.evidence in ("weights", "observational", "causal") and kind.summary
         assert kind.spec.model_fields["kind"].annotation.__args__[0] == name  # the schema's literal is the name

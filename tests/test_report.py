@@ -240,3 +240,16 @@ def test_committed_demo_report_is_current(demo_folder):
     assert (DEMO_REPORT / "report.md").read_text().split("## Provenance")[0] == \
         (folder / "report.md").read_text().split("## Provenance")[0]
     assert {p.name for p in (DEMO_REPORT / "figures").iterdir()} == FIGURES
+
+
+def test_committed_names_report_is_current(tmp_path):
+    """reports/names (the README's second example: text prompts, MLP nodes, a group edge and
+    paths on fixtures/names-3l) is what `harness run hypotheses/names.yaml --out reports/names`
+    gives with the current code: every claim passes, with the committed numbers, and its report
+    shows the prompts as text."""
+    committed = json.loads((ROOT / "reports" / "names" / "evidence.json").read_text())
+    ev = harness.run(HYPOTHESES / "names.yaml", device="cpu")
+    assert ev.counts() == {"PASS": 23, "FAIL": 0, "INCONCLUSIVE": 0}
+    assert_close(numbers(committed), numbers(json.loads(to_json(ev.to_dict()))))
+    md = (ROOT / "reports" / "names" / "report.md").read_text()
+    assert "**to**" in md and "When " in md and "L0H0 + L0H3 -> L0.mlp" in md

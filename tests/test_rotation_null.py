@@ -120,3 +120,47 @@ def test_p_value_grid_is_calibrated_on_random_models():
     p = np.concatenate(pvals)  # 480 p-values
     for alpha in (0.05, 0.1, 0.2):
         assert abs(np.mean(p < alpha) - alpha) < 3.5 * math.sqrt(alpha * (1 - alpha) / len(p)), alpha
+
+
+@pytest.mark.parametrize("processing", W.PROCESSING)
+def test_group_composition_is_the_stacked_write_against_its_own_null(processing):
+    """A group of sender heads composes as their stacked OVs [X_1; X_2]: the score equals the
+    explicit product's, a member-weighted mean of the members' C_i^2, and its null (spectra
+    kept, Haar orientation) matches explicit rotations of the receiver (KS test)."""
+    b = boot(tiny_config(n_layers=2, n_heads=3, d_head=3, d_model=10, seed=21))
+    hw = W.head_weights(b, processing)
+    comp = Composition(hw, 0)
+    senders, receiver = (Head(0, 0), Head(0, 2)), HeadInput(Head(1, 1), "k")
+    got = comp.group_result(senders, receiver, 2000)
+    X = torch.cat([(hw.W_V @ hw.W_O)[s.layer, s.head] for s in senders])  # [2 d, d]
+    Y = (hw.W_K @ hw.W_Q.mT)[1, 1]
+    assert got.score == pytest.approx(dense_score(X, Y), abs=1e-12)
+    singles = [comp.score(s, receiver) for s in senders]
+    w = [float(torch.linalg.norm((hw.W_V @ hw.W_O)[s.layer, s.head]) ** 2) for s in senders]
+    assert got.score ** 2 == pytest.approx(sum(wi * c ** 2 for wi, c in zip(w, singles)) / sum(w), abs=1e-12)
+    assert got.sender == "L0H0 + L0H2" and math.isnan(got.percentile)
+    # the null: X' against Y rotated by explicit Haar matrices of the null's dimension
+    n = hw.null_dim
+    basis = torch.linalg.qr(torch.randn(hw.W_V.shape[-2], n, dtype=torch.float64, generator=torch.Generator()
+                                         .manual_seed(0)))[0] if n == hw.W_V.shape[-2] else None
+    if basis is None:  # centred writes live in the complement of the all-ones direction
+        ones = torch.ones(hw.W_V.shape[-2], 1, dtype=torch.float64) / math.sqrt(hw.W_V.shape[-2])
+        full = torch.linalg.qr(torch.cat([ones, torch.randn(hw.W_V.shape[-2], n, dtype=torch.float64,
+                                                             generator=torch.Generator().manual_seed(0))], 1))[0]
+        basis = full[:, 1:]
+    Xs, Ys = X.double() @ basis, basis.T @ Y.double()  # coordinates in the null's n-dimensional space
+    explicit = []
+    for R in ortho_group.rvs(n, size=2000, random_state=1):
+        R = torch.as_tensor(R)
+        explicit.append(float(torch.linalg.norm(Xs @ R @ Ys) / (torch.linalg.norm(Xs) * torch.linalg.norm(Ys))))
+    shared = comp.group_result(senders, receiver, 2000)
+    from harness.mech.rotation_null import SharedNull, normalised_squares
+
+    sx = torch.linalg.svdvals(X.double())[:min(2 * hw.W_V.shape[-1], n)]  # rank <= 2 d_head: the rest are 0
+    sy = comp.spectrum("k")[1, 1]
+    bvec = torch.zeros(len(sx), dtype=sx.dtype)
+    bvec[:len(sy)] = normalised_squares(sy)
+    null = SharedNull(len(sx), n, 0).pair_samples(normalised_squares(sx)[None], bvec[None], 2000)[0]
+    assert ks_2samp(null, explicit).pvalue > 0.01
+    assert shared.null_mean == pytest.approx(float(np.mean(null)), abs=1e-12)
+    assert shared.p_value == pytest.approx((1 + int(np.sum(null >= got.score - 1e-12))) / 2001, abs=1e-12)

@@ -31,8 +31,8 @@ from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE, threshold_verdict
 from ..mech.runs import Runs
-from ..spec.fields import BoundedCausalClaim, HeadList
-from ..spec.names import hook_pattern, hook_resid_pre, hook_z
+from ..spec.fields import BoundedCausalClaim, UnitList
+from ..spec.names import hook_pattern, hook_resid_pre, unit_hook
 from ..spec.settings import Stats
 from ..spec.vocabulary import Ablation, Normalization
 from . import effects
@@ -57,7 +57,7 @@ class AblationClaim(BoundedCausalClaim):
     """Ablating these heads jointly changes the metric by at least / at most."""
 
     kind: Literal["ablation"]
-    heads: HeadList
+    heads: UnitList  # heads and MLPs (L1.mlp)
     ablation: Ablation = "mean"
     measure: Literal["normalized", "delta"] = "normalized"
     normalize: Normalization = "corrupted"
@@ -117,7 +117,7 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
     def hooks(self, claim: AblationClaim, n_layers: int) -> list[str]:
         frozen = [hook_pattern(layer) for layer in range(n_layers)] if claim.freeze_patterns else []
         first = hook_resid_pre(min(h.layer for h in claim.heads))  # interventions start there (Runs.run)
-        return [hook_z(h.layer) for h in claim.heads] + frozen + [first]
+        return [unit_hook(h) for h in claim.heads] + frozen + [first]
 
     def interventions(self, claim: AblationClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
         paths: list[InterventionPath] = [HeadAblationPath(tuple(claim.heads))]

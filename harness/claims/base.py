@@ -45,18 +45,18 @@ D = TypeVar("D", bound=Details)
 # ---------------------------------------------------------------- intervention paths
 @dataclass(frozen=True)
 class HeadAblationPath:
-    """Heads ablated on the clean prompts (checked with resample-ablation from
-    the clean run itself)."""
+    """Heads (and MLPs) ablated on the clean prompts (checked with resample-ablation
+    from the clean run itself)."""
 
-    heads: tuple[names.Head, ...]
+    heads: tuple[names.Unit, ...]
 
 
 @dataclass(frozen=True)
 class EdgePatchPath:
-    """An edge patched in one direction (checked with its base run as both base
-    and source), with every attention pattern frozen or not."""
+    """An edge (or a path) patched in one direction (checked with its base run as both
+    base and source), with every attention pattern frozen or not."""
 
-    edge: names.Edge
+    edge: names.Edge | names.Path
     direction: str
     freeze_patterns: bool = False
     corruption: str | None = None  # the corrupted run a denoising patch starts from (None: the default)
@@ -121,8 +121,8 @@ def sensitivity_entry(mechanism: str, type_: str, sens: Sensitivity | None,
     return [LadderEntry(mechanism, type_, "robustness", "inconclusive", f"fewer than two types decide: {cells}")]
 
 
-def heads_mechanism(heads: Sequence[names.Head]) -> tuple[str, str]:
-    """(mechanism, type) of one head or a set of heads."""
+def heads_mechanism(heads: Sequence[names.Unit]) -> tuple[str, str]:
+    """(mechanism, type) of one head (or MLP) or a set of them."""
     return ("+".join(str(h) for h in heads), "head" if len(heads) == 1 else "heads")
 
 

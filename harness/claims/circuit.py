@@ -35,8 +35,8 @@ from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_ver
 from ..mech.runs import Runs
 from ..progress import stage
 from ..spec import names
-from ..spec.fields import BoundedCausalClaim, HeadList
-from ..spec.names import hook_resid_pre, hook_z
+from ..spec.fields import BoundedCausalClaim, UnitList
+from ..spec.names import hook_mlp_out, hook_resid_pre, hook_z
 from ..spec.settings import Stats
 from ..spec.vocabulary import Ablation
 from . import effects
@@ -60,7 +60,7 @@ class CircuitClaim(BoundedCausalClaim):
     """Keeping only these heads recovers at least (or at most) a fraction of the behaviour."""
 
     kind: Literal["circuit"]
-    heads: HeadList
+    heads: UnitList  # heads and MLPs (L1.mlp)
     ablation: Ablation = "resample"
     random_circuits: int = Field(100, ge=20, le=100_000)
     beat_rate: float = Field(0.5, ge=0.0, lt=1.0)
@@ -98,7 +98,7 @@ def random_faithfulness(runs: Runs, claim: CircuitClaim, m_empty: np.ndarray, ke
                         seed: int) -> np.ndarray | None:
     """Faithfulness of `claim.random_circuits` random circuits of the claim's size (never
     the claimed one), over the kept prompts; None when no other circuit of that size exists."""
-    every = names.Head.every(runs.n_layers, runs.n_heads)
+    every = pool(claim, runs.n_layers, runs.n_heads)
     size = len(claim.heads)
     if comb(len(every), size) <= 1:
         return None
@@ -117,6 +117,18 @@ def random_faithfulness(runs: Runs, claim: CircuitClaim, m_empty: np.ndarray, ke
     return np.asarray([float((m - m_empty)[kept].sum() / gap[kept].sum()) for m in m_r])
 
 
+def with_mlps(claim: CircuitClaim) -> bool:
+    """Whether the circuit is drawn from heads and MLPs: when it names an MLP (a circuit of
+    heads alone keeps every MLP)."""
+    return any(isinstance(h, names.Mlp) for h in claim.heads)
+
+
+def pool(claim: CircuitClaim, n_layers: int, n_heads: int) -> list[names.Unit]:
+    """What the circuit keeps or ablates: every head, and every MLP when it names one."""
+    heads: list[names.Unit] = list(names.Head.every(n_layers, n_heads))
+    return heads + ([names.Mlp(layer) for layer in range(n_layers)] if with_mlps(claim) else [])
+
+
 class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
     name = "circuit"
     spec = CircuitClaim
@@ -125,10 +137,11 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
     summary = "keeping only these heads recovers the behaviour (faithfulness) better than random circuits"
 
     def hooks(self, claim: CircuitClaim, n_layers: int) -> list[str]:
-        return [hook_z(layer) for layer in range(n_layers)] + [hook_resid_pre(0)]  # Runs.run starts there
+        mlps = [hook_mlp_out(layer) for layer in range(n_layers)] if with_mlps(claim) else []
+        return [hook_z(layer) for layer in range(n_layers)] + mlps + [hook_resid_pre(0)]  # Runs.run starts there
 
     def interventions(self, claim: CircuitClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
-        return [HeadAblationPath(tuple(names.Head.every(n_layers, n_heads)))]
+        return [HeadAblationPath(tuple(pool(claim, n_layers, n_heads)))]
 
     def ladder(self, claim: CircuitClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
@@ -145,7 +158,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         out = {}
         for i, c in claims:
             runs, seed = ctx.runs_for(c.corruption), ctx.claim_seed(i)
-            every = names.Head.every(runs.n_layers, runs.n_heads)
+            every = pool(c, runs.n_layers, runs.n_heads)
             keep = set(c.heads)
             rest = [h for h in every if h not in keep]
             m_circuit, m_empty = runs.ablated_many([rest, every], c.ablation)
@@ -162,8 +175,8 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             result = self.evaluate(c, runs.m_clean, m_circuit, m_empty, random_f, st, seed, ctx.unit, change,
                                    runs.corruption, jack=jack)
             if c.sensitivity:
-                def variant(kind: str, c: CircuitClaim = c, runs: Runs = runs, rest: list[names.Head] = rest,
-                            every: list[names.Head] = every, seed: int = seed) -> ClaimResult:
+                def variant(kind: str, c: CircuitClaim = c, runs: Runs = runs, rest: list[names.Unit] = rest,
+                            every: list[names.Unit] = every, seed: int = seed) -> ClaimResult:
                     v = c.model_copy(update={"ablation": kind})
                     ch = effects.head_change(runs, rest, kind, st) if rest else None
                     return self.evaluate(v, runs.m_clean, runs.ablated(rest, kind), runs.ablated(every, kind), None,
@@ -183,7 +196,11 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         from scipy.stats import binomtest
 
         compare = compare and claim.at_least is not None
-        expectation = (f"keep {len(claim.heads)} heads ({claim.ablation} elsewhere): faithfulness "
+        n_mlps = sum(isinstance(h, names.Mlp) for h in claim.heads)
+        n_heads = len(claim.heads) - n_mlps
+        members = (f"{n_heads} head{'s' * (n_heads != 1)} and {n_mlps} MLP{'s' * (n_mlps != 1)} ({claim.ablation} "
+                   "elsewhere, MLPs included)" if n_mlps else f"{len(claim.heads)} heads ({claim.ablation} elsewhere)")
+        expectation = (f"keep {members}: faithfulness "
                        f"{claim.bound_text()}"
                        + (f", beats random circuits (rate > {claim.beat_rate:g})" if compare else ""))
         num, gap = m_circuit - m_empty, m_full - m_empty

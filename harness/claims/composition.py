@@ -62,17 +62,23 @@ class RouteEvidence:
 
 
 def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats) -> list[RouteEvidence]:
-    """Composition evidence for head -> head-input edges; p-values BH-adjusted over them.
-    Every pair reads the same shared null draws (mech.rotation_null), so an edge has the
-    same score, null and raw p in a claim, the weights-vs-use table and the figures."""
+    """Composition evidence for head -> head-input edges (a group of sender heads: their
+    combined write, Composition.group_result); p-values BH-adjusted over them.  Every pair
+    reads the same shared null draws (mech.rotation_null), so an edge has the same score,
+    null and raw p in a claim, the weights-vs-use table and the figures."""
     extend = weights.draws_needed(len(edges), st.composition_alpha)
-    pairs = []
-    for e in edges:
+    pairs, groups = [], {}
+    for i, e in enumerate(edges):
         sender, receiver = e.sender, e.receiver
-        if not isinstance(sender, names.Head) or not isinstance(receiver, names.HeadInput):
+        if not names.is_head_route(e) or not isinstance(receiver, names.HeadInput):
             raise ValueError(f"{e} is not a head -> head-input edge")
-        pairs.append((sender, receiver))
-    results = comp.results(pairs, st.null_draws, extend, st.composition_alpha)
+        if isinstance(sender, names.Group):
+            heads = tuple(m for m in sender.members if isinstance(m, names.Head))
+            groups[i] = comp.group_result(heads, receiver, max(st.null_draws, extend))
+        elif isinstance(sender, names.Head):
+            pairs.append((sender, receiver))
+    singles = iter(comp.results(pairs, st.null_draws, extend, st.composition_alpha))
+    results = [groups[i] if i in groups else next(singles) for i in range(len(edges))]
     adjusted = stats.benjamini_hochberg([r.p_value for r in results])
     return [RouteEvidence(r, p) for r, p in zip(results, adjusted, strict=True)]
 

@@ -45,7 +45,7 @@ from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict
 from ..mech import change as read_change
-from ..mech import patching
+from ..mech import patching, paths
 from ..mech.runs import Runs
 from ..spec import names
 from ..spec.fields import CorruptionChoice, EdgeName
@@ -74,11 +74,9 @@ WEIGHTS_VS_USE = {
 }
 
 
-class EdgeClaim(CorruptionChoice):
-    """Patching one edge moves the metric (used) or not (unused)."""
+class RouteClaim(CorruptionChoice):
+    """What edge and path claims share: patching a route moves the metric (used) or not."""
 
-    kind: Literal["edge"]
-    edge: EdgeName  # a head or embed -> a later head's .q/.k/.v or logits (names.EDGE_RULE)
     expect: Literal["used", "unused"] = "used"
     direction: Direction = "noising"
     replacement: Replacement = "resample"
@@ -88,12 +86,17 @@ class EdgeClaim(CorruptionChoice):
     freeze_patterns: StrictBool = False
     sensitivity: StrictBool = False
 
+    @property
+    def route(self) -> names.Edge | names.Path:
+        """The edge or path the claim patches."""
+        raise NotImplementedError
+
     @model_validator(mode="after")
-    def _consistent(self) -> EdgeClaim:
-        r = self.edge.receiver
-        if self.freeze_patterns and isinstance(r, names.HeadInput) and r.which in "qk":
-            raise ValueError(f"freeze_patterns holds every attention pattern fixed, so a .{r.which} edge "
-                             "cannot act at all; use it with .v or logits edges")
+    def _consistent(self) -> RouteClaim:
+        for r in paths.as_path(self.route).hops:
+            if self.freeze_patterns and isinstance(r, names.HeadInput) and r.which in "qk":
+                raise ValueError(f"freeze_patterns holds every attention pattern fixed, so a route through "
+                                 f"{r} cannot act at all; use it with .v, MLP or logits receivers")
         if self.min_effect is not None and self.tolerance is not None and self.tolerance >= self.min_effect:
             raise ValueError(f"tolerance {self.tolerance:g} must be below min_effect {self.min_effect:g}, "
                              "or 'used' and 'unused' overlap")
@@ -116,6 +119,17 @@ class EdgeClaim(CorruptionChoice):
             return (f"claim {self.id!r}: tolerance {lo:g} must be below min_effect {hi:g} "
                     "(claim or stats values), or 'used' and 'unused' overlap")
         return None
+
+
+class EdgeClaim(RouteClaim):
+    """Patching one edge moves the metric (used) or not (unused)."""
+
+    kind: Literal["edge"]
+    edge: EdgeName  # names.EDGE_RULE: heads, MLPs, embed or a group of them -> a later head input, MLP or logits
+
+    @property
+    def route(self) -> names.Edge:
+        return self.edge
 
 
 class EdgeDetails(effects.NormalizedFields):
@@ -165,7 +179,7 @@ class EdgeEffect:
     corruption: str  # the corrupted run's name
 
 
-def edge_effect(runs: Runs, edge: names.Edge, direction: str, replacement: str, freeze: bool, st: Stats,
+def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool, st: Stats,
                 seed: int, unit: str, baseline: float | None = None, normalize: str = "corrupted") -> EdgeEffect:
     """Patch `edge` (runs: mech.runs.Runs) and measure its effect."""
     m_clean, m_corrupt = runs.m_clean, runs.m_corrupt
@@ -185,7 +199,7 @@ def edge_effect(runs: Runs, edge: names.Edge, direction: str, replacement: str, 
     chosen = base if normalize == "baseline" and base is not None else norm
     zero = bool(np.all(d == 0))
     p = stats.sign_flip_pvalue(d[chosen.kept], st.permutations, seed) if chosen.interval and not zero else 1.0
-    r, where = read_change.edge_change(runs, edge, direction, replacement)
+    r, where = read_change.edge_change(runs, paths.first_edge(edge), direction, replacement)
     return EdgeEffect(effects.change(d, st, seed, jack), norm, base, p, float(m_clean.mean()),
                       float(m_patched.mean()), float(m_corrupt.mean()), zero, effects.intervention_change(r, st, where),
                       baseline if noising else None, runs.corruption)
@@ -230,9 +244,16 @@ def edge_verdict(expect: str, use: str, lo: float, hi: float, min_effect: float,
     return PASS if use == UNUSED else FAIL if use in (USED, OPPOSITE) else INCONCLUSIVE
 
 
-def classify(composes: bool, use: str) -> str:
-    """The weights-vs-use class of an edge."""
+def classify(composes: bool | None, use: str) -> str:
+    """The weights-vs-use class of an edge (composes None: an MLP end, no composition score)."""
+    if composes is None:
+        return f"{use} (no composition score: MLP end)"
     return WEIGHTS_VS_USE[(composes, use)]
+
+
+def mlp_end(edge: names.Edge) -> bool:
+    """Whether an edge has an MLP among its senders or as its receiver."""
+    return isinstance(edge.receiver, names.Mlp) or any(isinstance(m, names.Mlp) for m in names.members(edge.sender))
 
 
 def row_use(tests: Sequence[EdgeTest]) -> EdgeTest:
@@ -244,33 +265,36 @@ def row_use(tests: Sequence[EdgeTest]) -> EdgeTest:
     return tests[0]
 
 
-class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
+class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
     name = "edge"
-    spec = EdgeClaim
+    spec: type[RouteClaim] = EdgeClaim
     details = EdgeDetails
     evidence = "causal"
     summary = "patching one edge (exact edge patching) moves the metric, or does not"
 
-    def hooks(self, claim: EdgeClaim, n_layers: int) -> list[str]:
+    def hooks(self, claim: RouteClaim, n_layers: int) -> list[str]:
         frozen = [hook_pattern(layer) for layer in range(n_layers)] if claim.freeze_patterns else []
-        r = claim.edge.receiver  # the receiver's attention weights where its keys/values are read
+        r = paths.first_edge(claim.route).receiver  # its attention weights where its keys/values are read
         reads = ([hook_pattern(r.head.layer)] if isinstance(r, names.HeadInput) and r.which in "kv"
                  and r.head.layer == n_layers - 1 else [])
-        return patching.cache_names([claim.edge], n_layers) + frozen + reads
+        route = claim.route
+        cached = (paths.cache_names(route, n_layers) if paths.needs_paths(route) or not isinstance(route, names.Edge)
+                  else patching.cache_names([route], n_layers))
+        return cached + frozen + reads
 
-    def needs_weights(self, claim: EdgeClaim) -> bool:
+    def needs_weights(self, claim: RouteClaim) -> bool:
         return True  # the weights-vs-use table and the signature plot
 
-    def interventions(self, claim: EdgeClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
-        return [EdgePatchPath(claim.edge, claim.direction, claim.freeze_patterns, claim.corruption)]
+    def interventions(self, claim: RouteClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
+        return [EdgePatchPath(claim.route, claim.direction, claim.freeze_patterns, claim.corruption)]
 
-    def edges(self, claim: EdgeClaim) -> list[names.Edge]:
-        return [claim.edge]
+    def edges(self, claim: RouteClaim) -> list[names.Edge]:
+        return [claim.route] if isinstance(claim.route, names.Edge) else []
 
     def claimed_edges(self, result: ClaimResult) -> list[str]:
         return [self.details_of(result).edge]
 
-    def ladder(self, claim: EdgeClaim, result: ClaimResult) -> list[LadderEntry]:
+    def ladder(self, claim: RouteClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
         status = {USED: "supports", UNUSED: "against", OPPOSITE: "against", UNDETERMINED: "inconclusive",
                   UNTESTED: "untested"}[d.use]
@@ -278,15 +302,17 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
         if d.use == OPPOSITE:
             note += ": it works against the claimed direction"
         rung = "edge necessity" if claim.direction == "noising" else "sufficiency"
-        return ([LadderEntry(str(claim.edge), "edge", rung, status, note, d.corruption)]
-                + sensitivity_entry(str(claim.edge), "edge", d.sensitivity,
+        route = claim.route  # head -> head-input edges have a weights rung; other routes do not
+        kind = "edge" if isinstance(route, names.Edge) and names.is_head_route(route) else "route"
+        return ([LadderEntry(str(claim.route), kind, rung, status, note, d.corruption)]
+                + sensitivity_entry(str(claim.route), kind, d.sensitivity,
                                     PASS if claim.expect == "used" else FAIL))
 
-    def measure(self, claims: Sequence[Indexed[EdgeClaim]], ctx: Context) -> dict[int, ClaimResult]:
+    def measure(self, claims: Sequence[Indexed[RouteClaim]], ctx: Context) -> dict[int, ClaimResult]:
         st = ctx.stats
 
-        def effect_of(c: EdgeClaim, replacement: str, seed: int) -> EdgeEffect:
-            return edge_effect(ctx.runs_for(c.corruption), c.edge, c.direction, replacement, c.freeze_patterns, st,
+        def effect_of(c: RouteClaim, replacement: str, seed: int) -> EdgeEffect:
+            return edge_effect(ctx.runs_for(c.corruption), c.route, c.direction, replacement, c.freeze_patterns, st,
                                seed, ctx.unit, ctx.baseline, c.normalize)
 
         batchable = ("resample", "zero")
@@ -296,7 +322,8 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
                 varied = c.sensitivity and c.direction == "noising"
                 kinds = {c.replacement} | ({"zero", "resample"} if varied else set())
                 for kind in sorted(kinds & set(batchable)):
-                    groups.setdefault((c.corruption, c.direction, kind), []).append(c.edge)
+                    if isinstance(c.route, names.Edge):
+                        groups.setdefault((c.corruption, c.direction, kind), []).append(c.route)
         for (corruption, direction, kind), edges in groups.items():
             ctx.runs_for(corruption).patched_many(edges, direction, kind)
         found = {i: effect_of(c, c.replacement, ctx.claim_seed(i)) for i, c in claims}
@@ -306,7 +333,7 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
         for i, c in claims:
             result = self.evaluate(c, found[i], adjusted.get(i, 1.0), st, ctx.unit)
             if c.sensitivity:
-                def variant(kind: str, c: EdgeClaim = c, i: int = i) -> ClaimResult:
+                def variant(kind: str, c: RouteClaim = c, i: int = i) -> ClaimResult:
                     # sensitivity variants are decided on their own, unadjusted p-values
                     v = c.model_copy(update={"replacement": kind})
                     e = effect_of(v, kind, ctx.claim_seed(i))
@@ -316,13 +343,13 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
         self._weights_vs_use(claims, out, ctx)
         return out
 
-    def evaluate(self, claim: EdgeClaim, effect: EdgeEffect, p_adj: float, st: Stats, unit: str) -> ClaimResult:
+    def evaluate(self, claim: RouteClaim, effect: EdgeEffect, p_adj: float, st: Stats, unit: str) -> ClaimResult:
         min_effect, tol = claim.zones(st)
         how = (f"{claim.direction}, {claim.replacement}" + (f", {claim.corruption}" if claim.corruption else "")
                + (", patterns frozen" if claim.freeze_patterns else "")
                + (", against a no-information guess" if claim.normalize == "baseline" else ""))
         want = f"effect > {min_effect:g}" if claim.expect == "used" else f"effect within ±{tol:g}"
-        expectation = f"{claim.edge} {claim.expect} ({how}: {want})"
+        expectation = f"{claim.route} {claim.expect} ({how}: {want})"
         ch, norm = effect.change, effect.norm
         chosen = effect.base if claim.normalize == "baseline" and effect.base is not None else norm
         niv = chosen.interval
@@ -341,11 +368,12 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
             confidence=st.confidence, **effects.effect_fields(norm),
             **effects.baseline_fields(effect.base, effect.baseline, effect.clean_mean, effect.corrupted_mean,
                                       claim.normalize),
-            undefined_reason=chosen.reason, p_value=effect.p_value, edge=str(claim.edge), p_adjusted=p_adj,
+            undefined_reason=chosen.reason, p_value=effect.p_value, edge=str(claim.route), p_adjusted=p_adj,
             alpha=st.alpha, min_effect=min_effect, tolerance=tol, min_raw_change=st.min_raw_change,
             correction=CORRECTION, use=use, structurally_zero=effect.structurally_zero or None,
             corruption=effect.corruption, intervention_change=effect.read)
         raw = f"raw change {raw_change:.3f} {unit}"
+        first = paths.first_edge(claim.route)
         if effect.read.vacuous:
             fix = ("a corruption that changes it there, or replacement: zero" if claim.replacement != "zero"
                    else "an edge whose sender writes something")
@@ -354,10 +382,10 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
                                value=None if niv is None else niv.estimate,
                                ci=None if niv is None else [niv.low, niv.high], unit=FRACTION, details=details,
                                per_prompt=None if niv is None else chosen.per_prompt,
-                               reason=f"untested: the patch changes nothing {claim.edge.receiver} reads (relative "
+                               reason=f"untested: the patch changes nothing {first.receiver} reads (relative "
                                       f"change {effect.read.relative_change:.3f} < min_change {st.min_change:g})",
-                               rule=f"untested: the {claim.replacement} patch does not change {claim.edge.sender}'s "
-                                    f"output where {claim.edge.receiver} reads it (relative change "
+                               rule=f"untested: the {claim.replacement} patch does not change {first.sender}'s "
+                                    f"output where {first.receiver} reads it (relative change "
                                     f"{effect.read.relative_change:.3f} < min_change {st.min_change:g} at "
                                     f"{effect.read.read_at}), so the effect ({estimate}; {raw}) cannot show "
                                     f"whether the route is used; use {fix}")
@@ -375,27 +403,29 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
                            ci=[lo, hi], unit=FRACTION, rule=rule, details=details, per_prompt=chosen.per_prompt,
                            reason=use_reason(use, lo, hi, p_adj, min_effect, tol, st, raw_change))
 
-    def pass_region(self, claim: EdgeClaim, result: ClaimResult) -> PassRegion:
+    def pass_region(self, claim: RouteClaim, result: ClaimResult) -> PassRegion:
         d = self.details_of(result)
         if claim.expect == "used":
             return PassRegion(low=d.min_effect, high=None, text=f"> {d.min_effect:g} (min_effect)")
         return PassRegion(low=-d.tolerance, high=d.tolerance, text=f"within ±{d.tolerance:g} (tolerance)")
 
-    def _weights_vs_use(self, claims: Sequence[Indexed[EdgeClaim]], results: dict[int, ClaimResult],
+    def _weights_vs_use(self, claims: Sequence[Indexed[RouteClaim]], results: dict[int, ClaimResult],
                         ctx: Context) -> None:
-        """One weights-vs-use row per claimed head -> head-input edge and direction."""
+        """One weights-vs-use row per claimed edge and direction: head (or group of heads) ->
+        head input with its composition test; edges with an MLP end with no score."""
         rows: dict[tuple[names.Edge, str], list[int]] = {}
         for i, c in claims:
-            if names.is_head_route(c.edge):
-                rows.setdefault((c.edge, c.direction), []).append(i)
+            route = c.route
+            if isinstance(route, names.Edge) and (names.is_head_route(route) or mlp_end(route)):
+                rows.setdefault((route, c.direction), []).append(i)
         if not rows:
             return
-        edges = list(dict.fromkeys(e for e, _ in rows))
-        found = dict(zip(edges, route_evidence(ctx.composition(), edges, ctx.stats), strict=True))
+        edges = list(dict.fromkeys(e for e, _ in rows if names.is_head_route(e)))
+        found = dict(zip(edges, route_evidence(ctx.composition(), edges, ctx.stats), strict=True)) if edges else {}
         specs = dict(claims)
         for (edge, direction), members in rows.items():
-            r = found[edge]
-            composes = r.p_adjusted < ctx.stats.composition_alpha
+            r = found.get(edge)
+            composes = None if r is None else r.p_adjusted < ctx.stats.composition_alpha
             tests = [EdgeTest(claim=results[i].id, replacement=specs[i].replacement,
                               corruption=self.details_of(results[i]).corruption,
                               use=self.details_of(results[i]).use, effect=results[i].value) for i in members]
@@ -405,8 +435,9 @@ class EdgeKind(ClaimKind[EdgeClaim, EdgeDetails]):
             for i, t in zip(members, tests, strict=True):  # each claim: the class its own test gives
                 self.details_of(results[i]).weights_vs_use = classify(composes, t.use)
             ctx.weights_vs_use.append(WeightsVsUseRow(
-                edge=str(edge), direction=direction, claim=decider.claim, composition=r.result.score,
-                composition_p_adjusted=r.p_adjusted, composes=composes, effect=decided.value,
+                edge=str(edge), direction=direction, claim=decider.claim,
+                composition=None if r is None else r.result.score,
+                composition_p_adjusted=None if r is None else r.p_adjusted, composes=composes, effect=decided.value,
                 effect_ci=decided.ci, use=decider.use, classification=cls, tests=tests))
 
     def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:

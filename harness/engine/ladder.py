@@ -1,5 +1,5 @@
 """The evidence ladder: for each mechanism a file talks about (each head, set of
-heads and edge its claims name), which levels of evidence the run reached, in
+heads, edge and path its claims name), which levels of evidence the run reached, in
 order (evidence.details.RUNGS):
 
     weights         the route composes beyond chance (composition claims and the
@@ -36,7 +36,8 @@ from ..spec.fields import ClaimSpec
 
 APPLIES = {"head": ("weights", "observation", "necessity", "robustness"),
            "heads": ("necessity", "sufficiency", "robustness"),
-           "edge": ("weights", "edge necessity", "sufficiency", "robustness")}
+           "edge": ("weights", "edge necessity", "sufficiency", "robustness"),
+           "route": ("edge necessity", "sufficiency", "robustness")}  # paths, MLP ends, groups: no weights rung
 WEIGHTS_VS_USE = "(weights vs use)"
 
 
@@ -44,6 +45,8 @@ def entries(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult], rows: S
     """(claim id, entry) for every step the claims and the weights-vs-use table give."""
     out = [(r.id, e) for c, r in zip(claims, results, strict=True) for e in kind_of(c).ladder(c, r)]
     for row in rows:  # the composition test of an edge that only edge claims name
+        if row.composes is None or row.composition_p_adjusted is None:
+            continue  # an MLP end: no composition score
         out.append((WEIGHTS_VS_USE, LadderEntry(row.edge, "edge", "weights", "supports" if row.composes else "against",
                                                 f"composition {fmt_p(row.composition_p_adjusted)} (BH-adjusted p)")))
     return out

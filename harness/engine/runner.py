@@ -19,11 +19,12 @@ from ..hypothesis.loading import LoadedHypothesis, load
 from ..model import data
 from ..model.cache import ModelCache
 from ..model.devices import of, resolve_device
+from ..model.examples import examples
 from ..model.loading import LoadedModel, load_model
+from ..model.tokenizer import model_tokenizer
 from ..progress import clock, stage
 from ..spec import names
-from ..spec.settings import FileData, GeneratorData
-from . import provenance
+from . import data_source, provenance
 from .measure import measure_all
 
 MODELS = ModelCache(capacity=None)  # every model a process names, loaded once (the pytest plugin reuses them)
@@ -35,22 +36,8 @@ def load_model_cached(source: str, device: str | None = None) -> LoadedModel:
 
 
 def build_dataset(h: LoadedHypothesis, model: LoadedModel) -> data.Dataset:
-    """The file's prompts for this model (model.data.Dataset)."""
-    d = h.spec.data
-    if isinstance(d, GeneratorData):
-        if d.bos_token is not None and d.bos_token >= model.d_vocab:
-            raise SpecError([f"{h.where('data.bos_token')}: token {d.bos_token} is outside the model's "
-                             f"vocabulary 0..{model.d_vocab - 1}"])
-        if d.segment_length * 2 + int(d.bos) > model.n_ctx:
-            raise SpecError([f"{h.where('data.segment_length')}: prompts of length "
-                             f"{d.segment_length * 2 + int(d.bos)} exceed the model's context "
-                             f"{model.n_ctx}"])
-        return data.repeated_tokens(d.n_prompts, d.segment_length, model.d_vocab, d.seed, d.split,
-                                    d.bos, d.vocab_min, d.vocab_max,
-                                    d.bos_token if d.bos_token is not None else model.bos_token,
-                                    tuple(d.corruptions), d.n_reference)
-    return data.load_jsonl(h.resolve(d.file), model.d_vocab, d.limit,
-                           h.resolve(d.mean_from) if d.mean_from is not None else None, model.n_ctx)
+    """The file's prompts for this model (model.data.Dataset; engine.data_source)."""
+    return data_source.build_dataset(h.spec.data, h, model)
 
 
 def check_corruptions(h: LoadedHypothesis, ds: data.Dataset) -> None:
@@ -133,10 +120,11 @@ def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: st
                "attn_only": not loaded.has_mlp,
                "normalization": str(getattr(cfg, "normalization_type", None))},
         data={"description": ds.description, "n_prompts": ds.n, "seq_len": ds.seq_len,
-              "bos_at_position_0": ds.has_bos, "scored_positions_per_prompt": int(ds.positions.shape[1])},
+              "bos_at_position_0": ds.has_bos, "scored_positions_per_prompt": int(ds.positions.shape[1]),
+              "examples": examples(ds, model_tokenizer(loaded))},
         settings={"metric": s.metric, "seed": seed, "stats": s.stats.model_dump(),
                   "weight_processing": processing_text(s.weight_processing),
-                  "mean_ablation_reference": mean_reference(h.spec.data),
+                  "mean_ablation_reference": data_source.mean_reference(h.spec.data),
                   "resample_ablation_source": "the paired corrupted prompt"},
         baseline=m.baseline,
         sanity_checks=m.sanity_checks,
@@ -149,16 +137,6 @@ def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: st
                     "started": started, "finished": provenance.now(), "device": str(of(loaded.bridge)),
                     "host": provenance.host()},
     )
-
-
-def mean_reference(d: GeneratorData | FileData) -> str:
-    """Where mean ablation and mean replacement take their per-position means, in words."""
-    if isinstance(d, GeneratorData):
-        n = d.n_reference if d.n_reference is not None else d.n_prompts
-        return f"{n} reference prompts (the generator's independent reference split), per position"
-    if d.mean_from is not None:
-        return f"the clean prompts of {Path(d.mean_from).name}, per position"
-    return "the other clean prompts (leave-one-out), per position"
 
 
 def processing_text(p: str) -> str:

@@ -25,7 +25,10 @@ from ..claims.effects import NUMERICAL_TOL
 from ..errors import SanityCheckError
 from ..evidence.details import SanityCheck
 from ..mech import hooks, patching
+from ..mech import paths as routes
 from ..mech.runs import Runs
+from ..spec import names
+from ..spec.names import hook_mlp_out
 from ..spec.settings import Stats
 
 IDENTITY_TOL = NUMERICAL_TOL  # relative to the metric's magnitude (float32 models carry ~1e-7 relative error)
@@ -55,18 +58,26 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
     """Patching a run's own activations into itself must change nothing, through
     every path in `paths` (the interventions of the file's claims)."""
     checks: list[tuple[str, Any, np.ndarray]] = []  # (path, logits, expected metric)
-    heads = sorted({h for p in paths if isinstance(p, HeadAblationPath) for h in p.heads})
-    if heads:
+    units = sorted({h for p in paths if isinstance(p, HeadAblationPath) for h in p.heads}, key=str)
+    if units:
+        heads = [h for h in units if isinstance(h, names.Head)]
+        mlps = [m for m in units if isinstance(m, names.Mlp)]
         plan = hooks.ablation_plan(heads, "resample", runs.z(runs.clean), {})
+        plan.hooks += hooks.mlp_ablation_plan(mlps, "resample", {m.layer: runs.clean[hook_mlp_out(m.layer)]
+                                                                 for m in mlps}, {}).hooks
         checks.append(("head ablation", hooks.run_plan(runs.bridge, runs.ds.clean, plan), runs.m_clean))
     for p in paths:
         if isinstance(p, EdgePatchPath):
             r = runs.with_corruption(p.corruption)
             base, tokens, m = ((r.clean, r.ds.clean, r.m_clean) if p.direction == "noising"
                                else (r.corrupt, r.corrupted_tokens, r.m_corrupt))
-            patch = patching.prepare(runs.bridge, p.edge, base, base, "resample")
-            extra = patching.freeze_patterns_plan(runs.patterns(base)) if p.freeze_patterns else None
-            checks.append((p.label, patching.fast_logits(runs.bridge, tokens, patch, extra), m))
+            if routes.needs_paths(p.edge) or not isinstance(p.edge, names.Edge):
+                plan = routes.plan(runs.bridge, p.edge, base, base, "resample")
+            else:
+                plan = patching.fast_plan(runs.bridge, patching.prepare(runs.bridge, p.edge, base, base, "resample"))
+            if p.freeze_patterns:
+                plan = hooks.Plan(plan.hooks + patching.freeze_patterns_plan(runs.patterns(base)).hooks)
+            checks.append((p.label, hooks.run_plan(runs.bridge, tokens, plan), m))
     if any(isinstance(p, FrozenPatternsPath) for p in paths):
         plan = patching.freeze_patterns_plan(runs.patterns(runs.clean))
         checks.append(("frozen patterns", hooks.run_plan(runs.bridge, runs.ds.clean, plan), runs.m_clean))

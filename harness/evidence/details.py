@@ -97,15 +97,16 @@ class EdgeTest(Record):
 
 
 class WeightsVsUseRow(Record):
-    """Composition (weights) beside patching (use) for one head -> head-input edge in one
-    direction: every edge claim that tests it, and the class their results give."""
+    """Composition (weights) beside patching (use) for one edge in one direction: every
+    edge claim that tests it, and the class their results give.  An edge with an MLP end
+    has no composition score: composition, its p and `composes` are None."""
 
     edge: str
     direction: str
     claim: str  # the claim whose test decides `use` (its effect and CI are shown)
     composition: Num
-    composition_p_adjusted: float
-    composes: bool
+    composition_p_adjusted: float | None
+    composes: bool | None
     effect: Num
     effect_ci: CI | None
     use: str

@@ -15,11 +15,13 @@ from ..claims import registry
 from ..claims.base import ClaimKind
 from ..spec.fields import ClaimSpec
 from ..spec.settings import FileData, GeneratorData, Stats, Strict
+from ..spec.text_data import PromptsData, TemplateData
 from ..spec.vocabulary import Metric, Processing
 
 FORMAT_VERSION = 1
 NAME_MAX = 100  # the name is part of report folder names
-DATA_KINDS: dict[str, type[BaseModel]] = {"generator": GeneratorData, "file": FileData}
+DATA_KINDS: dict[str, type[BaseModel]] = {"generator": GeneratorData, "file": FileData, "template": TemplateData,
+                                          "prompts": PromptsData}  # the key that names each data source
 
 
 def claim_tag(kind: str) -> str:
@@ -34,14 +36,17 @@ def data_tag(kind: str) -> str:
 
 def _data_tag(v: Any) -> str | None:
     if not isinstance(v, dict):
-        return data_tag("file") if isinstance(v, FileData) else data_tag("generator")
-    return data_tag("generator") if "generator" in v else data_tag("file")
+        return next((data_tag(k) for k, m in DATA_KINDS.items() if isinstance(v, m)), data_tag("generator"))
+    return next((data_tag(k) for k in DATA_KINDS if k in v), data_tag("file"))
 
 
 Data = Annotated[
-    Annotated[GeneratorData, Tag(data_tag("generator"))] | Annotated[FileData, Tag(data_tag("file"))],
+    Annotated[GeneratorData, Tag(data_tag("generator"))] | Annotated[FileData, Tag(data_tag("file"))]
+    | Annotated[TemplateData, Tag(data_tag("template"))] | Annotated[PromptsData, Tag(data_tag("prompts"))],
     Discriminator(_data_tag),
 ]
+DATA_SOURCES = ("'generator' (built-in), 'file' (JSONL of token ids or text), 'template' (text with slots) or "
+                "'prompts' (a list of text prompts)")
 
 
 class Hypothesis(Strict):
@@ -77,11 +82,28 @@ class Hypothesis(Strict):
     @field_validator("data", mode="before")
     @classmethod
     def _data_kind(cls, v: Any) -> Any:
-        if isinstance(v, dict) and ("generator" in v) == ("file" in v):
-            raise ValueError("give exactly one of 'generator' (built-in) or 'file' (JSONL)")
-        if v is not None and not isinstance(v, (dict, BaseModel)):
-            raise ValueError("data is a mapping with 'generator: repeated_tokens' or 'file: PATH'")
-        return v
+        return check_data_kind(v)
+
+
+def check_data_kind(v: Any) -> Any:
+    """`v` when it is a data mapping with exactly one source key (DATA_KINDS); ValueError otherwise."""
+    if isinstance(v, dict) and sum(k in v for k in DATA_KINDS) != 1:
+        raise ValueError(f"give exactly one of {DATA_SOURCES}")
+    if v is not None and not isinstance(v, (dict, BaseModel)):
+        raise ValueError(f"data is a mapping with one of {DATA_SOURCES}")
+    return v
+
+
+class DataDocument(Strict):
+    """A data file (`harness scan --data FILE.yaml`, `harness roles --data FILE.yaml`): the
+    `data` mapping of a hypothesis file on its own."""
+
+    data: Data
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _data_kind(cls, v: Any) -> Any:
+        return check_data_kind(v)
 
 
 def _claim_tag(v: Any) -> str | None:

@@ -38,7 +38,7 @@ from ..model.shape import config_shape
 from ..spec.fields import SHAPE, BoundedClaim, ClaimSpec
 from ..spec.names import Shape
 from ..textfile import utf8
-from .document import Hypothesis, document_model, tags
+from .document import DataDocument, Hypothesis, document_model, tags
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,7 @@ class LoadedHypothesis:
         for a dict, the key with the claim's id (`claims[1] (id: b): heads`)."""
         if self.path is None:
             return claim_field(key, [c.id for c in self.spec.claims])
-        probe = key
-        while probe and probe not in self.lines:
-            probe = probe.rsplit(".", 1)[0] if "." in probe else probe.rsplit("[", 1)[0] if "[" in probe else ""
-        return f"{self.path}:{self.lines.get(probe, 1)}: {key}"
+        return f"{self.path}:{line_of(self.lines, key)}: {key}"
 
     def where_claim(self, i: int, key: str) -> str:
         """The prefix of a problem with field `key` of claim `i` (the message follows after a
@@ -71,6 +68,32 @@ class LoadedHypothesis:
         `claims[i] (id: ID): key:`."""
         where = self.where(f"claims[{i}].{key}")
         return f"{where}:" if self.path is None else f"{where}: ({self.spec.claims[i].id})"
+
+    def resolve(self, rel: str) -> Path:
+        p = Path(rel).expanduser()
+        return p if p.is_absolute() else (Path(self.base_dir) / p)
+
+
+def line_of(lines: dict[str, int], key: str) -> int:
+    """The line of field `key`, or of the nearest enclosing field that has one (1 if none)."""
+    probe = key
+    while probe and probe not in lines:
+        probe = probe.rsplit(".", 1)[0] if "." in probe else probe.rsplit("[", 1)[0] if "[" in probe else ""
+    return lines.get(probe, 1)
+
+
+@dataclass(frozen=True)
+class LoadedData:
+    """A validated data file (load_data_file): its `data` mapping, with where it came from."""
+
+    data: Any  # GeneratorData | FileData | TemplateData | PromptsData
+    path: str
+    base_dir: str  # relative paths in the mapping resolve against this
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def where(self, key: str) -> str:
+        """`file:line: key` for a problem found after validation (e.g. while tokenising)."""
+        return f"{self.path}:{line_of(self.lines, key)}: {key}"
 
     def resolve(self, rel: str) -> Path:
         p = Path(rel).expanduser()
@@ -281,13 +304,7 @@ def parse_text(text: str, where: str | None, base_dir: Path | None = None,
     if len(text.encode()) > MAX_FILE_BYTES:
         raise SpecError([f"{source.at(1, '(file)')}: {len(text.encode()):,} bytes; hypothesis files are limited to "
                          f"{MAX_FILE_BYTES:,} bytes (split the claims over several files)"])
-    try:
-        _check_structure(text, source)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        line, problem = yaml_problem(exc)
-        raise SpecError([f"{source.at(line, '(yaml)')}: {problem}"]) from None
+    node, raw = _parse_yaml(text, source)
     if not isinstance(raw, dict) or node is None:
         raise SpecError([f"{source.at(1, '(top level)')}: a hypothesis file is a YAML mapping with keys "
                          "harness, name, model, data, claims"])
@@ -314,6 +331,41 @@ def parse_text(text: str, where: str | None, base_dir: Path | None = None,
                          f"{name!r} is not one of the data's corruptions: {', '.join(known or [])} "
                          "(add it to data.corruptions)" for i, name in bad])
     return spec, digest, {_field(k): v for k, v in lines.items()}
+
+
+def _parse_yaml(text: str, source: _Source) -> tuple[yaml.Node | None, Any]:
+    """(the node tree, the value) of YAML text; SpecError for aliases, deep nesting and syntax errors."""
+    try:
+        _check_structure(text, source)
+        return yaml.compose(text, Loader=yaml.SafeLoader), yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        line, problem = yaml_problem(exc)
+        raise SpecError([f"{source.at(line, '(yaml)')}: {problem}"]) from None
+
+
+def load_data_file(path: Path) -> LoadedData:
+    """A data file: a YAML mapping whose `data` key holds a data mapping exactly as in a
+    hypothesis file (generator, file, template or prompts), validated the same way, with
+    `file:line: field` in every problem (SpecError).  Other top-level keys are not read,
+    so a hypothesis file serves as its own data file.  Relative paths in the mapping
+    resolve against the file's folder."""
+    if not path.is_file():
+        raise SpecError([f"{path}: no such data file"])
+    source = _Source(str(path))
+    node, raw = _parse_yaml(read_text(path), source)
+    if not isinstance(raw, dict) or node is None or "data" not in raw:
+        raise SpecError([f"{source.at(1, '(top level)')}: a data file is a YAML mapping with a 'data' key holding a "
+                         "data mapping as in a hypothesis file (data: {template: ..., ...})"])
+    lines: dict[KeyPath, int] = {}
+    dups: list[tuple[int, KeyPath]] = []
+    _lines(node, (), lines, dups)
+    if dups:
+        raise SpecError([f"{source.at(ln, _field(p))}: duplicate key" for ln, p in dups])
+    try:
+        doc = DataDocument.model_validate({"data": raw["data"]})
+    except ValidationError as exc:
+        raise SpecError(_problems(exc, lines, source)) from None
+    return LoadedData(doc.data, str(path), str(path.resolve().parent), {_field(k): v for k, v in lines.items()})
 
 
 def model_shape_of(model: Any, base_dir: Path | None) -> Shape | None:

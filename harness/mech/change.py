@@ -21,7 +21,10 @@ over positions p weighted by where the output is read (`read_weights`):
 * into a head of an earlier layer: every position up to the last scored one (a
   later layer may read any of them).
 
-Edge (A -> R, replacement o'):  Δ = o' - out_A(base).
+Edge (A -> R, replacement o'):  Δ = o' - out_A(base) (a group of senders: the sum of
+their changes over the sum of their outputs); an MLP receiver reads every position up
+to the last scored one, or (last layer) the scored positions.  A path: the change
+its first hop reads.
 Head ablation (each ablated head h):  Δ = out_h(replacement) - out_h(clean),
 with out_h = z_h W_O[h] and the replacement of the ablation type (zero: -out_h),
 over every position up to the last scored one (what any later reader may read),
@@ -39,8 +42,8 @@ import numpy as np
 
 from ..model.devices import wide
 from ..spec import names
-from ..spec.names import hook_pattern, hook_z
-from . import patching
+from ..spec.names import hook_mlp_out, hook_pattern, hook_z
+from . import paths
 from .runs import PerPrompt, Runs
 
 UP_TO_LAST = "every position up to the last scored one"
@@ -64,6 +67,8 @@ def read_weights(runs: Runs, receiver: names.Receiver, base: dict[str, Any]) -> 
     last = runs.n_layers - 1
     if isinstance(receiver, names.Logits):
         return scored, "the scored positions"
+    if isinstance(receiver, names.Mlp) and receiver.layer == last:
+        return scored, "the scored positions (the last layer's MLP reads each position for itself)"
     if isinstance(receiver, names.HeadInput) and receiver.head.layer == last:
         if receiver.which == "q":
             return scored, "the scored query positions"
@@ -109,11 +114,11 @@ def edge_change(runs: Runs, edge: names.Edge, direction: str, replacement: str) 
 def _edge_change(runs: Runs, edge: names.Edge, direction: str, replacement: str) -> tuple[PerPrompt, str]:
     noising = direction == "noising"
     base, source = (runs.clean, runs.corrupt) if noising else (runs.corrupt, runs.clean)
-    out = patching.sender_output(runs.bridge, base, edge.sender)
+    out = paths.sender_output(runs.bridge, base, edge.sender)
     mean_out = runs.mean_output(edge.sender) if replacement == "mean" else None
-    new = patching.replacement_output(runs.bridge, base, source, edge.sender, replacement, mean_out)
+    delta = paths.first_change(runs.bridge, base, source, edge.sender, replacement, mean_out)
     weights, where = read_weights(runs, edge.receiver, base)
-    return relative_change(new - out, out, weights), where
+    return relative_change(delta, out, weights), where
 
 
 @dataclass(frozen=True)
@@ -122,37 +127,47 @@ class HeadChanges:
     denominators summed over heads), up to the last scored position; and the joint r_n
     at the scored positions alone."""
 
-    per_head: dict[names.Head, PerPrompt]
+    per_head: dict[names.Unit, PerPrompt]
     joint: PerPrompt
     joint_scored: PerPrompt
 
 
-def head_changes(runs: Runs, heads: list[names.Head], kind: str) -> HeadChanges:
-    """How much ablating `heads` with `kind` on the clean prompts changes their outputs."""
+def head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges:
+    """How much ablating `heads` (heads and MLPs) with `kind` on the clean prompts changes
+    their outputs (an MLP's output: its `hook_mlp_out`)."""
     import torch
 
     with torch.no_grad():
         return _head_changes(runs, heads, kind)
 
 
-def _head_changes(runs: Runs, heads: list[names.Head], kind: str) -> HeadChanges:
+def _head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges:
     import torch
 
     weights, scored = up_to_last(runs), scored_positions(runs)
-    means = runs.mean_z({h.layer for h in heads}) if kind == "mean" else {}
-    per_head: dict[names.Head, PerPrompt] = {}
+    only_heads = [h for h in heads if isinstance(h, names.Head)]
+    mlps = {m.layer for m in heads if isinstance(m, names.Mlp)}
+    means = runs.mean_z({h.layer for h in only_heads}) if kind == "mean" else {}
+    mlp_means = runs.mean_mlp(mlps) if kind == "mean" else {}
+    per_head: dict[names.Unit, PerPrompt] = {}
     deltas, outs = [], []
     for h in heads:
-        W_O = wide(runs.bridge.W_O[h.layer, h.head])
-        z = wide(runs.clean[hook_z(h.layer)][:, :, h.head])
-        if kind == "zero":
-            z_new = torch.zeros_like(z)
-        elif kind == "mean":
-            z_new = wide(means[h.layer][:, :, h.head]).expand_as(z)
+        if isinstance(h, names.Mlp):
+            base = wide(runs.clean[hook_mlp_out(h.layer)])
+            new = (torch.zeros_like(base) if kind == "zero" else wide(mlp_means[h.layer]).expand_as(base)
+                   if kind == "mean" else wide(runs.corrupt[hook_mlp_out(h.layer)]))
+            delta = new - base
         else:
-            z_new = wide(runs.corrupt[hook_z(h.layer)][:, :, h.head])
-        base = z @ W_O.to(z.device)
-        delta = z_new @ W_O.to(z.device) - base
+            W_O = wide(runs.bridge.W_O[h.layer, h.head])
+            z = wide(runs.clean[hook_z(h.layer)][:, :, h.head])
+            if kind == "zero":
+                z_new = torch.zeros_like(z)
+            elif kind == "mean":
+                z_new = wide(means[h.layer][:, :, h.head]).expand_as(z)
+            else:
+                z_new = wide(runs.corrupt[hook_z(h.layer)][:, :, h.head])
+            base = z @ W_O.to(z.device)
+            delta = z_new @ W_O.to(z.device) - base
         per_head[h] = relative_change(delta, base, weights)
         deltas.append(delta)
         outs.append(base)

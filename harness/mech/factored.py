@@ -247,6 +247,43 @@ class Composition:
             percentile=float(100.0 * np.mean(pool <= c + 1e-15)) if not math.isnan(c) else float("nan"),
             rank_sender=_rank(sx), rank_receiver=_rank(sy), processing=hw.processing, null_dim=hw.null_dim)
 
+    def group_result(self, senders: tuple[Head, ...], receiver: HeadInput, n_draws: int) -> CompositionResult:
+        """The joint route of several sender heads into one receiver input, as their combined
+        write: X' = [X_1; ...; X_k] stacked, so X'^T X' = sum_i X_i^T X_i and
+
+            C'^2 = sum_i ||X_i Y||_F^2 / (sum_i ||X_i||_F^2 ||Y||_F^2)
+
+        (a weighted mean of the members' C_i^2, weights ||X_i||_F^2).  The null is the same
+        rotation null: X''s spectrum (rank <= k d_head, from the stacked cores, whose singular
+        values are X''s) and Y's kept, their relative orientation Haar; its own shared draws
+        (block size k d_head), `n_draws` of them.  `percentile` is undefined (NaN) for a group."""
+        import torch
+
+        X = torch.cat([self.sender_core()[s.layer, s.head] for s in senders])  # [k r, d]
+        Y = self.receiver_core(receiver.which)[receiver.head.layer, receiver.head.head]  # [d, r]
+        nx, ny = float(torch.linalg.norm(X)), float(torch.linalg.norm(Y))
+        c = float(torch.linalg.norm(X @ Y)) / (nx * ny) if nx > 0 and ny > 0 else float("nan")
+        with single_threaded():
+            sx = torch.linalg.svdvals(X)
+        sy = self.spectrum(receiver.which)[receiver.head.layer, receiver.head.head]
+        k = min(X.shape[0], self.hw.null_dim)  # the write's rank is at most the null's dimension
+        sx = sx[:k]  # (centred writes: the singular values past null_dim are zero)
+        b = torch.zeros(k, dtype=sx.dtype)
+        b[:min(k, sy.shape[0])] = normalised_squares(sy)[:k]
+        null = SharedNull(k, self.hw.null_dim, self.seed).pair_samples(normalised_squares(sx)[None], b[None],
+                                                                      n_draws)[0]
+        sxn, syn = sx.numpy(), sy.numpy()
+        c_max = min(sxn[0] / nx, syn[0] / ny) if nx > 0 and ny > 0 else 0.0
+        return CompositionResult(
+            sender=" + ".join(str(h) for h in senders), receiver=str(receiver), mode=receiver.which, score=c,
+            p_value=mc_p(null, c) if not math.isnan(c) else 1.0, null_mean=float(null.mean()),
+            null_std=float(null.std()), null_q95=float(np.quantile(null, 0.95)),
+            null_q99=float(np.quantile(null, 0.99)), n_draws=n_draws,
+            ratio_to_isotropic=c * math.sqrt(self.hw.null_dim),
+            fraction_of_max=c / c_max if c_max > 0 else float("nan"),
+            c_max=float(c_max), percentile=float("nan"), rank_sender=_rank(sxn), rank_receiver=_rank(syn),
+            processing=self.hw.processing, null_dim=self.hw.null_dim)
+
     def bound(self, sender: Head, receiver: HeadInput) -> float:
         """The concentration tail bound on P(C_null >= C) for this pair."""
         return tail_bound(self.score(sender, receiver), self.lipschitz(sender, receiver), self.hw.null_dim)

@@ -2,6 +2,7 @@
 model as it found it (TransformerLens removes the hooks on exit, even on error)
 and checks that every hook fired.
 
+MLP ablation (`mlp_ablation_plan`) replaces `blocks.L.hook_mlp_out` the same three ways.
 Head ablation acts on `blocks.L.attn.hook_z` (the head's attention-weighted
 values, before W_O), replacing only that head's slice:
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SanityCheckError
 from ..model.devices import of
-from ..spec.names import Head, hook_z
+from ..spec.names import Head, Mlp, hook_mlp_out, hook_z
 from ..spec.vocabulary import ABLATIONS
 
 if TYPE_CHECKING:
@@ -192,4 +193,24 @@ def ablation_plan(heads: list[Head], kind: str, corrupted_z: dict[int, Float[Ten
             return z
 
         plan.add(hook_z(layer), fn)
+    return plan
+
+
+def mlp_ablation_plan(mlps: list[Mlp], kind: str, corrupted_out: dict[int, Float[Tensor, "n pos d_model"]],
+                      mean_out: dict[int, Float[Tensor, "m pos d_model"]]) -> Plan:
+    """Plan that ablates MLPs jointly at `blocks.L.hook_mlp_out` (the MLP's whole output,
+    its bias included): zero -> 0; mean -> `mean_out[layer]` (per position, over reference
+    prompts); resample -> `corrupted_out[layer]` (the paired corrupted prompt's output)."""
+    if kind not in ABLATIONS:
+        raise ValueError(f"unknown ablation {kind!r}; allowed: {', '.join(ABLATIONS)}")
+    plan = Plan()
+    for m in sorted(set(mlps)):
+        source = None if kind == "zero" else (mean_out if kind == "mean" else corrupted_out)[m.layer]
+
+        def fn(out, hook, source=source):
+            if source is None:
+                return out * 0.0
+            return source.to(out.dtype).to(out.device).expand(out.shape[0], -1, -1).clone()
+
+        plan.add(hook_mlp_out(m.layer), fn)
     return plan

@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
 
 def cache_names(edges: list[names.Edge], n_layers: int) -> list[str]:
-    """Hooks to cache in both runs for these edges."""
+    """Hooks to cache in both runs for these edges (a head or embed into a head input or
+    logits; MLP ends and groups of senders are mech.paths's)."""
     out = []
     for e in edges:
         s = e.sender

@@ -5,7 +5,8 @@ per prompt on each.  Every intervention starts from these caches:
 * `ablated(heads, kind)`: the clean prompts with `heads` ablated jointly
   (hooks.ablation_plan), optionally with every attention pattern frozen;
 * `patched(edge, direction, replacement)`: exact edge patching
-  (patching.prepare / fast_plan, run by Runs.run) in the given direction.
+  (patching.prepare / fast_plan, run by Runs.run) in the given direction; paths,
+  MLP ends and groups of senders through mech.paths.
 
 Each returns the metric per prompt (numpy, float64).  A `Runs` is for one
 corruption (`corrupt`, `m_corrupt`); `with_corruption(name)` gives the view
@@ -28,8 +29,8 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from ..spec import names
-from ..spec.names import hook_pattern, hook_resid_pre, hook_z
-from . import batched_ablation, batched_edges, hooks, patching
+from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
+from . import batched_ablation, batched_edges, hooks, patching, paths
 from .hooks import Cache
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ class Runs:
     def mean_output(self, sender: names.Sender, drop: int | None = None) -> Any:
         """The sender's output averaged per position over the reference prompts."""
         ref = self.reference
-        return ref.mean(patching.sender_output(self.bridge, ref.cache, sender), drop)
+        return ref.mean(paths.sender_output(self.bridge, ref.cache, sender), drop)
 
     def run(self, tokens: Any, base: Cache, plan: hooks.Plan, freeze: bool = False) -> PerPrompt:
         """The metric of `tokens` (the run `base` cached) with the plan's hooks, and with every
@@ -156,27 +157,42 @@ class Runs:
             return self.metric_at(hooks.run_from(self.bridge, start or 0, base[key], plan, self.ds.positions))
         return self.metric(hooks.run_plan(self.bridge, tokens, plan))
 
-    def ablated(self, heads: list[names.Head], kind: str, freeze: bool = False, drop: int | None = None) -> PerPrompt:
-        """Metric of the clean prompts with `heads` ablated jointly (`kind`: zero, mean, resample);
-        each distinct ablation is computed once per run (`memo`)."""
+    def ablated(self, heads: Sequence[names.Unit], kind: str, freeze: bool = False,
+                drop: int | None = None) -> PerPrompt:
+        """Metric of the clean prompts with `heads` (heads and MLPs) ablated jointly (`kind`:
+        zero, mean, resample); each distinct ablation is computed once per run (`memo`)."""
         key = self._key(heads, kind, freeze, drop)
         if key not in self.memo:
-            means = self.mean_z({h.layer for h in heads}, drop) if kind == "mean" else {}
-            plan = hooks.ablation_plan(heads, kind, self.z(self.corrupt), means)
+            only_heads = [h for h in heads if isinstance(h, names.Head)]
+            mlps = [m for m in heads if isinstance(m, names.Mlp)]
+            means = self.mean_z({h.layer for h in only_heads}, drop) if kind == "mean" else {}
+            plan = hooks.ablation_plan(only_heads, kind, self.z(self.corrupt), means)
+            if mlps:
+                layers = {m.layer for m in mlps}
+                plan.hooks += hooks.mlp_ablation_plan(
+                    mlps, kind, {layer: self.corrupt[hook_mlp_out(layer)] for layer in layers if kind == "resample"},
+                    self.mean_mlp(layers, drop) if kind == "mean" else {}).hooks
             self.memo[key] = self.run(self.ds.clean, self.clean, plan, freeze)
         return self.memo[key]
 
-    def ablated_many(self, head_sets: list[list[names.Head]], kind: str,
+    def mean_mlp(self, layers: set[int], drop: int | None = None) -> dict[int, Any]:
+        """{layer: per-position mean MLP output over the reference prompts} (see Reference.mean)."""
+        ref = self.reference
+        return {layer: ref.mean(ref.cache[hook_mlp_out(layer)], drop) for layer in layers}
+
+    def ablated_many(self, head_sets: Sequence[Sequence[names.Unit]], kind: str,
                      drops: Sequence[int | None] | None = None) -> list[PerPrompt]:
         """`ablated(head_sets[v], kind, drop=drops[v])` for every v, the variants stacked along the
-        batch (mech.batched_ablation) when the runs allow it, else one by one."""
+        batch (mech.batched_ablation; heads only) when the runs allow it, else one by one."""
         drops = list(drops) if drops is not None else [None] * len(head_sets)
         todo = [v for v, (hs, dr) in enumerate(zip(head_sets, drops, strict=True))
-                if self._key(hs, kind, False, dr) not in self.memo and hs]
+                if self._key(hs, kind, False, dr) not in self.memo and hs
+                and all(isinstance(h, names.Head) for h in hs)]
         start = min((h.layer for v in todo for h in head_sets[v]), default=0)
         key = hook_resid_pre(start)
         if todo and self.metric_at is not None and key in self.clean and hooks.can_start_inside(self.bridge):
-            variants = [batched_ablation.Variant(head_sets[v], self._sources(head_sets[v], kind, drops[v]))
+            variants = [batched_ablation.Variant(_heads(head_sets[v]), self._sources(_heads(head_sets[v]), kind,
+                                                                                     drops[v]))
                         for v in todo]
             got = batched_ablation.ablated_metrics(self.bridge, self.clean[key], start, self.ds.positions, variants,
                                                    self.metric_at)
@@ -184,8 +200,9 @@ class Runs:
                 self.memo[self._key(head_sets[v], kind, False, drops[v])] = m
         return [self.ablated(hs, kind, drop=dr) for hs, dr in zip(head_sets, drops, strict=True)]
 
-    def _key(self, heads: list[names.Head], kind: str, freeze: bool, drop: int | None) -> tuple[Any, ...]:
-        return (self.corruption if kind == "resample" else "", tuple(sorted(heads)), kind, freeze, drop)
+    def _key(self, heads: Sequence[names.Unit], kind: str, freeze: bool, drop: int | None) -> tuple[Any, ...]:
+        return (self.corruption if kind == "resample" else "", tuple(sorted(str(h) for h in heads)), kind, freeze,
+                drop)
 
     def _sources(self, heads: list[names.Head], kind: str, drop: int | None) -> dict[int, Any]:
         """Per ablated layer, the z that replaces the heads' (None: zeros)."""
@@ -196,19 +213,27 @@ class Runs:
             return self.mean_z(layers, drop)
         return {layer: self.corrupt[hook_z(layer)] for layer in layers}
 
-    def patched(self, edge: names.Edge, direction: str, replacement: str, freeze: bool = False,
+    def patched(self, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool = False,
                 drop: int | None = None) -> PerPrompt:
         """Metric with `edge` patched: noising runs the clean prompts with the sender's
         replacement output (resample: from the corrupted run) where the receiver reads it;
-        denoising runs the corrupted prompts with the clean output there."""
+        denoising runs the corrupted prompts with the clean output there.  A path (or an
+        edge with an MLP end or a group of senders) is patched by mech.paths; a one-hop
+        path is its edge."""
+        if isinstance(edge, names.Path) and edge.as_edge is not None:
+            edge = edge.as_edge
         key = self._edge_key(edge, direction, replacement, freeze, drop)
         if key not in self.memo:
             noising = direction == "noising"
             base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
             mean_out = self.mean_output(edge.sender, drop) if replacement == "mean" else None
-            patch = patching.prepare(self.bridge, edge, base, source, replacement, mean_out)
+            if paths.needs_paths(edge) or not isinstance(edge, names.Edge):
+                plan = paths.plan(self.bridge, edge, base, source, replacement, mean_out)
+            else:
+                plan = patching.fast_plan(self.bridge, patching.prepare(self.bridge, edge, base, source, replacement,
+                                                                        mean_out))
             tokens = self.ds.clean if noising else self.corrupted_tokens
-            self.memo[key] = self.run(tokens, base, patching.fast_plan(self.bridge, patch), freeze)
+            self.memo[key] = self.run(tokens, base, plan, freeze)
         return self.memo[key]
 
     def patched_many(self, edges: Sequence[names.Edge], direction: str, replacement: str) -> list[PerPrompt]:
@@ -216,7 +241,7 @@ class Runs:
         (mech.batched_edges: many edges per pass, from each receiver's layer) when the base runs
         cached what it reads and the replacement is resample or zero; else one by one."""
         todo = list(dict.fromkeys(e for e in edges if self._edge_key(e, direction, replacement, False, None)
-                                  not in self.memo))
+                                  not in self.memo and not paths.needs_paths(e)))
         noising = direction == "noising"
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
         wanted = batched_edges.cache_names(self.n_layers)
@@ -239,6 +264,11 @@ class Runs:
                     self.memo[self._edge_key(e, direction, replacement, False, None)] = m
         return [self.patched(e, direction, replacement) for e in edges]
 
-    def _edge_key(self, edge: names.Edge, direction: str, replacement: str, freeze: bool,
+    def _edge_key(self, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool,
                   drop: int | None) -> tuple[Any, ...]:
         return ("edge", self.corruption, str(edge), direction, replacement, freeze, drop)
+
+
+def _heads(units: Sequence[names.Unit]) -> list[names.Head]:
+    """The heads among ablation members (the batched path takes heads only)."""
+    return [h for h in units if isinstance(h, names.Head)]

@@ -126,7 +126,7 @@ def drop_duplicates(ds: Dataset, source: str, labels: list[str] | None = None) -
     return out
 
 
-def _split_seed(seed: int, split: str) -> int:
+def split_seed(seed: int, split: str) -> int:
     """Independent seed streams per split, so `explore`, `test` and `reference` prompts differ."""
     return (seed * 1_000_003 + zlib.crc32(split.encode())) % (2**63)
 
@@ -135,7 +135,7 @@ def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int
                     split: str = "test", bos: bool = True, vocab_min: int = 1,
                     vocab_max: int | None = None, bos_token: int = BOS_TOKEN,
                     corruptions: tuple[str, ...] = ("first_half",), n_reference: int | None = None,
-                    n_ctx: int | None = None) -> Dataset:
+                    n_ctx: int | None = None, distinct: bool = False) -> Dataset:
     """Repeated random tokens: clean = [BOS] + S + S, S uniform on [vocab_min, vocab_max).
 
     Corruptions (same length, fresh random tokens R1, R2 drawn independently):
@@ -147,6 +147,9 @@ def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int
     `bos_token` never occurs inside S or R.  `n_reference` (default n_prompts) clean
     prompts are drawn from the independent `reference` stream for per-position means.
     Prompts longer than `n_ctx` (the model's context, when given) are refused.
+    `distinct`: no token occurs twice inside S, R1, R2 or a reference segment, and R1
+    and R2 differ from S at every position (draw_distinct; other random numbers than
+    the default's, which stays as it was).
     """
     import torch
 
@@ -166,14 +169,24 @@ def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int
     skip = vocab_min <= bos_token < hi  # draw uniformly from the range without the start token
     if hi - vocab_min - int(skip) < 2:
         raise DataError(f"token range [{vocab_min}, {hi}) leaves fewer than 2 tokens to draw from")
+    if distinct and hi - vocab_min - int(skip) < segment_length:
+        without = " without the start token" if skip else ""
+        raise DataError(f"distinct tokens: a segment of {segment_length} tokens needs at least {segment_length} "
+                        f"tokens to draw from; the range [{vocab_min}, {hi}){without} has {hi - vocab_min - int(skip)}")
 
-    def draw(g: Any, n: int) -> Any:
-        t = torch.randint(vocab_min, hi - int(skip), (n, segment_length), generator=g)
+    def token(t: Any) -> Any:
         return t + (t >= bos_token).long() if skip else t
 
-    g = torch.Generator().manual_seed(_split_seed(seed, split))
-    seg, fresh = draw(g, n_prompts), draw(g, n_prompts)
-    fresh2 = draw(g, n_prompts) if set(corruptions) - {"first_half"} else None  # after, so first_half is unchanged
+    def draw(g: Any, n: int, unlike: Any = None) -> Any:
+        if distinct:
+            return token(draw_distinct(g, n, segment_length, vocab_min, hi - int(skip),
+                                       None if unlike is None else unlike - (unlike > bos_token).long() * int(skip)))
+        return token(torch.randint(vocab_min, hi - int(skip), (n, segment_length), generator=g))
+
+    g = torch.Generator().manual_seed(split_seed(seed, split))
+    seg = draw(g, n_prompts)
+    fresh = draw(g, n_prompts, seg)
+    fresh2 = draw(g, n_prompts, seg) if set(corruptions) - {"first_half"} else None  # after: first_half unchanged
     prefix = torch.full((n_prompts, 1), bos_token, dtype=torch.long) if bos else seg[:, :0]
     clean = torch.cat([prefix, seg, seg], dim=1)
     halves = {"first_half": (fresh, seg), "second_half": (seg, fresh2), "both": (fresh, fresh2)}
@@ -182,16 +195,44 @@ def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int
     positions = torch.arange(off, off + segment_length - 1).expand(n_prompts, -1).clone()
     answers = seg[:, 1:].clone()
     n_ref = n_prompts if n_reference is None else n_reference
-    ref_seg = draw(torch.Generator().manual_seed(_split_seed(seed, "reference")), n_ref)
+    ref_seg = draw(torch.Generator().manual_seed(split_seed(seed, "reference")), n_ref)
     reference = torch.cat([prefix[:1].expand(n_ref, -1), ref_seg, ref_seg], dim=1)
     what = {"first_half": "first S replaced by fresh random tokens", "second_half": "second S replaced",
             "both": "both copies replaced"}
     desc = (f"repeated_tokens: {n_prompts} prompts, {f'[BOS={bos_token}] + ' if bos else ''}S + S with "
             f"|S| = {segment_length}, tokens in [{vocab_min}, {hi}), seed {seed}, split {split}; "
             + "; ".join(f"corruption {c}: {what[c]}" for c in corruptions)
-            + f"; means over {n_ref} reference prompts")
+            + f"; means over {n_ref} reference prompts" + ("; distinct tokens" if distinct else ""))
     return drop_duplicates(Dataset(clean, corrupted, positions, answers, None, desc, bos, reference),
                            "data (generator repeated_tokens)")
+
+
+def draw_distinct(g: Any, n: int, length: int, lo: int, hi: int, unlike: Any = None) -> Any:
+    """[n, length] tokens in [lo, hi), no token twice in a row; with `unlike` ([n, length]),
+    each row also differs from `unlike`'s row at every position.  A range of fewer than
+    8 x length^2 tokens: each row is the start of a random permutation of the range
+    (torch.randperm from `g`), drawn again while it meets `unlike` somewhere.  A larger
+    range: every row is drawn uniformly (torch.randint), and the rows with a repeated
+    token or meeting `unlike` are drawn again, together, until none is left."""
+    import torch
+
+    if hi - lo < 8 * length * length:
+        out = torch.empty((n, length), dtype=torch.long)
+        for i in range(n):
+            row = torch.randperm(hi - lo, generator=g)[:length] + lo
+            while unlike is not None and bool((row == unlike[i]).any()):
+                row = torch.randperm(hi - lo, generator=g)[:length] + lo
+            out[i] = row
+        return out
+    out = torch.randint(lo, hi, (n, length), generator=g)
+    while True:
+        ordered = out.sort(dim=1).values
+        bad = (ordered[:, 1:] == ordered[:, :-1]).any(dim=1)
+        if unlike is not None:
+            bad |= (out == unlike).any(dim=1)
+        if not bool(bad.any()):
+            return out
+        out[bad] = torch.randint(lo, hi, (int(bad.sum()), length), generator=g)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -227,7 +268,7 @@ def parse_line(line: str, where: str) -> Any:
         raise DataError(f"{where}: nested too deeply to be a prompt") from None
 
 
-def _read_rows(path: Path, check: Any, limit: int | None = None) -> list[dict[str, Any]]:
+def read_rows(path: Path, check: Any, limit: int | None = None) -> list[dict[str, Any]]:
     """The checked rows of a JSONL file (blank lines skipped), each with its `where`."""
     rows = []
     for lineno, line in enumerate(read_lines(path), 1):
@@ -260,7 +301,7 @@ def load_jsonl(path: Path, d_vocab: int, limit: int | None = None, mean_from: Pa
     """
     import torch
 
-    rows = _read_rows(path, lambda obj, where: _check_row(obj, where, d_vocab), limit)
+    rows = read_rows(path, lambda obj, where: _check_row(obj, where, d_vocab), limit)
     first = rows[0]
     if n_ctx is not None and len(first["clean"]) > n_ctx:
         raise DataError(f"{first['where']}: prompts have {len(first['clean'])} tokens; the model's context "
@@ -285,7 +326,7 @@ def load_jsonl(path: Path, d_vocab: int, limit: int | None = None, mean_from: Pa
     corruptions = {DEFAULT: t("corrupted")} | {k[len("corrupted_"):]: t(k) for k in extra}
     reference = None
     if mean_from is not None:
-        ref = _read_rows(mean_from, lambda obj, where: _check_reference(obj, where, d_vocab, len(first["clean"])))
+        ref = read_rows(mean_from, lambda obj, where: _check_reference(obj, where, d_vocab, len(first["clean"])))
         reference = torch.tensor([r["clean"] for r in ref], dtype=torch.long)
     means = f"means over {mean_from.name}" if mean_from is not None else "means leave each prompt out"
     ds = Dataset(t("clean"), corruptions, t("positions"), t("answers"), t("wrong") if "wrong" in first else None,

@@ -254,21 +254,7 @@ def draw_effects(claims: list[ClaimResult]) -> Any | None:
                                       gridspec_kw={"height_ratios": [len(g) + 1.2 for g in groups]})).ravel()
     rng = np.random.default_rng(0)
     for ax, unit, group in zip(axes, units, groups):
-        xs = [x for c in group for x in ([c.value] if c.value is not None else []) + list(c.ci or [])
-              if x is not None]
-        for c in group:
-            r = _region(c)
-            xs += [x for x in (r or ()) if x is not None]
-            if c.per_prompt:
-                pp = np.asarray([v for v in c.per_prompt if v is not None], dtype=float)
-                pp = pp[np.isfinite(pp)]
-                if pp.size:  # every value, unless a few outliers would squash the rest
-                    q1, q99 = float(np.quantile(pp, 0.01)), float(np.quantile(pp, 0.99))
-                    wide = float(pp.max() - pp.min()) > 4 * max(q99 - q1, 1e-9)
-                    xs += [q1, q99] if wide else [float(pp.min()), float(pp.max())]
-        lo_x, hi_x = (min(xs + [0.0]), max(xs + [0.0])) if xs else (0.0, 1.0)
-        pad = 0.06 * (hi_x - lo_x or 1.0)
-        lo_x, hi_x = lo_x - pad, hi_x + pad
+        lo_x, hi_x = _x_range(group)
         for y, c in enumerate(group):
             r = _region(c)
             if r is not None:
@@ -318,6 +304,26 @@ def draw_effects(claims: list[ClaimResult]) -> Any | None:
     shown = "" if len(rows) == len(every) else f" (the first {len(rows)} of {len(every)})"
     fig.suptitle(f"Observational and causal claims{shown}", fontsize=11)
     return fig
+
+
+def _x_range(group: list[ClaimResult]) -> tuple[float, float]:
+    """The x-axis of one unit's panel: every estimate, CI end and PASS-region bound (and 0),
+    widened to the per-prompt values but by at most twice that span on each side, so a few
+    extreme per-prompt ratios (prompts with a tiny gap) do not squash the estimates;
+    values beyond are counted in their row ("+k off axis")."""
+    core = [0.0] + [x for c in group for x in ([c.value] if c.value is not None else []) + list(c.ci or [])
+                    if x is not None]
+    core += [x for c in group for x in (_region(c) or ()) if x is not None]
+    lo, hi = min(core), max(core)
+    span = max(hi - lo, 0.1)
+    for c in group:
+        pp = np.asarray([v for v in c.per_prompt or [] if v is not None], dtype=float)
+        pp = pp[np.isfinite(pp)]
+        if pp.size:
+            lo = min(lo, max(float(pp.min()), min(core) - 2 * span))
+            hi = max(hi, min(float(pp.max()), max(core) + 2 * span))
+    pad = 0.06 * (hi - lo or 1.0)
+    return lo - pad, hi + pad
 
 
 # ---------------------------------------------------------------- signature

@@ -11,6 +11,7 @@ from ..evidence.details import RUNGS, LadderRow, WeightsVsUseRow
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
+from .prompts import prompt_lines
 from .text import literal_result, md_block, md_cell, md_code, md_link_text, md_text, plain
 
 FIGURE_CAPTIONS = {
@@ -116,8 +117,10 @@ def weights_vs_use_table(rows: list[WeightsVsUseRow]) -> list[str]:
     every claim that tests it."""
     if not rows:
         return []
-    body = [(md_cell(r.edge), md_cell(r.direction), fmt(r.composition), fmt_p(r.composition_p_adjusted),
-             "yes" if r.composes else "no",
+    body = [(md_cell(r.edge), md_cell(r.direction),
+             "no score (MLP)" if r.composes is None else fmt(r.composition),
+             "—" if r.composes is None else fmt_p(r.composition_p_adjusted),
+             "—" if r.composes is None else "yes" if r.composes else "no",
              "undefined" if r.effect is None or not r.effect_ci
              else f"{r.effect:.3f} [{fmt(r.effect_ci[0])}, {fmt(r.effect_ci[1])}]",
              md_cell(r.use), md_cell(r.classification),
@@ -126,7 +129,9 @@ def weights_vs_use_table(rows: list[WeightsVsUseRow]) -> list[str]:
     return ["## Weights vs use", "",
             "A high composition score proposes a route; only the intervention shows it is used. *Unused* means an "
             "intervention that changes what the receiver reads moved the metric by less than the tolerance; an "
-            "intervention that changes nothing there (*untested*) is no evidence either way.", "",
+            "intervention that changes nothing there (*untested*) is no evidence either way. A group of senders "
+            "(`A + B`) composes as their combined write (their OVs stacked); an edge with an MLP end has no "
+            "composition score (scores are defined between attention heads).", "",
             tabulate(body, headers=["edge", "direction", "composition", "p_adj", "composes", "effect [CI]", "use",
                                     "class", "tests"], tablefmt="github", disable_numparse=[0, 1, 6, 7, 8]), ""]
 
@@ -173,6 +178,7 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
             f"min_raw_change {st.get('min_raw_change')}; composition alpha "
             f"{st.get('composition_alpha')} with at least {st.get('null_draws')} null draws; "
             f"seed {t(s['seed'])}", ""]
+    out += prompt_lines(d.get("examples"), d.get("n_prompts"))
     p = ev.provenance
     out += ["## Provenance", "",
             f"- model: {md_code(m['source'])} ({t(m['kind'])}, {t(m['n_layers'])} layers x {t(m['n_heads'])} heads, "

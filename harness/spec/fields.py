@@ -5,7 +5,7 @@ A name field validates a string with `names` and holds the parsed frozen
 dataclass (`Head`, `Edge`); it serialises back to the canonical string, so
 `model_dump()` of a claim gives the file's spelling.  Each field takes only what
 fits it (`HeadName`, `HeadList`: heads; `EdgeName`: an edge claim's edge;
-`HeadRouteName`: a composition edge, head to head input), and a bad name's message
+`PathName`: a path claim's path; `HeadRouteName`: a composition edge, head to head input), and a bad name's message
 says so and suggests the nearest name that fits (names.parse_as).  Validation errors
 are `ValueError`s with that message, which the loader reports as
 `file:line: field: message`.  When the validation context holds a `names.Shape`
@@ -40,7 +40,7 @@ def _parsed(parse: Callable[[Any, names.Shape | None], T]) -> Callable[[Any, Val
     """A pydantic validator from a names parser: the message of a ComponentNameError
     becomes the field's error; names are checked against the context's shape when given."""
     def validate(value: Any, info: ValidationInfo) -> T:
-        if isinstance(value, (names.Head, names.Edge)):
+        if isinstance(value, (names.Head, names.Mlp, names.Edge, names.Path)):
             value = str(value)
         try:
             return parse(value, model_shape(info))
@@ -55,10 +55,20 @@ def _head_list(value: Any, info: ValidationInfo) -> list[names.Head]:
     return _no_duplicates([head(x, info) for x in _as_list(value)])
 
 
-def _no_duplicates(heads: list[names.Head]) -> list[names.Head]:
-    """`heads`, unless a head is listed twice (ValueError)."""
-    if len(set(heads)) != len(heads):
-        raise ValueError("a head is listed twice")
+def _unit_list(value: Any, info: ValidationInfo) -> list[names.Unit]:
+    """A non-empty list of distinct heads and MLPs (ablation and circuit members)."""
+    unit = _parsed(names.parse_unit)
+    return _no_duplicates([unit(x, info) for x in _as_list(value)])
+
+
+U = TypeVar("U", names.Head, names.Unit)
+
+
+def _no_duplicates(heads: list[U]) -> list[U]:
+    """`heads`, unless one is listed twice (ValueError naming it)."""
+    twice = next((h for i, h in enumerate(heads) if h in heads[:i]), None)
+    if twice is not None:
+        raise ValueError(f"{twice} is listed twice")
     return heads
 
 
@@ -69,23 +79,35 @@ def _edge(ends: names.EdgeEnds) -> Callable[[Any, names.Shape | None], names.Edg
     return parse
 
 
+def _path(value: Any, shape: names.Shape | None) -> names.Path:
+    return names.parse_path(value, shape)
+
+
 _AS_STRING = PlainSerializer(str, return_type=str)
 HeadName = Annotated[names.Head, PlainValidator(_parsed(names.parse_head)), _AS_STRING,
                      WithJsonSchema({"type": "string", "examples": ["L1H6"]})]
 # an edge claim's edge: a head or embed -> a later head's .q/.k/.v or logits (names.EDGE_RULE)
 EdgeName = Annotated[names.Edge, PlainValidator(_parsed(_edge(names.EDGE))), _AS_STRING,
                      WithJsonSchema({"type": "string", "examples": ["L0H3 -> L1H6.k"]})]
+# a path claim's path: sender -> hop -> ... -> receiver (names.parse_path)
+PathName = Annotated[names.Path, PlainValidator(_parsed(_path)), _AS_STRING,
+                     WithJsonSchema({"type": "string", "examples": ["L0H7 -> L1H5.k -> L2H3.q"]})]
 # a composition claim's edge: a head -> a later head's .q/.k/.v
 HeadRouteName = Annotated[names.Edge, PlainValidator(_parsed(_edge(names.HEAD_ROUTE))), _AS_STRING,
                           WithJsonSchema({"type": "string", "examples": ["L0H3 -> L1H6.k"]})]
 HeadList = Annotated[list[HeadName], PlainValidator(_head_list),
                      WithJsonSchema({"type": "array", "items": {"type": "string"}, "minItems": 1,
                                      "examples": [["L0H7", "L1H5"]]})]
+# ablation and circuit members: heads and MLPs
+UnitList = Annotated[list[names.Unit], PlainValidator(_unit_list),
+                     PlainSerializer(lambda xs: [str(x) for x in xs], return_type=list[str]),
+                     WithJsonSchema({"type": "array", "items": {"type": "string"}, "minItems": 1,
+                                     "examples": [["L0H7", "L1H5", "L1.mlp"]]})]
 
 
 def _as_list(value: Any) -> list[Any]:
     if not isinstance(value, list):
-        raise ValueError("expected a list of heads, e.g. [L0H7, L1H5]")
+        raise ValueError("expected a list of heads (or MLPs), e.g. [L0H7, L1H5]")
     if not value:
         raise ValueError("List should have at least 1 item")
     return value

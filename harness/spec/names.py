@@ -5,12 +5,14 @@ Grammar (whitespace around `->` is optional, printed as ` -> `):
     head      := "L" layer "H" head            e.g. L1H6
     input     := head "." ("q" | "k" | "v")    e.g. L1H6.k
     node      := head | input | "embed" | "logits" | "L" layer ".mlp"
-    edge      := sender " -> " receiver        sender: head | embed
-                                               receiver: input | logits
+    sender    := head | "embed" | mlp | sender " + " sender    (a group: patched together)
+    receiver  := input | mlp | "logits"                        (an MLP receives into its input)
+    edge      := sender " -> " receiver
+    path      := sender (" -> " hop)* " -> " receiver          hop: input | mlp
 
-MLP names (`L1.mlp`) parse as nodes and are checked against a model's range, but
-no field takes them yet: MLPs are not edge senders or receivers (EDGE_RULE, the
-one statement every message about edge ends uses) and are never ablated.
+Every node of an edge or path comes later in the forward pass than the one before
+it (`layer_of`: embed, then per layer its heads, then its MLP, then logits), so a
+head of layer l may feed `Ll.mlp`, and an MLP of layer l feeds layer l + 1 on.
 
 `parse_component` / `parse_edge` return frozen dataclasses whose `str()` is the
 canonical spelling, so `str(parse_x(s)) == s` for canonical `s`.  Each field that
@@ -86,7 +88,22 @@ class Logits:
 
 
 Component = Head | HeadInput | Mlp | Embed | Logits
-Sender = Head | Mlp | Embed
+Node = Head | Mlp | Embed  # what writes into the residual stream
+Unit = Head | Mlp  # what an ablation or a circuit keeps or knocks out
+
+
+@dataclass(frozen=True)
+class Group:
+    """Several senders patched together (`L0H1 + L0H3`): their output changes add up.
+    Members are distinct, at least two, in forward order (`layer_of`, then name)."""
+
+    members: tuple[Node, ...]
+
+    def __str__(self) -> str:
+        return " + ".join(str(m) for m in self.members)
+
+
+Sender = Head | Mlp | Embed | Group
 Receiver = HeadInput | Mlp | Logits
 
 
@@ -99,10 +116,34 @@ class Edge:
         return f"{self.sender} -> {self.receiver}"
 
 
+@dataclass(frozen=True)
+class Path:
+    """`sender -> hop -> ... -> receiver`: the sender's change reaches each hop only through
+    its listed input, and only the last hop's changed output enters the residual stream.
+    `hops` ends with the receiver; a path with one hop is an edge (`as_edge`)."""
+
+    sender: Sender
+    hops: tuple[Receiver, ...]
+
+    def __str__(self) -> str:
+        return " -> ".join(str(n) for n in (self.sender, *self.hops))
+
+    @property
+    def as_edge(self) -> Edge | None:
+        """The edge this path is when it has one hop, else None."""
+        return Edge(self.sender, self.hops[0]) if len(self.hops) == 1 else None
+
+
+def members(sender: Sender) -> tuple[Node, ...]:
+    """The nodes a sender consists of (a group's members, or the sender itself)."""
+    return sender.members if isinstance(sender, Group) else (sender,)
+
+
 _ALLOWED = "L<layer>H<head>, L<layer>H<head>.q/.k/.v, L<layer>.mlp, embed, logits"
-# What an edge connects today; every message about edge ends (parsing, claims, patching) says this.
-MLP_NOTE = "MLPs are not edge senders or receivers"
-EDGE_RULE = f"an edge goes from a head or embed to a later head's .q/.k/.v input or to logits; {MLP_NOTE}"
+# What an edge connects; every message about edge ends (parsing, claims, patching) says this.
+EDGE_RULE = ("an edge goes from a head, an MLP (L<layer>.mlp), embed, or a group of them joined by ' + ', to "
+             "a later head's .q/.k/.v input, a later MLP (its input) or logits")
+MLP_NOTE = "MLPs have no composition score (composition scores are defined between attention heads)"
 
 
 @dataclass(frozen=True)
@@ -123,7 +164,7 @@ class Fits:
     types: tuple[type, ...]
     noun: str
     text: str
-    edge_end: bool = False
+    edge_end: bool = False  # an end of a composition edge (an MLP there gets MLP_NOTE)
 
     def accepts(self, c: Component) -> bool:
         """Whether the field takes component `c`."""
@@ -131,9 +172,11 @@ class Fits:
 
 
 HEAD = Fits((Head,), "a head", "a head L<layer>H<head>, e.g. L1H6")
-SENDER = Fits((Head, Embed), "an edge sender", "a head L<layer>H<head> or embed", edge_end=True)
-RECEIVER = Fits((HeadInput, Logits), "an edge receiver", "a later head's input L<layer>H<head>.q/.k/.v, or logits",
-                edge_end=True)
+SENDER = Fits((Head, Embed, Mlp), "an edge sender", "a head L<layer>H<head>, an MLP L<layer>.mlp or embed")
+RECEIVER = Fits((HeadInput, Mlp, Logits), "an edge receiver",
+                "a later head's input L<layer>H<head>.q/.k/.v, a later MLP L<layer>.mlp, or logits")
+UNIT_NODE = Fits((Head, Mlp), "a head or an MLP", "a head L<layer>H<head> or an MLP L<layer>.mlp, e.g. L1H6 or L1.mlp")
+HOP = Fits((HeadInput, Mlp), "a path hop", "a head's input L<layer>H<head>.q/.k/.v or an MLP L<layer>.mlp")
 ROUTE_SENDER = Fits((Head,), "the sender of a composition edge", "a head L<layer>H<head>", edge_end=True)
 ROUTE_RECEIVER = Fits((HeadInput,), "the receiver of a composition edge",
                       "a later head's input L<layer>H<head>.q/.k/.v", edge_end=True)
@@ -194,6 +237,14 @@ def parse_as(text: Any, fits: Fits, shape: Shape | None = None) -> Component:
                              + (f" (did you mean {hint}?)" if hint else ""))
 
 
+def parse_unit(text: Any, shape: Shape | None = None) -> Head | Mlp:
+    """Parse a name that must be a head or an MLP (ablation and circuit members); see parse_as."""
+    c = parse_as(text, UNIT_NODE, shape)
+    if not isinstance(c, (Head, Mlp)):  # unreachable: parse_as returns what UNIT_NODE accepts
+        raise ComponentNameError(f"{text!r} is not a head or an MLP")
+    return c
+
+
 def parse_head(text: Any, shape: Shape | None = None) -> Head:
     """Parse a name that must be a head (`L1H6`); see parse_as."""
     c = parse_as(text, HEAD, shape)
@@ -218,16 +269,78 @@ def parse_edge(text: Any, ends: EdgeEnds = EDGE, shape: Shape | None = None) -> 
     if text != text.strip():
         raise ComponentNameError(f"{text!r} has spaces around the edge; write {text.strip()!r}")
     left, right = (part.strip() for part in text.split("->"))
-    sender = parse_as(left, ends.sender)
+    sender = parse_sender(left, ends.sender)
     receiver = parse_as(right, ends.receiver)
-    if not isinstance(sender, (Head, Mlp, Embed)) or not isinstance(receiver, (HeadInput, Mlp, Logits)):
+    if not isinstance(receiver, (HeadInput, Mlp, Logits)):
         raise ComponentNameError(f"{text!r} is not an edge: {EDGE_RULE}")  # unreachable with the shipped ends
     if layer_of(sender) >= layer_of(receiver):
-        raise ComponentNameError(f"edge {text!r} does not go forward: the sender must come earlier")
+        raise ComponentNameError(f"edge {text!r} does not go forward: {_order(sender, receiver)}")
     edge = Edge(sender, receiver)
     if shape is not None:
         check_in_model(edge, shape.n_layers, shape.n_heads, shape.has_mlp)
     return edge
+
+
+def parse_sender(text: str, fits: Fits = SENDER, shape: Shape | None = None) -> Sender:
+    """One sender, or a group `A + B + ...` of distinct senders (where `fits` is an edge
+    claim's SENDER; a composition edge's sender is one head)."""
+    parts = [part.strip() for part in text.split("+")]
+    if len(parts) == 1:
+        node = parse_as(text, fits, shape)
+        if not isinstance(node, (Head, Mlp, Embed)):  # unreachable: the shipped sender fits
+            raise ComponentNameError(f"{text!r} is not {fits.noun}")
+        return node
+    if fits is not SENDER:
+        raise ComponentNameError(f"{text!r}: {fits.noun} is one {fits.text}, not a group")
+    nodes: list[Node] = []
+    for part in parts:
+        node = parse_as(part, fits, shape)
+        if not isinstance(node, (Head, Mlp, Embed)):  # unreachable: SENDER takes these
+            raise ComponentNameError(f"{part!r} is not {fits.noun}")
+        if node in nodes:
+            raise ComponentNameError(f"{text!r} names {node} twice")
+        nodes.append(node)
+    return Group(tuple(sorted(nodes, key=lambda n: (layer_of(n), str(n)))))
+
+
+def parse_path(text: Any, shape: Shape | None = None) -> Path:
+    """Parse `sender -> hop -> ... -> receiver` (at least one `->`; hops are head inputs or
+    MLPs, the last node any receiver), each node later in the forward pass than the one
+    before it (and, with `shape`, inside the model)."""
+    if not isinstance(text, str) or "->" not in text:
+        raise ComponentNameError(f"{text!r} is not a path; expected 'sender -> hop -> ... -> receiver', "
+                                 "e.g. 'L0H7 -> L1H5.k -> L2H3.q'")
+    if text != text.strip():
+        raise ComponentNameError(f"{text!r} has spaces around the path; write {text.strip()!r}")
+    parts = [part.strip() for part in text.split("->")]
+    sender = parse_sender(parts[0], SENDER, shape)
+    hops: list[Receiver] = []
+    for i, part in enumerate(parts[1:], start=1):
+        node = parse_as(part, RECEIVER if i == len(parts) - 1 else HOP, shape)
+        if not isinstance(node, (HeadInput, Mlp, Logits)):  # unreachable: RECEIVER and HOP take these
+            raise ComponentNameError(f"{part!r} is not {RECEIVER.noun}")
+        before = sender if i == 1 else hops[-1]
+        if layer_of(before) >= layer_of(node):
+            raise ComponentNameError(f"path {text!r} does not go forward at {before} -> {node}: "
+                                     f"{_order(before, node)}")
+        hops.append(node)
+    return Path(sender, tuple(hops))
+
+
+def _order(before: Sender | Receiver, after: Receiver) -> str:
+    """Why `after` cannot read `before`, in words."""
+    if isinstance(after, HeadInput):
+        l = after.head.layer
+        what = (f"the residual stream before layer {l}'s attention: embed" if l == 0 else
+                f"the residual stream before layer {l}'s attention: embed and the heads and MLPs of layers "
+                f"0..{l - 1}")
+    elif isinstance(after, Mlp):
+        l = after.layer
+        what = (f"the residual stream after layer {l}'s attention: embed, the heads of layers 0..{l}"
+                + (f" and the MLPs of layers 0..{l - 1}" if l > 0 else ""))
+    else:
+        what = "everything"
+    return f"{after} reads {what}, not {before}"
 
 
 def _arrow_fix(text: str, ends: EdgeEnds, shape: Shape | None) -> str | None:
@@ -315,19 +428,23 @@ def nearest(text: str, fits: Fits, shape: Shape | None = None) -> str | None:
     return None
 
 
-def edge_end_unsupported(c: Component, end: str) -> str:
+def edge_end_unsupported(c: Component | Group, end: str) -> str:
     """The message for patching an edge from (`end="from"`) or into (`"into"`) a
     component that is not an edge end (EDGE_RULE)."""
     return f"edge patching {end} {c} is not supported: {EDGE_RULE}"
 
 
 def is_head_route(e: Edge) -> bool:
-    """A head -> head-input edge: the edges that have a composition score."""
-    return isinstance(e.sender, Head) and isinstance(e.receiver, HeadInput)
+    """A head (or a group of heads) -> head-input edge: the edges that have a composition
+    score (a group's is its members' combined write)."""
+    return all(isinstance(m, Head) for m in members(e.sender)) and isinstance(e.receiver, HeadInput)
 
 
-def layer_of(c: Component) -> float:
-    """Position of a component in the forward pass (embed -1, logits +inf)."""
+def layer_of(c: Component | Group) -> float:
+    """Position of a component in the forward pass (embed -1, a layer's heads l, its MLP
+    l + 0.5, logits +inf; a group: its latest member)."""
+    if isinstance(c, Group):
+        return max(layer_of(m) for m in c.members)
     if isinstance(c, Embed):
         return -1
     if isinstance(c, Logits):
@@ -339,11 +456,15 @@ def layer_of(c: Component) -> float:
     return c.layer + 0.5  # an MLP reads after its layer's attention
 
 
-def check_in_model(c: Component | Edge, n_layers: int, n_heads: int, has_mlp: bool = False) -> None:
+def check_in_model(c: Component | Group | Edge | Path, n_layers: int, n_heads: int, has_mlp: bool = False) -> None:
     """Raise ComponentNameError if `c` names something the model does not have."""
-    if isinstance(c, Edge):
-        check_in_model(c.sender, n_layers, n_heads, has_mlp)
-        check_in_model(c.receiver, n_layers, n_heads, has_mlp)
+    if isinstance(c, (Edge, Path)):
+        for node in (c.sender, c.receiver) if isinstance(c, Edge) else (c.sender, *c.hops):
+            check_in_model(node, n_layers, n_heads, has_mlp)
+        return
+    if isinstance(c, Group):
+        for m in c.members:
+            check_in_model(m, n_layers, n_heads, has_mlp)
         return
     head = c.head if isinstance(c, HeadInput) else c
     rng = f"the model has layers 0..{n_layers - 1} and heads 0..{n_heads - 1}"
@@ -388,3 +509,18 @@ def hook_resid_post(layer: int) -> str:
 
 def hook_attn_out(layer: int) -> str:
     return f"blocks.{layer}.hook_attn_out"
+
+
+def hook_resid_mid(layer: int) -> str:
+    """The residual between a layer's attention and its MLP (what the MLP's LN2 reads)."""
+    return f"blocks.{layer}.hook_resid_mid"
+
+
+def hook_mlp_out(layer: int) -> str:
+    """A layer's MLP output, as written into the residual stream (its output bias included)."""
+    return f"blocks.{layer}.hook_mlp_out"
+
+
+def unit_hook(unit: Head | Mlp) -> str:
+    """Where an ablation of a head (its z) or an MLP (its output) acts."""
+    return hook_z(unit.layer) if isinstance(unit, Head) else hook_mlp_out(unit.layer)

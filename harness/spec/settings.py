@@ -36,6 +36,7 @@ class GeneratorData(Strict):
     vocab_max: int | None = Field(None, ge=1)
     corruptions: list[Corruption] = Field(default_factory=lambda: list(DEFAULT_CORRUPTIONS), min_length=1)
     n_reference: int | None = Field(None, ge=2, le=MAX_PROMPTS)
+    distinct: StrictBool = False  # no token twice inside a segment; corrupted segments differ at every position
 
     @model_validator(mode="after")
     def _range(self) -> GeneratorData:
@@ -51,11 +52,13 @@ class GeneratorData(Strict):
 
 
 class FileData(Strict):
-    """A JSONL file of token-id prompts (see docs/data-format.md)."""
+    """A JSONL file of token-id prompts, or of text prompts (rows with "text"; see
+    docs/data-format.md)."""
 
     file: str
     limit: int | None = Field(None, ge=2, le=MAX_PROMPTS)
     mean_from: str | None = None
+    prepend_bos: StrictBool | None = None  # text files only; None: when the tokenizer has a BOS token
 
     def corruption_names(self) -> list[str] | None:
         """None: known only when the file is read (`default`, and one per corrupted_<name> key)."""

@@ -1,8 +1,9 @@
 """`harness roles`: every head's attention-role scores, for choosing a hypothesis.
 
 For each head and role (mech.roles), the mean over prompts of the per-prompt
-role score on generated repeated-token prompts (the `explore` split by
-default, so the `test` split stays held out for hypotheses)."""
+role score on the clean prompts: generated repeated-token prompts (the `explore`
+split by default, so the `test` split stays held out for hypotheses), or the
+prompts of a data file (`--data`, engine.data_source.from_data_file)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from ..engine.data_source import DataSource, DataSpec, build_dataset
 from ..mech import roles
 from ..model import data
 from ..model.devices import of
@@ -18,11 +20,16 @@ from ..spec import names
 from ..spec.names import hook_pattern
 
 
-def role_table(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, split: str) -> str:
-    """The printable table (with the data's description above it)."""
+def role_table(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, split: str, distinct: bool = False,
+               given: tuple[DataSpec, DataSource] | None = None) -> str:
+    """The printable table (with the data's description above it): on the generator's
+    prompts (`distinct`: its distinct-token option), or on `given` data (a data mapping and
+    where it came from) instead."""
     import torch
 
-    ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, split, n_ctx=m.n_ctx).to(of(m.bridge))
+    ds = (build_dataset(*given, m) if given is not None else
+          data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, split, n_ctx=m.n_ctx, distinct=distinct))
+    ds = ds.to(of(m.bridge))
     with torch.no_grad():
         _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))
     rows: list[list[Any]] = []

@@ -2,7 +2,7 @@
 
 For every sender (embed, heads) -> later head .q/.k/.v and -> logits edge, and
 for each corruption asked for (generator: `first_half`, `second_half`, `both`;
-a prompt file: its own corruptions):
+`--data`, a prompt file or a YAML data file: its own corruptions):
 * the causal effect (noising, resample replacement, batched exact edge
   patching, mech.batched_edges): normalised effect with a BCa CI and a sign-flip
   p-value, Benjamini-Hochberg adjusted over the corruption's edges (structurally
@@ -19,8 +19,9 @@ Prints the edges ranked by effect, and writes into a new folder: scan.json
 starter.yaml, a hypothesis file (its model path relative to the file's folder)
 whose claims are the strongest routes found used under any corruption (each
 claim naming its corruption), for the user to edit and then test on held-out
-prompts (with the generator its data uses the `test` split; the scan uses
-`explore`; with a prompt file, give the starter a held-out file).  `harness
+prompts (with the generator or a template its data uses the `test` split; the
+scan uses `explore`; with a prompt file or a list of prompts, give the starter
+held-out prompts).  `harness
 report` refuses a scan.json (is_scan): scan results are not re-rendered.
 """
 
@@ -36,6 +37,7 @@ import yaml
 from .. import stats, threads
 from ..claims.edge import UNDETERMINED, UNTESTED, USED, classify, use_status
 from ..claims.effects import floor_changes, intervention_change, metric_scale, normalized_effect
+from ..engine.data_source import DataSource, DataSpec, build_dataset, from_data_file
 from ..errors import UserError
 from ..evidence.document import to_json
 from ..evidence.format import fmt_p
@@ -52,7 +54,7 @@ from ..report.figures import signature
 from ..report.writer import write_folder
 from ..spec import names
 from ..spec.names import hook_pattern
-from ..spec.settings import DEFAULT_CORRUPTIONS, Stats
+from ..spec.settings import DEFAULT_CORRUPTIONS, FileData, Stats
 from ..streams import Stream, derive_seed
 
 SCAN_STATS = Stats(bootstrap=1000, permutations=2000)  # thresholds are the defaults; fewer resamples
@@ -67,27 +69,30 @@ def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int
          metric: str = "logprob", processing: str = "folded", draws: int = 1000, top: int = 15,
          budget_mb: int = 32, bootstrap: int = 1000, device: str | None = None,
          corruptions: tuple[str, ...] | None = None, data_file: Path | None = None,
-         unique: bool = False) -> tuple[list[dict[str, Any]], str]:
+         unique: bool = False, distinct: bool = False) -> tuple[list[dict[str, Any]], str]:
     """Run the scan; return (rows ranked by effect, printable table).  `device`: where the
     model runs (model.devices.resolve_device); prompts are drawn on the CPU and moved there,
     the statistics run on the CPU.  `corruptions`: the generator's (default first_half), or with
-    `data_file` (a JSONL prompt file instead of the generator) some of the file's (default all).
-    `unique`: `out` was chosen by report.folders.default_folder, and moves on to the next free
-    suffix if another process takes it first."""
+    `data_file` (instead of the generator: a JSONL prompt file of token ids or text, or a YAML
+    data file, engine.data_source.from_data_file) some of the data's (default all).  `distinct`:
+    the generator's distinct-token option.  `unique`: `out` was chosen by
+    report.folders.default_folder, and moves on to the next free suffix if another process
+    takes it first."""
     device = resolve_device(device)
+    given = from_data_file(data_file) if data_file is not None else None  # a bad data file stops before loading
     m = load_model(model_source, device=device)
     with threads.using(None, int(m.bridge.cfg.d_model)):
         return _scan(m, model_source, out, n_prompts, segment_length, seed, metric, processing, draws, top,
-                     budget_mb, bootstrap, corruptions, data_file, unique)
+                     budget_mb, bootstrap, corruptions, data_file, unique, distinct, given)
 
 
 def _scan(m: Any, model_source: str, out: Path, n_prompts: int, segment_length: int, seed: int, metric: str,
           processing: str, draws: int, top: int, budget_mb: int, bootstrap: int,
           corruptions: tuple[str, ...] | None, data_file: Path | None,
-          unique: bool) -> tuple[list[dict[str, Any]], str]:
+          unique: bool, distinct: bool, given: tuple[DataSpec, DataSource] | None) -> tuple[list[dict[str, Any]], str]:
     bridge, L, H = m.bridge, m.n_layers, m.n_heads
-    if data_file is not None:
-        ds = data.load_jsonl(data_file, m.d_vocab, n_ctx=m.n_ctx)
+    if given is not None:
+        ds = build_dataset(*given, m)
         chosen = list(ds.corruptions) if corruptions is None else list(corruptions)
         missing = [c for c in chosen if c not in ds.corruptions]
         if missing:
@@ -95,7 +100,7 @@ def _scan(m: Any, model_source: str, out: Path, n_prompts: int, segment_length: 
     else:
         chosen = list(corruptions or DEFAULT_CORRUPTIONS)
         ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, "explore", bos_token=m.bos_token,
-                                  corruptions=tuple(chosen), n_ctx=m.n_ctx)
+                                  corruptions=tuple(chosen), n_ctx=m.n_ctx, distinct=distinct)
     ds = ds.to(of(bridge))
     hooks = batched_edges.cache_names(L) + [hook_pattern(L - 1)]
     clean = cache_hooks(bridge, ds.clean, hooks)
@@ -120,8 +125,22 @@ def _scan(m: Any, model_source: str, out: Path, n_prompts: int, segment_length: 
         rows += _rows(runs, edges, patched, composition, st, seed, c_i, metrics.UNITS[metric])
     rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
     table = _table(rows[:top], ds.description, len(edges), chosen)
-    _write(out, rows, model_source, n_prompts, segment_length, seed, metric, chosen, data_file, unique)
+    mapping = held_out_mapping(*given) if given is not None else None
+    _write(out, rows, model_source, n_prompts, segment_length, seed, metric, chosen, mapping, unique, distinct)
     return rows, table
+
+
+def held_out_mapping(d: DataSpec, source: DataSource) -> dict[str, Any]:
+    """The `data:` mapping of the starter file for scanned data `d`: the same mapping with
+    its paths absolute, and a generator or template on the held-out `test` split."""
+    out = d.model_dump(exclude_unset=True, exclude_none=True)
+    if isinstance(d, FileData):
+        out["file"] = str(source.resolve(d.file).resolve())
+        if d.mean_from is not None:
+            out["mean_from"] = str(source.resolve(d.mean_from).resolve())
+    if "generator" in out or "template" in out:
+        out["split"] = "test"
+    return out
 
 
 def _composition(comp: Composition, edges: list[names.Edge], draws: int) -> dict[int, tuple]:
@@ -218,11 +237,13 @@ def starter_model(model_source: str, folder: Path) -> str:
 
 
 def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, metric: str,
-            corruptions: list[str], data_file: Path | None = None, top: int = 5,
-            folder: Path | None = None) -> dict[str, Any]:
+            corruptions: list[str], data: dict[str, Any] | None = None, top: int = 5,
+            folder: Path | None = None, distinct: bool = False) -> dict[str, Any]:
     """A hypothesis with the strongest used edges as claims (each under the corruption that
     showed it, and for head -> head edges that compose the composition claim beside them).
-    `folder`: where the file will be written; its model path is relative to it (default: absolute)."""
+    `data`: the scanned data's mapping (held_out_mapping), else the generator's (with
+    `distinct`).  `folder`: where the file will be written; its model path is relative to it
+    (default: absolute)."""
     used: list[dict[str, Any]] = []
     for r in rows:  # the strongest corruption per edge, rows being ranked by effect
         if r["use"] == USED and all(u["edge"] != r["edge"] for u in used):
@@ -243,12 +264,15 @@ def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segme
             if best["corruption"] != corruptions[0]:
                 claim["corruption"] = best["corruption"]
             claims.append(claim)
-    if data_file is not None:
-        source: dict[str, Any] = {"file": str(data_file.resolve())}
-        held_out = "it reads the scanned prompt file: point data.file at held-out prompts before testing."
+    if data is not None and "split" not in data:
+        source: dict[str, Any] = data
+        held_out = "it reads the scanned prompts: point data at held-out prompts before testing."
+    elif data is not None:
+        source = data
+        held_out = "this file's data uses the held-out test split."
     else:
         source = {"generator": "repeated_tokens", "n_prompts": n_prompts, "segment_length": segment_length,
-                  "split": "test", "corruptions": corruptions}
+                  "split": "test", "corruptions": corruptions} | ({"distinct": True} if distinct else {})
         held_out = "this file's data uses the held-out test split."
     return {"harness": 1, "name": "starter",
             "description": "Written by `harness scan` from the strongest routes used under any corruption (explore "
@@ -259,8 +283,9 @@ def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segme
 
 
 def _write(out: Path, rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, seed: int,
-           metric: str, corruptions: list[str], data_file: Path | None, unique: bool) -> None:
-    doc = starter(rows, model_source, n_prompts, segment_length, metric, corruptions, data_file, folder=out)
+           metric: str, corruptions: list[str], data: dict[str, Any] | None, unique: bool, distinct: bool) -> None:
+    doc = starter(rows, model_source, n_prompts, segment_length, metric, corruptions, data, folder=out,
+                  distinct=distinct)
     load(doc, base_dir=out)  # the starter file must be valid
     files = {"scan.json": to_json({"edges": rows, "seed": seed, "metric": metric,
                                    "corruptions": corruptions}).encode(),

@@ -1,0 +1,238 @@
+"""Text prompts made into a Dataset with the model's tokenizer (model.tokenizer).
+
+Every source of text prompts (a template, a list in the hypothesis file, a JSONL file
+of text rows) becomes a list of `TextPrompt`s, and `text_dataset` tokenises them the
+same way: no special tokens, the BOS token put in front when asked for, one scored
+position per prompt (the last token, or the last token before the template's `{@}`
+marker), answer and wrong tokens given as strings that must each be one token.  Clean
+and corrupted prompts must tokenise to the same length, and all prompts to one
+length; every refusal shows the texts and their tokens.  docs/data-format.md
+documents the rules and the messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+from ..spec.text_data import CORRUPTED_KEY
+from . import data
+from .data import Dataset, drop_duplicates, parse_line, read_lines, read_rows
+from .tokenizer import TextTokenizer
+
+DEFAULT = data.DEFAULT
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """One clean prompt with its corrupted prompts, as text.
+
+    where:          names the prompt in messages (`file:line`, `h.yaml:7: data.prompts[2]`)
+    answer:         the correct next token as a string; None: the token after the marker
+    before_marker:  the clean text before the template's `{@}` marker; None: the last
+                    token is scored
+    where_answer, where_wrong: name the answer and wrong strings in messages
+    filling:        the slot values, shown in messages (templates)
+    """
+
+    where: str
+    clean: str
+    corruptions: dict[str, str]
+    answer: str | None
+    wrong: str | None
+    where_answer: str
+    where_wrong: str
+    before_marker: str | None = None
+    filling: str = ""
+
+
+def _show(tok: TextTokenizer, ids: list[int]) -> str:
+    return f"{len(ids)} tokens {tok.pieces(ids)}"
+
+
+def _one_token(tok: TextTokenizer, text: str, ids: list[int], where: str, filling: str) -> int:
+    if len(ids) != 1:
+        how = f" ({filling})" if filling else ""
+        raise DataError(f"{where}: {text!r}{how} is {len(ids)} tokens {tok.pieces(ids)}; an answer or wrong token "
+                        "must be exactly one token of the model's tokenizer (multi-token answers are not scored): "
+                        "choose a string that is one token, e.g. its first token")
+    return ids[0]
+
+
+def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: bool, d_vocab: int,
+                 n_ctx: int | None, description: str, source: str, reference: list[str] | None = None,
+                 where_reference: list[str] | None = None) -> Dataset:
+    """Tokenise `prompts` into a Dataset (one scored position each).  `reference`: clean
+    texts that per-position means are taken over (None: leave-one-out), named by
+    `where_reference` in messages.  DataError for a token-length mismatch (clean vs
+    corrupted, or between prompts, or a reference prompt), an answer or wrong string that
+    is not one token, a marker inside a token, a token id the model does not have, or
+    prompts longer than `n_ctx`.  Prompts that repeat an earlier one are dropped
+    (data.drop_duplicates, `source` naming the data)."""
+    import torch
+
+    names = list(prompts[0].corruptions)
+    bos = [tok.bos] if prepend_bos and tok.bos is not None else []
+    clean = [bos + ids for ids in tok.encode([p.clean for p in prompts])]
+    corrupted = {c: [bos + ids for ids in tok.encode([p.corruptions[c] for p in prompts])] for c in names}
+    marked = [i for i, p in enumerate(prompts) if p.before_marker is not None]
+    before = dict(zip(marked, tok.encode([str(prompts[i].before_marker) for i in marked]), strict=True))
+    strings = sorted({s for p in prompts for s in (p.answer, p.wrong) if s is not None})
+    encoded = dict(zip(strings, tok.encode(strings), strict=True))
+    positions, answers, wrong = [], [], []
+    for i, p in enumerate(prompts):
+        ids = clean[i]
+        if not ids:
+            raise DataError(f"{p.where}: {p.clean!r} tokenises to no tokens")
+        for c in names:
+            other = corrupted[c][i]
+            if len(other) != len(ids):
+                label = "corrupted" if c == DEFAULT else f"corruption {c}"
+                raise DataError(f"{p.where}: the clean and {label} prompts tokenise to different lengths; "
+                                f"clean {p.clean!r}: {_show(tok, ids)}; {label} {p.corruptions[c]!r}: "
+                                f"{_show(tok, other)}; a corrupted prompt must have as many tokens as its clean "
+                                "prompt (choose values of the same token length)")
+        for text, row in [(p.clean, ids)] + [(p.corruptions[c], corrupted[c][i]) for c in names]:
+            outside = [t for t in row if not 0 <= t < d_vocab]
+            if outside:
+                raise DataError(f"{p.where}: {text!r} has token ids {outside[:3]} outside the model's vocabulary "
+                                f"0..{d_vocab - 1}: the tokenizer does not fit the model")
+        if i in before:
+            pre = bos + before[i]
+            if not before[i] or ids[:len(pre)] != pre:
+                raise DataError(f"{p.where}: the marker {{@}} is not at a token boundary in {p.clean!r}: the text "
+                                f"before it is {_show(tok, pre)}, the prompt {_show(tok, ids)}; put {{@}} where a "
+                                "token ends (for BPE tokenizers: before the space of the next word)")
+            pos = len(pre) - 1
+            if p.answer is None and pos + 1 >= len(ids):
+                raise DataError(f"{p.where}: nothing follows the marker {{@}} in {p.clean!r} to be the answer")
+            answer = ids[pos + 1] if p.answer is None else None
+        else:
+            pos, answer = len(ids) - 1, None
+        if answer is None:
+            text = str(p.answer)
+            answer = _one_token(tok, text, encoded[text], p.where_answer, p.filling)
+        positions.append([pos])
+        answers.append([answer])
+        if p.wrong is not None:
+            wrong.append([_one_token(tok, p.wrong, encoded[p.wrong], p.where_wrong, p.filling)])
+    for token in [*(a for row in answers for a in row), *(w for row in wrong for w in row)]:
+        if not 0 <= token < d_vocab:
+            raise DataError(f"{source}: answer or wrong token {token} is outside the model's vocabulary "
+                            f"0..{d_vocab - 1}")
+    first = prompts[0]
+    for i, p in enumerate(prompts):
+        if len(clean[i]) != len(clean[0]):
+            raise DataError(f"{p.where}: prompts tokenise to different lengths: {len(clean[0])} tokens for "
+                            f"{first.clean!r} ({first.where}) but {len(clean[i])} for {p.clean!r}: "
+                            f"{_show(tok, clean[0])} vs {_show(tok, clean[i])}; all prompts of a dataset must have "
+                            "the same number of tokens")
+    length = len(clean[0])
+    if n_ctx is not None and length > n_ctx:
+        raise DataError(f"{first.where}: prompts have {length} tokens; the model's context is {n_ctx} tokens")
+    ref = None
+    if reference is not None:
+        rows = [bos + ids for ids in tok.encode(reference)]
+        for j, row in enumerate(rows):
+            label = where_reference[j] if where_reference is not None else f"reference prompt {j}"
+            if len(row) != length:
+                raise DataError(f"{label}: the reference prompt {reference[j]!r} is {_show(tok, row)}; the data's "
+                                f"prompts have {length} tokens, e.g. {first.clean!r}: {_show(tok, clean[0])}")
+            outside = [t for t in row if not 0 <= t < d_vocab]
+            if outside:
+                raise DataError(f"{label}: {reference[j]!r} has token ids {outside[:3]} outside the model's "
+                                f"vocabulary 0..{d_vocab - 1}")
+        ref = torch.tensor(rows, dtype=torch.long)
+
+    def t(rows: list[list[int]]) -> Any:
+        return torch.tensor(rows, dtype=torch.long)
+
+    ds = Dataset(t(clean), {c: t(corrupted[c]) for c in names}, t(positions), t(answers), t(wrong) if wrong else None,
+                 description, has_bos=bool(bos), reference=ref)
+    if ref is not None:
+        shared = {tuple(r) for r in ref.tolist()} & {tuple(c) for c in clean}
+        if shared:
+            ds.warnings.append(f"data: {len(shared)} of the {len(clean)} prompts are also reference prompts, so a "
+                               "mean taken over the reference prompts includes the prompt itself, which pulls mean "
+                               "ablation and mean replacement effects towards zero (a template with few fillings "
+                               "draws the same ones again): add slot values, or use another ablation")
+    return drop_duplicates(ds, source, [p.where for p in prompts])
+
+
+def first_row(path: Path) -> Any:
+    """The first non-blank line of a JSONL file, parsed (data.parse_line); None when every
+    line is blank.  DataError when the file is missing, unreadable or not UTF-8."""
+    for lineno, line in enumerate(read_lines(path), 1):
+        if line.strip():
+            return parse_line(line, f"{path}:{lineno}")
+    return None
+
+
+def is_text_file(path: Path) -> bool:
+    """Whether a JSONL prompt file holds text prompts: its first row has a "text" key."""
+    row = first_row(path)
+    return isinstance(row, dict) and "text" in row
+
+
+TEXT_KEYS = ("text", "corrupted", "answer", "wrong")
+
+
+def _check_text_row(obj: Any, where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object with keys {list(TEXT_KEYS)} (and corrupted_<name>)")
+    if "clean" in obj:
+        raise DataError(f"{where}: 'clean' (token ids) in a file of text prompts (its first row has 'text'): give "
+                        "every row as text, or every row as token ids")
+    if "corrupted_default" in obj:
+        raise DataError(f"{where}: 'corrupted_default' would replace the default corruption: give that prompt as "
+                        "'corrupted'")
+    unknown = sorted(k for k in obj if k not in TEXT_KEYS and not CORRUPTED_KEY.match(k))
+    if unknown:
+        raise DataError(f"{where}: unknown key(s) {unknown}; allowed: {list(TEXT_KEYS)} and corrupted_<name> "
+                        "(letters, digits, _)")
+    for key in ("text", "corrupted", "answer"):
+        if key not in obj:
+            raise DataError(f"{where}: missing '{key}'")
+    for key, value in obj.items():
+        if not isinstance(value, str) or not value:
+            raise DataError(f"{where}: '{key}' must be a non-empty string")
+    return dict(obj, where=where)
+
+
+def _check_text_reference(obj: Any, where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict) or set(obj) != {"text"} or not isinstance(obj["text"], str) or not obj["text"]:
+        raise DataError(f"{where}: a mean_from line of a text prompt file is a JSON object with one key, 'text' "
+                        "(a non-empty string)")
+    return dict(obj, where=where)
+
+
+def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: int, limit: int | None = None,
+                    mean_from: Path | None = None, n_ctx: int | None = None) -> Dataset:
+    """Text prompts, one JSON object per line: {"text", "corrupted", "answer", "wrong"
+    (optional), "corrupted_<name>" (optional, on every line or none)}; the last token is
+    scored.  `mean_from`: a JSONL file of {"text"} lines that means are taken over."""
+    rows = read_rows(path, _check_text_row, limit)
+    first = rows[0]
+    extra = sorted(k for k in first if k.startswith("corrupted_"))
+    if any(("wrong" in r) != ("wrong" in first) for r in rows):
+        raise DataError(f"{path}: give 'wrong' on every line or on none")
+    for r in rows:
+        if sorted(k for k in r if k.startswith("corrupted_")) != extra:
+            raise DataError(f"{r['where']}: corrupted_<name> keys differ from the first line's "
+                            f"({', '.join(extra) or 'none'}); give the same ones on every line")
+    def corruptions(r: dict[str, Any]) -> dict[str, str]:
+        return {DEFAULT: r["corrupted"]} | {k[len("corrupted_"):]: r[k] for k in extra}
+
+    prompts = [TextPrompt(r["where"], r["text"], corruptions(r),
+                          r["answer"], r.get("wrong"), f"{r['where']}: answer", f"{r['where']}: wrong")
+               for r in rows]
+    ref_rows = read_rows(mean_from, _check_text_reference) if mean_from is not None else None
+    means = f"means over {mean_from.name}" if mean_from is not None else "means leave each prompt out"
+    names = [DEFAULT] + [k[len("corrupted_"):] for k in extra]
+    desc = (f"text file {path.name}: {len(rows)} prompts{', BOS prepended' if prepend_bos else ''}; scored at the "
+            f"last token; corruptions {', '.join(names)}; {means}")
+    return text_dataset(prompts, tok, prepend_bos, d_vocab, n_ctx, desc, str(path),
+                        None if ref_rows is None else [r["text"] for r in ref_rows],
+                        None if ref_rows is None else [r["where"] for r in ref_rows])

@@ -1,0 +1,256 @@
+"""Text data mappings of a hypothesis file (pydantic): a template with slots, or a
+list of text prompts.  Both are tokenised at run time with the model's own tokenizer
+(model.text_data); here only their shape is checked, so `harness validate` stays
+free of torch and tokenizers.  docs/data-format.md documents every key.
+
+A template is text with slots `{NAME}`, at most one scored-position marker `{@}`,
+and `{{` / `}}` for literal braces (parse_template)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
+
+from .settings import MAX_PROMPTS, Strict
+
+SLOT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CORRUPTION_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+CORRUPTED_KEY = re.compile(r"^corrupted_[A-Za-z0-9_]+$")
+NEW = "new"  # a corruption's replacement: a value of the slot's list that the clean prompt does not use
+MARKER = "@"  # `{@}`: the scored position is the last token before it
+_PART = re.compile(r"\{\{|\}\}|\{@\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|[{}]")
+
+Part = tuple[Literal["text", "slot", "marker"], str]
+
+
+def parse_template(text: str) -> list[Part]:
+    """The parts of a template string, in order: ("text", literal text), ("slot", NAME)
+    for `{NAME}`, ("marker", "") for `{@}`; `{{` and `}}` are literal braces.  ValueError
+    (naming the character) for any other brace."""
+    parts: list[Part] = []
+    buf, pos = [], 0
+    for m in _PART.finditer(text):
+        buf.append(text[pos:m.start()])
+        token = m.group()
+        pos = m.end()
+        if token in ("{{", "}}"):
+            buf.append(token[0])
+            continue
+        if token in ("{", "}"):
+            raise ValueError(f"'{token}' at character {m.start() + 1} is not part of a slot: write {{NAME}} for a "
+                             "slot (letters, digits, _), {@} for the scored position, {{ or }} for a literal brace")
+        if buf and "".join(buf):
+            parts.append(("text", "".join(buf)))
+        buf = []
+        parts.append(("marker", "") if token == "{@}" else ("slot", m.group(1)))
+    buf.append(text[pos:])
+    if "".join(buf):
+        parts.append(("text", "".join(buf)))
+    return parts
+
+
+def render(parts: list[Part], values: dict[str, str]) -> tuple[str, str | None]:
+    """(the text with every slot filled and the marker removed, the text before the
+    marker or None when there is none)."""
+    out: list[str] = []
+    before: str | None = None
+    for kind, value in parts:
+        if kind == "marker":
+            before = "".join(out)
+        else:
+            out.append(values[value] if kind == "slot" else value)
+    return "".join(out), before
+
+
+def slots_in(parts: list[Part]) -> list[str]:
+    """The slot names a parsed template uses, in order of first use."""
+    return list(dict.fromkeys(v for k, v in parts if k == "slot"))
+
+
+def default_different(slots: dict[str, list[str]]) -> list[list[str]]:
+    """The slots kept different when `different` is not given: each group of two or more
+    slots whose value lists hold the same values."""
+    groups: dict[frozenset[str], list[str]] = {}
+    for name, values in slots.items():
+        groups.setdefault(frozenset(values), []).append(name)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+class TemplateData(Strict):
+    """Prompts made by filling a template's slots (model.templates); corrupted prompts
+    replace slot values."""
+
+    template: str = Field(min_length=1)
+    slots: dict[str, list[str]] = Field(min_length=1)
+    different: list[list[str]] | None = None
+    answer: str | None = Field(None, min_length=1)
+    wrong: str | None = Field(None, min_length=1)
+    corruptions: dict[str, dict[str, str]] = Field(min_length=1)
+    n_prompts: int = Field(200, ge=2, le=MAX_PROMPTS)
+    n_reference: int | None = Field(None, ge=2, le=MAX_PROMPTS)
+    prepend_bos: StrictBool | None = None
+    seed: int = Field(0, ge=0)
+    split: Literal["test", "explore"] = "test"
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        parts = parse_template(v)
+        kinds = [k for k, _ in parts]
+        if kinds.count("marker") > 1:
+            raise ValueError("the marker {@} is given more than once; give it once, after the scored token")
+        if kinds and kinds[0] == "marker":
+            raise ValueError("nothing comes before the marker {@}: it goes after the scored token")
+        if not any(k == "slot" for k in kinds):
+            raise ValueError("the template has no slot {NAME}: with fixed text, give the prompts as a list "
+                             "(data.prompts)")
+        return v
+
+    @field_validator("slots")
+    @classmethod
+    def _slots(cls, v: dict[str, list[str]], info: ValidationInfo) -> dict[str, list[str]]:
+        for name, values in v.items():
+            if not SLOT_NAME.match(name) or name == NEW:
+                raise ValueError(f"slot name {name!r}: letters, digits and _, not starting with a digit, and not "
+                                 f"{NEW!r} (a corruption's keyword)")
+            if not values:
+                raise ValueError(f"slot {name!r} has no values")
+            empty = [x for x in values if not x]
+            if empty:
+                raise ValueError(f"slot {name!r} has an empty value")
+            twice = sorted({x for x in values if values.count(x) > 1})
+            if twice:
+                raise ValueError(f"slot {name!r} lists {twice[0]!r} twice")
+        template = info.data.get("template")
+        if template is not None:
+            used = slots_in(parse_template(template))
+            undefined = [s for s in used if s not in v]
+            if undefined:
+                raise ValueError(f"the template uses slot(s) {', '.join(undefined)} that 'slots' does not define; "
+                                 f"defined: {', '.join(v)}")
+            unused = [s for s in v if s not in used]
+            if unused:
+                raise ValueError(f"slot(s) {', '.join(unused)} are not used in the template")
+        return v
+
+    @field_validator("different")
+    @classmethod
+    def _different(cls, v: list[list[str]] | None, info: ValidationInfo) -> list[list[str]] | None:
+        slots = info.data.get("slots")
+        for group in v or []:
+            if len(group) < 2 or len(set(group)) != len(group):
+                raise ValueError(f"{group}: a group names two or more different slots")
+            unknown = [s for s in group if slots is not None and s not in slots]
+            if unknown:
+                raise ValueError(f"{group}: {', '.join(unknown)} is not a slot; slots: {', '.join(slots or [])}")
+        return v
+
+    @field_validator("answer", "wrong")
+    @classmethod
+    def _answer(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        parts = parse_template(v)
+        if any(k == "marker" for k, _ in parts):
+            raise ValueError("the marker {@} belongs in the template, not here")
+        slots = info.data.get("slots")
+        unknown = [s for s in slots_in(parts) if slots is not None and s not in slots]
+        if unknown:
+            raise ValueError(f"uses slot(s) {', '.join(unknown)} that 'slots' does not define")
+        return v
+
+    @field_validator("corruptions")
+    @classmethod
+    def _corruptions(cls, v: dict[str, dict[str, str]], info: ValidationInfo) -> dict[str, dict[str, str]]:
+        slots = info.data.get("slots")
+        for name, changes in v.items():
+            if not CORRUPTION_NAME.match(name):
+                raise ValueError(f"corruption name {name!r}: letters, digits and _ only")
+            if not changes:
+                raise ValueError(f"corruption {name!r} changes no slot: map slots to '{NEW}' or to another slot")
+            for slot, to in changes.items():
+                if slots is None:
+                    continue
+                if slot not in slots:
+                    raise ValueError(f"corruption {name!r}: {slot!r} is not a slot; slots: {', '.join(slots)}")
+                if to != NEW and (to not in slots or to == slot):
+                    raise ValueError(f"corruption {name!r}: {slot}: {to!r} must be '{NEW}' (a value of {slot}'s list "
+                                     f"that the clean prompt does not use) or another slot's name (its clean value); "
+                                     f"slots: {', '.join(slots)}")
+        return v
+
+    @model_validator(mode="after")
+    def _scored(self) -> TemplateData:
+        parts = parse_template(self.template)
+        kinds = [k for k, _ in parts]
+        if "marker" not in kinds and self.answer is None:
+            raise ValueError("give 'answer' (the correct next token after the prompt), or mark the scored token "
+                             "with {@} and let the text after it give the answer")
+        if "marker" in kinds and self.answer is None and kinds[-1] == "marker":
+            raise ValueError("nothing comes after the marker {@} to be the answer: give 'answer', or continue the "
+                             "template after {@}")
+        return self
+
+    def corruption_names(self) -> list[str] | None:
+        """The names claims may give as `corruption:` (the first is the default)."""
+        return list(self.corruptions)
+
+    def groups(self) -> list[list[str]]:
+        """The groups of slots that take different values in one prompt."""
+        return self.different if self.different is not None else default_different(self.slots)
+
+
+class TextPrompt(Strict, extra="allow"):
+    """One prompt of `data.prompts`: the clean text, its corrupted text(s) and the answer."""
+
+    __pydantic_extra__: dict[str, Any] = Field(init=False)  # corrupted_<name>: more corruptions (checked below)
+
+    text: str = Field(min_length=1)
+    corrupted: str = Field(min_length=1)
+    answer: str = Field(min_length=1)
+    wrong: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _extra_keys(self) -> TextPrompt:
+        extra = self.__pydantic_extra__ or {}
+        if "corrupted_default" in extra:
+            raise ValueError("'corrupted_default' would replace the default corruption: give that prompt as "
+                             "'corrupted'")
+        unknown = sorted(k for k in extra if not CORRUPTED_KEY.match(k))
+        if unknown:
+            raise ValueError(f"unknown key(s) {unknown}; allowed: text, corrupted, answer, wrong and "
+                             "corrupted_<name> (letters, digits, _)")
+        bad = sorted(k for k, t in extra.items() if not isinstance(t, str) or not t)
+        if bad:
+            raise ValueError(f"{bad[0]} must be a non-empty string (a corrupted prompt)")
+        return self
+
+    def corruption_texts(self) -> dict[str, str]:
+        """{corruption name: corrupted text}: `default` first, then corrupted_<name> in sorted order."""
+        extra = self.__pydantic_extra__ or {}
+        return {"default": self.corrupted} | {k[len("corrupted_"):]: extra[k] for k in sorted(extra)}
+
+
+class PromptsData(Strict):
+    """A list of text prompts given in the hypothesis file."""
+
+    prompts: list[TextPrompt] = Field(min_length=2, max_length=MAX_PROMPTS)
+    prepend_bos: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _same_keys(self) -> PromptsData:
+        first = self.prompts[0]
+        for i, p in enumerate(self.prompts):
+            if list(p.corruption_texts()) != list(first.corruption_texts()):
+                raise ValueError(f"prompts[{i}] has corrupted_<name> keys {sorted(p.__pydantic_extra__ or {})}, "
+                                 f"prompts[0] has {sorted(first.__pydantic_extra__ or {})}: give the same ones "
+                                 "on every prompt")
+            if (p.wrong is None) != (first.wrong is None):
+                raise ValueError("give 'wrong' on every prompt or on none")
+        return self
+
+    def corruption_names(self) -> list[str] | None:
+        """`default` (the `corrupted` texts) and one per corrupted_<name> key."""
+        return list(self.prompts[0].corruption_texts())

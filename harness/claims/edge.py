@@ -205,6 +205,18 @@ def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, repla
                       baseline if noising else None, runs.corruption)
 
 
+def measured_use(vacuous: bool, interval: stats.Interval | None, p_adj: float, min_effect: float,
+                 tolerance: float, st: Stats, raw_change: float) -> str:
+    """The use status of a measured effect: untested (a vacuous patch), undetermined (an
+    undefined effect), else `use_status` of its interval."""
+    if vacuous:
+        return UNTESTED
+    if interval is None:
+        return UNDETERMINED
+    return use_status(interval.low, interval.high, p_adj, min_effect, tolerance, st.alpha, raw_change,
+                      st.min_raw_change)
+
+
 def use_reason(use: str, lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, st: Stats,
                raw_change: float) -> str:
     """The use status with the comparison that decided it, in one line."""
@@ -354,12 +366,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
         chosen = effect.base if claim.normalize == "baseline" and effect.base is not None else norm
         niv = chosen.interval
         raw_change = ch.interval.estimate
-        if effect.read.vacuous:
-            use = UNTESTED
-        elif niv is None:
-            use = UNDETERMINED
-        else:
-            use = use_status(niv.low, niv.high, p_adj, min_effect, tol, st.alpha, raw_change, st.min_raw_change)
+        use = measured_use(effect.read.vacuous, niv, p_adj, min_effect, tol, st, raw_change)
         details = EdgeDetails(
             direction=claim.direction, replacement=claim.replacement, freeze_patterns=claim.freeze_patterns,
             n_prompts=ch.n_prompts, clean_metric_mean=effect.clean_mean, patched_metric_mean=effect.patched_mean,

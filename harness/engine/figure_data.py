@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import stats
 from ..claims.composition import route_evidence
-from ..claims.edge import UNDETERMINED, UNTESTED, edge_effect, use_status
+from ..claims.edge import edge_effect, measured_use
 from ..claims.registry import kind_of
 from ..mech import batched_edges
 from ..mech.factored import Composition
@@ -138,13 +138,8 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
         if e in measured:
             m = measured[e]
             iv = m.norm.interval
-            if m.read.vacuous:
-                use = UNTESTED
-            elif iv is None:
-                use = UNDETERMINED
-            else:
-                use = use_status(iv.low, iv.high, adjusted.get(e, 1.0), st.min_effect, st.tolerance, st.alpha,
-                                 m.change.interval.estimate, st.min_raw_change)
+            use = measured_use(m.read.vacuous, iv, adjusted.get(e, 1.0), st.min_effect, st.tolerance, st,
+                               m.change.interval.estimate)
             point.update(effect=None if iv is None else iv.estimate,
                          effect_ci=None if iv is None else [iv.low, iv.high], untested=m.read.vacuous, use=use)
         points.append(point)

@@ -107,8 +107,8 @@ def attn_scale(cfg: Any) -> float:
     return math.sqrt(cfg.d_head)
 
 
-def _ln(module: Any, x: Any, device: Any) -> Any:
-    """Apply a norm module on the model's `device` in its own dtype (parameter-free
+def apply_module(module: Any, x: Any, device: Any) -> Any:
+    """Apply a norm (or MLP) module on the model's `device` in its own dtype (parameter-free
     norms: the input's, float32 on MPS), return float64 (devices.wide)."""
     import torch
 
@@ -122,7 +122,7 @@ def _ln(module: Any, x: Any, device: Any) -> Any:
 
 def receiver_input(bridge: Any, head: names.Head, which: str, resid: Residual) -> Float[Tensor, "n pos d_head"]:
     """x = LN1(resid) W_x + b_x for one head: [n, pos, d_head] (float64)."""
-    h = _ln(bridge.blocks[head.layer].ln1, resid, of(bridge))
+    h = apply_module(bridge.blocks[head.layer].ln1, resid, of(bridge))
     W = wide(getattr(bridge, f"W_{which.upper()}")[head.layer, head.head]).to(h.device)
     b = wide(getattr(bridge, f"b_{which.upper()}")[head.layer, head.head]).to(h.device)
     return h @ W + b
@@ -188,7 +188,7 @@ def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: Cache) -> Floa
     r = patch.edge.receiver
     if isinstance(r, names.Logits):
         with torch.no_grad():
-            return wide(bridge.unembed(like(_ln(bridge.ln_final, patch.resid, of(bridge)), bridge.W_U)))
+            return wide(bridge.unembed(like(apply_module(bridge.ln_final, patch.resid, of(bridge)), bridge.W_U)))
     if not isinstance(r, names.HeadInput):
         raise UnsupportedError(names.edge_end_unsupported(r, "into"))
     L, h = r.head.layer, r.head

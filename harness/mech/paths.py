@@ -120,23 +120,11 @@ def first_change(bridge: Any, base: Cache, source: Cache, sender: names.Sender, 
     raise ValueError(f"unknown replacement {replacement!r}; allowed: {', '.join(REPLACEMENTS)}")
 
 
-def _module(module: Any, x: Any, device: Any) -> Any:
-    """A norm or MLP module applied on the model's device in its own dtype; float64 back."""
-    import torch
-
-    param = next(module.parameters(), None)
-    dtype = x.dtype if param is None else param.dtype
-    if torch.device(device).type == "mps" and dtype == torch.float64:
-        dtype = torch.float32
-    with torch.no_grad():
-        return wide(module(x.to(dtype).to(device)))
-
-
 def mlp_output(bridge: Any, layer: int, resid_mid: Residual) -> Residual:
     """MLP_l(LN2_l(resid_mid)) with the model's modules (float64)."""
     block = bridge.blocks[layer]
     device = of(bridge)
-    return _module(block.mlp, _module(block.ln2, resid_mid, device), device)
+    return patching.apply_module(block.mlp, patching.apply_module(block.ln2, resid_mid, device), device)
 
 
 def head_output(bridge: Any, receiver: names.HeadInput, resid_pre: Residual, changed: Residual) -> Residual:

@@ -9,7 +9,6 @@ predict the token at `p + 1`; `answers[i]` is the correct token for
 from __future__ import annotations
 
 import json
-import re
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,11 +16,11 @@ from typing import Any
 
 from ..errors import DataError
 from ..spec import settings
+from ..spec.text_data import CORRUPTED_KEY
 from ..spec.vocabulary import CORRUPTIONS
 from ..textfile import utf8
 
 BOS_TOKEN = 0
-_CORRUPTED_KEY = re.compile(r"^corrupted_[A-Za-z0-9_]+$")
 DEFAULT = "default"  # the name of a prompt file's own `corrupted` prompts
 MAX_PROMPTS = settings.MAX_PROMPTS  # prompts per run (generator n_prompts and prompt files)
 
@@ -355,20 +354,26 @@ def _check_reference(obj: Any, where: str, d_vocab: int, length: int) -> dict[st
     return {"clean": clean, "where": where}
 
 
-def _check_row(obj: Any, where: str, d_vocab: int) -> dict[str, Any]:
-    allowed = {"clean", "corrupted", "positions", "answers", "wrong"}
-    if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object with keys {sorted(allowed)} (and corrupted_<name>)")
+def check_keys(obj: dict[str, Any], where: str, allowed: list[str], required: tuple[str, ...]) -> None:
+    """A prompt row's keys: no `corrupted_default`, nothing but `allowed` and
+    corrupted_<name>, every `required` key present (DataError otherwise)."""
     if "corrupted_default" in obj:
         raise DataError(f"{where}: 'corrupted_default' would replace the default corruption: give those prompts as "
                         "'corrupted'")
-    unknown = {k for k in obj if k not in allowed and not _CORRUPTED_KEY.match(k)}
+    unknown = sorted(k for k in obj if k not in allowed and not CORRUPTED_KEY.match(k))
     if unknown:
-        raise DataError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)} and "
-                        "corrupted_<name> (letters, digits, _)")
-    for key in ("clean", "corrupted", "positions"):
+        raise DataError(f"{where}: unknown key(s) {unknown}; allowed: {allowed} and corrupted_<name> "
+                        "(letters, digits, _)")
+    for key in required:
         if key not in obj:
             raise DataError(f"{where}: missing '{key}'")
+
+
+def _check_row(obj: Any, where: str, d_vocab: int) -> dict[str, Any]:
+    allowed = sorted({"clean", "corrupted", "positions", "answers", "wrong"})
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object with keys {allowed} (and corrupted_<name>)")
+    check_keys(obj, where, allowed, ("clean", "corrupted", "positions"))
     for key in obj:
         _ids(obj, key, where)
     clean, pos = obj["clean"], obj["positions"]

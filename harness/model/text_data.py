@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from ..spec.text_data import CORRUPTED_KEY
 from . import data
 from .data import Dataset, drop_duplicates, parse_line, read_lines, read_rows
 from .tokenizer import TextTokenizer
@@ -185,16 +184,7 @@ def _check_text_row(obj: Any, where: str) -> dict[str, Any]:
     if "clean" in obj:
         raise DataError(f"{where}: 'clean' (token ids) in a file of text prompts (its first row has 'text'): give "
                         "every row as text, or every row as token ids")
-    if "corrupted_default" in obj:
-        raise DataError(f"{where}: 'corrupted_default' would replace the default corruption: give that prompt as "
-                        "'corrupted'")
-    unknown = sorted(k for k in obj if k not in TEXT_KEYS and not CORRUPTED_KEY.match(k))
-    if unknown:
-        raise DataError(f"{where}: unknown key(s) {unknown}; allowed: {list(TEXT_KEYS)} and corrupted_<name> "
-                        "(letters, digits, _)")
-    for key in ("text", "corrupted", "answer"):
-        if key not in obj:
-            raise DataError(f"{where}: missing '{key}'")
+    data.check_keys(obj, where, list(TEXT_KEYS), ("text", "corrupted", "answer"))
     for key, value in obj.items():
         if not isinstance(value, str) or not value:
             raise DataError(f"{where}: '{key}' must be a non-empty string")

@@ -1,5 +1,5 @@
 """Command line: `harness validate`, `harness run`, `harness sweep`, `harness report`,
-`harness weights`, `harness roles`, `harness scan`, `harness selftest`.
+`harness weights`, `harness explain`, `harness roles`, `harness scan`, `harness selftest`.
 
 Exit codes (errors.ExitCode): 0 every claim passed (or every file valid), 1 a
 claim failed or was inconclusive, 2 bad input (the message says file:line,
@@ -16,7 +16,7 @@ input (every line of it), `sanity check failed: ...`, `warning: ...`.
 Every command calls the library; heavy imports (torch,
 TransformerLens, matplotlib) happen inside the library functions that need them, so
 `harness --help` and `harness validate` stay fast.  Those that
-load or build one (run, sweep, weights, scan, roles, selftest) take `--device`
+load or build one (run, sweep, weights, explain, scan, roles, selftest) take `--device`
 (model.devices.resolve_device), checked before any model loads.
 """
 
@@ -51,6 +51,7 @@ from .sweep import report as sweep_report
 from .sweep.document import exit_code
 from .sweep.executors import EXECUTORS
 from .sweep.run import sweep
+from .tools.explain_route import explain_route
 from .tools.roles_table import role_table
 from .tools.scan import is_scan, scan
 from .tools.selftest import render, selftest
@@ -151,6 +152,23 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=SEED, default=0)
     _add_device(w)
 
+    ex = sub.add_parser("explain", help="what flows through one composition route: singular directions, principal "
+                        "angles, token readouts, against the rotation null",
+                        description="What flows through a head -> head-input route (weights only): C² split over "
+                                    "the singular directions of the product of the sender's OV and the receiver's "
+                                    "input matrix, each share against the rotation null, the principal angles "
+                                    "between what the sender writes and what the receiver reads, and the top "
+                                    "directions' token readouts (docs/hypothesis-format.md, 'What flows').")
+    ex.add_argument("edge", metavar="EDGE", help="a head -> a later head's input, e.g. 'L0H7 -> L1H5.k'")
+    ex.add_argument("model", metavar="MODEL", help="model directory, or hf:NAME")
+    ex.add_argument("--top", type=_int_in(1), default=3, help="directions to show (default 3)")
+    ex.add_argument("--draws", type=_int_in(99), default=1000, help="rotation-null draws (default 1000)")
+    ex.add_argument("--out", type=Path, metavar="FIG.png", help="write the figure here (a new .png file)")
+    ex.add_argument("--processing", choices=WEIGHT_PROCESSING, default="folded",
+                    help="weight processing (default folded: LayerNorm folded, writers centred)")
+    ex.add_argument("--seed", type=SEED, default=0)
+    _add_device(ex)
+
     sc = sub.add_parser("scan", help="every edge's composition and causal effect; writes a starter hypothesis")
     sc.add_argument("model", help="model directory, or hf:NAME")
     sc.add_argument("--out", type=Path, help="new folder for scan.json, signature.png, starter.yaml")
@@ -192,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,
-        "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan, "sweep": cmd_sweep}
+        "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan, "sweep": cmd_sweep,
+        "explain": cmd_explain}
     try:
         with clock():
             if getattr(args, "threads", None) is not None:  # the same as HARNESS_THREADS (workers inherit it)
@@ -351,6 +370,16 @@ def cmd_weights(args: argparse.Namespace) -> int:
     m = load_model(args.model, device=device)
     print(composition_tables(m.bridge, args.processing, args.draws, args.alpha, args.seed,
                              max_draws=args.max_draws))
+    return ExitCode.OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    text, _ = explain_route(args.model, args.edge, args.top, args.draws, args.processing, args.seed, device,
+                            args.out)
+    print(text)
+    if args.out is not None:
+        print(f"\nwrote {args.out}")
     return ExitCode.OK
 
 

@@ -26,6 +26,9 @@ class Stream(IntEnum):
     #: `harness scan` (mech.rotation_null); keys: block size r (d_head), null_dim, chunk index
     #: (1000 draws per chunk).  Streams 1, 4, 5, 6 and 10 (one null per pair) are retired.
     ROTATION_NULL = 11
+    #: `explain` (mech.explain): the rotation null of a route's spectrum statistics (the blocks F
+    #: themselves, drawn as ROTATION_NULL's); keys: block size r (d_head), null_dim, chunk index
+    EXPLAIN_NULL = 12
 
 
 def derive_seed(*keys: int) -> int:

@@ -18,7 +18,7 @@ from harness.report import writer as report
 from .conftest import HYPOTHESES, ROOT
 
 DEMO_REPORT = ROOT / "reports" / "demo"
-FIGURES = {"attention.png", "composition.png", "effects.png", "signature.png"}
+FIGURES = {"attention.png", "composition.png", "effects.png", "explain.png", "signature.png"}
 
 
 @pytest.fixture(scope="module")

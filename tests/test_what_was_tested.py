@@ -90,7 +90,8 @@ def test_one_row_per_edge_and_direction_with_every_test(models, tmp_path):
     table = "\n".join(markdown.weights_vs_use_table(ev.weights_vs_use))
     assert ("first (resample, first_half): untested; second (resample, second_half): used; "
             "zero (zero, first_half): used") in table
-    assert table.count("L0H1 -> L1H0.q") == 2
+    assert sum(line.startswith("| L0H1 -> L1H0.q") for line in table.splitlines()) == 2  # two table rows
+    assert table.count("- L0H1 -> L1H0.q: share of C²") == 1  # and what flows, once per edge
 
 
 def test_opposite_sign_is_its_own_use_class(models, tmp_path):

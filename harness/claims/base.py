@@ -27,12 +27,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ..evidence.details import Details, PassRegion, Sensitivity, WeightsVsUseRow
+from ..evidence.details import Details, Explained, PassRegion, Sensitivity, WeightsVsUseRow
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import EvidenceType, Verdict
+from ..mech.explain import Explainer
 from ..mech.factored import Composition
 from ..mech.runs import Runs
 from ..mech.weights import HeadWeights, head_weights
+from ..model.tokenizer import bridge_tokenizer
 from ..spec import names
 from ..spec.fields import BoundedClaim, ClaimSpec
 from ..spec.settings import Stats
@@ -141,6 +143,7 @@ class Context:
     weights_vs_use: list[WeightsVsUseRow] = field(default_factory=list)
     _weights: HeadWeights | None = None
     _composition: Composition | None = None
+    _explainer: Explainer | None = None
 
     def runs_for(self, corruption: str | None) -> Runs:
         """The base runs with the claim's corruption (None: the data's default)."""
@@ -158,6 +161,21 @@ class Context:
         if self._composition is None:
             self._composition = Composition(self.weights(), self.seed)
         return self._composition
+
+    def explainer(self) -> Explainer:
+        """What flows through head routes (mech.explain) on the same weights, token texts from
+        the model's tokenizer when it has one; made once per run."""
+        if self._explainer is None:
+            tok = bridge_tokenizer(self.runs.bridge, "the model")
+            self._explainer = Explainer(self.weights(), self.seed, tok.piece if tok is not None else None)
+        return self._explainer
+
+    def explained(self, edge: names.Edge) -> Explained | None:
+        """`explainer().record` of a head -> head-input edge (`stats.null_draws` null draws);
+        None for a group of senders or an MLP end."""
+        if not isinstance(edge.sender, names.Head) or not isinstance(edge.receiver, names.HeadInput):
+            return None
+        return self.explainer().record(edge.sender, edge.receiver, self.stats.null_draws)
 
     def claim_seed(self, index: int) -> int:
         """The seed of claim `index` (its position in the file): Stream.CLAIM."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import stats
-from ..evidence.details import Details, Num
+from ..evidence.details import Details, Explained, Num, optional
 from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, PASS
@@ -30,6 +30,7 @@ from ..mech.factored import Composition
 from ..spec import names
 from ..spec.fields import ClaimSpec, HeadRouteName
 from ..spec.settings import Stats
+from . import explain_text
 from .base import ClaimKind, Context, Indexed, LadderEntry
 
 UNIT = "composition score"
@@ -51,6 +52,7 @@ class CompositionDetails(weights.CompositionResult, Details):
     alpha: float
     correction: str
     n_tested: int
+    explained: Explained | None = optional()  # what flows (mech.explain); absent in older documents
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,11 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
 
     def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> dict[int, ClaimResult]:
         found = route_evidence(ctx.composition(), [c.edge for _, c in claims], ctx.stats)
-        return {i: self.evaluate(c, r, ctx.stats.composition_alpha, len(claims))
-                for (i, c), r in zip(claims, found, strict=True)}
+        out = {i: self.evaluate(c, r, ctx.stats.composition_alpha, len(claims))
+               for (i, c), r in zip(claims, found, strict=True)}
+        for i, c in claims:
+            self.details_of(out[i]).explained = ctx.explained(c.edge)
+        return out
 
     def evaluate(self, claim: CompositionClaim, route: RouteEvidence, alpha: float, n_tested: int) -> ClaimResult:
         r, p_adjusted = route.result, route.p_adjusted
@@ -148,7 +153,16 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
                 f"C / C_max = {fmt(d.fraction_of_max)} (C_max = {fmt(d.c_max)}); percentile among all cross-layer "
                 f"{d.mode.upper()} pairs: {fmt(d.percentile, 1)}; rank(X) = {d.rank_sender} (X: the sender's OV), "
                 f"rank(Y) = {d.rank_receiver} (Y: the receiver's {'OV' if d.mode == 'v' else 'QK'}); "
-                f"weights {d.processing}"]
+                f"weights {d.processing}"] + explained_lines(d.explained, d.edge)
+
+
+def explained_lines(ex: Explained | None, edge: str) -> list[str]:
+    """The `explained` bullets of a composition claim (its strings are literal already)."""
+    if ex is None:
+        return []
+    first, *rest = explain_text.lines(ex, edge)
+    return [f"- explained (what flows, the product's singular directions against the rotation null, "
+            f"{ex.n_draws} draws): {first}"] + [f"  - {line}" for line in rest]
 
 
 KIND = CompositionKind()

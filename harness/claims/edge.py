@@ -445,7 +445,8 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
                 edge=str(edge), direction=direction, claim=decider.claim,
                 composition=None if r is None else r.result.score,
                 composition_p_adjusted=None if r is None else r.p_adjusted, composes=composes, effect=decided.value,
-                effect_ci=decided.ci, use=decider.use, classification=cls, tests=tests))
+                effect_ci=decided.ci, use=decider.use, classification=cls, tests=tests,
+                explained=ctx.explained(edge) if r is not None else None))
 
     def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
         d = self.details_of(result)

@@ -96,6 +96,51 @@ class EdgeTest(Record):
     effect: Num
 
 
+class TokenLoad(Record):
+    """One token of a direction's readout: its id, its text (with the model's tokenizer;
+    absent without one) and how much it loads on the direction (mech.explain)."""
+
+    token: int
+    text: str | None = optional()
+    load: float
+
+
+class ExplainedDirection(Record):
+    """One singular direction of a route's product P = X Y (mech.explain): its singular
+    value, its share of C^2 against the rotation null, and what it means in token space."""
+
+    index: int  # 1 = the largest singular value
+    sigma: float  # singular value of P
+    share: float  # sigma^2 / sum of all sigma^2: its share of C^2
+    null_share_mean: float  # the i-th largest share under the rotation null
+    null_share_ci: CI  # its central 95% interval
+    multiplicity: int  # singular values equal to this one (> 1: the direction is not unique)
+    positional_share: Num  # of the sender's input direction; None: no learned positions
+    sender_reads: list[TokenLoad]  # embeddings closest to the sender's input direction a_i
+    sender_writes: list[TokenLoad]  # embeddings through the sender's OV closest to what it writes, m_i
+    receiver_reads: list[TokenLoad] | None = optional()  # .q/.k: embeddings closest to b_i, the other side
+    receiver_positional_share: Num = optional()  # .q/.k: of b_i
+    token_match: Num = optional()  # .q/.k: correlation over tokens of the sender_reads and receiver_reads loads
+    promotes: list[TokenLoad] | None = optional()  # .v: the largest logits of b_i W_U
+
+
+class Explained(Record):
+    """What flows through a head -> head-input route (mech.explain): the spectrum of the
+    product against the rotation null, the principal angles between what the sender writes
+    and what the receiver reads, and the top singular directions."""
+
+    score: Num  # C; spectrum[i]^2 sums to C^2
+    rank: int  # of the product
+    n_draws: int  # null draws
+    spectrum: list[float]  # sigma_i / (||X||_F ||Y||_F), all d_head, largest first
+    null_spectrum: list[CI]  # the central 95% interval of each under the null
+    angles: list[float]  # principal angles in degrees, smallest first
+    null_angles: list[CI]  # the central 95% interval of each under the null
+    n_aligned: int  # angles below their null interval: directions aligned beyond chance
+    top_share_p: Num  # one-sided p of direction 1's share under the null; None: no direction
+    directions: list[ExplainedDirection]  # the top ones (at most the product's rank)
+
+
 class WeightsVsUseRow(Record):
     """Composition (weights) beside patching (use) for one edge in one direction: every
     edge claim that tests it, and the class their results give.  An edge with an MLP end
@@ -112,6 +157,7 @@ class WeightsVsUseRow(Record):
     use: str
     classification: str = Field(alias="class")
     tests: list[EdgeTest]
+    explained: Explained | None = optional()  # head -> head-input edges (not groups): what flows
 
 
 RUNGS = ("weights", "observation", "necessity", "edge necessity", "sufficiency", "robustness")

@@ -62,9 +62,9 @@ CHUNK = 1000  # draws per seeded chunk
 TOL = 1e-12  # C_null >= C - TOL counts as reaching C (ties in exact arithmetic)
 
 
-def haar_block_squares(r: int, n: int, m: int, seed: int) -> Any:
-    """m draws of F o F, F the top-left r x r block of a Haar n x n orthogonal matrix:
-    a float64 tensor [m, r, r]."""
+def haar_blocks(r: int, n: int, m: int, seed: int) -> Any:
+    """m draws of F, the top-left r x r block of a Haar n x n orthogonal matrix (the
+    construction above): a float64 tensor [m, r, r]."""
     import torch
 
     if r > n:
@@ -74,8 +74,7 @@ def haar_block_squares(r: int, n: int, m: int, seed: int) -> Any:
         if n < 2 * r:  # small n: the whole frame (first r columns), then its top rows
             G = torch.from_numpy(rng.standard_normal((m, n, r)))
             R = torch.linalg.cholesky(G.mT @ G, upper=True)
-            F = torch.linalg.solve_triangular(R, G[:, :r, :], upper=True, left=False)
-            return F * F
+            return torch.linalg.solve_triangular(R, G[:, :r, :], upper=True, left=False)
         G_top = torch.from_numpy(rng.standard_normal((m, r, r)))
         Lw = torch.from_numpy(np.tril(rng.standard_normal((m, r, r)), -1))
         dof = n - r - np.arange(r)  # n - r - i + 1 for i = 1..r
@@ -83,8 +82,14 @@ def haar_block_squares(r: int, n: int, m: int, seed: int) -> Any:
         Lw = Lw + torch.diag_embed(torch.from_numpy(diag))
         gram = G_top.mT @ G_top + Lw @ Lw.mT
         R = torch.linalg.cholesky(gram, upper=True)
-        F = torch.linalg.solve_triangular(R, G_top, upper=True, left=False)  # G_top R^{-1}
-        return F * F
+        return torch.linalg.solve_triangular(R, G_top, upper=True, left=False)  # G_top R^{-1}
+
+
+def haar_block_squares(r: int, n: int, m: int, seed: int) -> Any:
+    """m draws of F o F, F the top-left r x r block of a Haar n x n orthogonal matrix:
+    a float64 tensor [m, r, r] (`haar_blocks` squared elementwise)."""
+    F = haar_blocks(r, n, m, seed)
+    return F * F
 
 
 @dataclass

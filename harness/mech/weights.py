@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..evidence.details import Num, Record
@@ -58,21 +58,30 @@ __all__ = ["MODES", "PROCESSING", "HeadWeights", "head_weights", "copying_score"
            "CompositionResult", "draws_needed"]
 
 
+VOCAB_CHUNK = 4096  # tokens per block when the vocabulary is read in blocks (HeadWeights.vocab_products)
+
+
 @dataclass
 class HeadWeights:
     """Per-layer stacks in float64 on the CPU, whatever the model's device (MPS has
     no float64, and the null draws use CPU generators): W_Q, W_K, W_V [L, H, d, dh];
-    W_O [L, H, dh, d]; W_E [vocab, d] and W_U [d, vocab], read on first use (only
-    copying scores need them; a 50k vocabulary makes them 300 MB each in float64)."""
+    W_O [L, H, dh, d].  The vocabulary matrices W_E [vocab, d] and W_U [d, vocab] are read
+    only when asked for: whole on first use of `W_E` / `W_U` (copying scores; a 50k
+    vocabulary makes them 300 MB each in float64), or in blocks of VOCAB_CHUNK tokens by
+    `vocab_products` (mech.explain's token readouts), which never holds more than a block.
+    W_pos [n_ctx, d] is None for a model without learned absolute positions."""
 
     W_Q: Any
     W_K: Any
     W_V: Any
     W_O: Any
-    embedding: Callable[[], tuple[Any, Any]]  # () -> (W_E, W_U), processed as the rest
+    vocab: Callable[[int, int], tuple[Any, Any]]  # (a, b) -> (W_E[a:b], W_U[:, a:b]), processed as the rest
+    d_vocab: int
+    positions: Callable[[], Any]  # () -> W_pos or None, processed as the rest
     processing: str
     null_dim: int  # dimension the null rotates in: d_model, or d_model - 1 after centring
     _embedding: tuple[Any, Any] | None = None
+    _positions: list[Any] = field(default_factory=list)  # [W_pos] once read
 
     @property
     def W_E(self) -> Any:
@@ -82,10 +91,34 @@ class HeadWeights:
     def W_U(self) -> Any:
         return self._vocab()[1]
 
+    @property
+    def W_pos(self) -> Any | None:
+        if not self._positions:
+            self._positions.append(self.positions())
+        return self._positions[0]
+
     def _vocab(self) -> tuple[Any, Any]:
         if self._embedding is None:
-            self._embedding = self.embedding()
+            self._embedding = self.vocab(0, self.d_vocab)
         return self._embedding
+
+    def vocab_products(self, left: Any, right: Any | None = None, chunk: int | None = None) -> tuple[Any, Any, Any]:
+        """(W_E left [vocab, k], the row norms ||W_E[t]|| [vocab], right^T W_U [m, vocab] or
+        None) in one pass over the vocabulary: in blocks of `chunk` (VOCAB_CHUNK) tokens, or
+        from the whole matrices when they were read already."""
+        import torch
+
+        size = chunk or VOCAB_CHUNK
+        blocks = ([self._embedding] if self._embedding is not None
+                  else (self.vocab(a, min(a + size, self.d_vocab)) for a in range(0, self.d_vocab, size)))
+        dots, norms, logits = [], [], []
+        with single_threaded():
+            for E, U in blocks:
+                dots.append(E @ left)
+                norms.append(torch.linalg.norm(E, dim=-1))
+                if right is not None:
+                    logits.append(right.mT @ U)
+        return torch.cat(dots), torch.cat(norms), torch.cat(logits, dim=-1) if right is not None else None
 
     @property
     def d_model(self) -> int:
@@ -124,17 +157,39 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
                 W_O = W_O - W_O.mean(-1, keepdim=True)
                 null_dim -= 1
 
-    def embedding() -> tuple[Any, Any]:
+    wf = _ln_weight(bridge, "ln_final") if folded else None
+
+    def vocab(a: int, b: int) -> tuple[Any, Any]:
         with torch.no_grad():
-            W_E, W_U = get("W_E"), get("W_U")
-            if centre:
+            W_E = bridge.W_E[a:b].detach().to("cpu", torch.float64, copy=True)
+            W_U = bridge.W_U[:, a:b].detach().to("cpu", torch.float64, copy=True)
+            if centre:  # writing weights: W P
                 W_E = W_E - W_E.mean(-1, keepdim=True)
-            wf = _ln_weight(bridge, "ln_final") if folded else None
             if wf is not None or centre:
                 W_U = _read(W_U, wf, centre)
             return W_E, W_U
 
-    return HeadWeights(W_Q, W_K, W_V, W_O, embedding, processing, null_dim)
+    def positions() -> Any:
+        W_pos = _positions(bridge)
+        if W_pos is not None and centre:  # TransformerLens centres W_pos as well
+            W_pos = W_pos - W_pos.mean(-1, keepdim=True)
+        return W_pos
+
+    return HeadWeights(W_Q, W_K, W_V, W_O, vocab, int(bridge.cfg.d_vocab), positions, processing, null_dim)
+
+
+def _positions(bridge: Any) -> Any | None:
+    """W_pos [n_ctx, d] as a CPU float64 copy; None unless the model adds learned absolute
+    positions to the residual stream (`positional_embedding_type: standard`)."""
+    import torch
+
+    if str(getattr(bridge.cfg, "positional_embedding_type", "standard")) != "standard":
+        return None
+    try:
+        W = bridge.W_pos
+    except (AttributeError, KeyError, NotImplementedError):
+        return None
+    return W.detach().to("cpu", torch.float64, copy=True) if isinstance(W, torch.Tensor) else None
 
 
 def _read(W: Any, w: Any | None, centre: bool) -> Any:

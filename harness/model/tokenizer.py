@@ -62,10 +62,15 @@ class TextTokenizer:
 def model_tokenizer(m: LoadedModel) -> TextTokenizer | None:
     """The model's tokenizer, or None when it has none (a native model, or a Hugging
     Face directory without tokenizer files)."""
-    tok = getattr(m.bridge, "tokenizer", None)
+    return bridge_tokenizer(m.bridge, m.source)
+
+
+def bridge_tokenizer(bridge: Any, model: str) -> TextTokenizer | None:
+    """`model_tokenizer` of a bridge (`model` names it in messages)."""
+    tok = getattr(bridge, "tokenizer", None)
     if tok is None or not int(getattr(tok, "vocab_size", 0) or 0):
         return None
-    return TextTokenizer(tok, m.source)
+    return TextTokenizer(tok, model)
 
 
 def require_tokenizer(m: LoadedModel, where: str) -> TextTokenizer:

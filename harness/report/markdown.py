@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..claims import registry
-from ..evidence.details import RUNGS, LadderRow, WeightsVsUseRow
+from ..claims import explain_text, registry
+from ..evidence.details import RUNGS, Explained, LadderRow, WeightsVsUseRow
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
@@ -23,6 +23,11 @@ FIGURE_CAPTIONS = {
     "effects.png": ("Observational and causal claims, one panel per unit: estimate and CI (colour = verdict), "
                     "per-prompt values in grey, and the PASS region (green, dashed bound) the CI must lie in; a "
                     "claim whose value is undefined says why in its row."),
+    "explain.png": ("What flows through the claimed head routes, one row per route (mech.explain): left, the "
+                    "product's singular values sigma_i / (||X|| ||Y||) (their squares sum to C²) against the "
+                    "rotation null's 95% band; middle, the principal angles between what the sender writes and "
+                    "what the receiver reads, against the null's band; right, the top directions' share of C² "
+                    "and the tokens they read."),
     "signature.png": ("Signature plot: composition score against edge effect (noising, resample replacement) for "
                       "every candidate edge into the named receivers. Colour: use by the edge claims' rule (the "
                       "CI against min_effect and ±tolerance, BH-adjusted p); filled: composes (BH-adjusted null "
@@ -133,7 +138,27 @@ def weights_vs_use_table(rows: list[WeightsVsUseRow]) -> list[str]:
             "(`A + B`) composes as their combined write (their OVs stacked); an edge with an MLP end has no "
             "composition score (scores are defined between attention heads).", "",
             tabulate(body, headers=["edge", "direction", "composition", "p_adj", "composes", "effect [CI]", "use",
-                                    "class", "tests"], tablefmt="github", disable_numparse=[0, 1, 6, 7, 8]), ""]
+                                    "class", "tests"], tablefmt="github", disable_numparse=[0, 1, 6, 7, 8]), ""
+            ] + explained_block(rows)
+
+
+def explained_block(rows: list[WeightsVsUseRow]) -> list[str]:
+    """What flows through each edge of the table (once per edge): its top singular directions'
+    share of C² against the rotation null, and what the first one reads."""
+    seen: dict[str, Explained] = {}
+    for r in rows:
+        if r.explained is not None:
+            seen.setdefault(r.edge, r.explained)
+    if not seen:
+        return []
+    out = ["**What flows** through each route (the singular directions of the product of the sender's OV and "
+           "the receiver's input matrix; shares of C² against the rotation null, principal angles between what "
+           "the sender writes and what the receiver reads):", ""]
+    for edge, ex in seen.items():
+        first, *rest = explain_text.lines(ex, edge, md_text, n=3)
+        out.append(f"- {md_text(edge)}: {first}")
+        out += [f"  - {line}" for line in rest[:1]]
+    return out + [""]
 
 
 def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset()) -> str:
@@ -154,9 +179,12 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
         if not group:
             continue
         out += [f"### {title}", ""] + _figure(FIGURE_PLACES[kind], figures)
+        out += _figure("explain.png", figures) if kind == "weights" else []
         for r in group:
             out += _claim_section(r, b["unit"], ev.claims.index(r))
-    out += weights_vs_use_table(ev.weights_vs_use) + _figure("signature.png", figures)
+    explain_placed = any(r.evidence == "weights" for r in ev.claims)  # beside the composition figure
+    out += (weights_vs_use_table(ev.weights_vs_use) + ([] if explain_placed else _figure("explain.png", figures))
+            + _figure("signature.png", figures))
     note = (ev.figures_data or {}).get("signature", {}).get("note")
     if note and "signature.png" in figures:
         out += [f"Signature plot data: {t(note)}.", ""]

@@ -1,0 +1,77 @@
+"""What flows through a route, in words: the lines the report (under a composition claim
+and under the weights-vs-use table) and `harness explain` print from an `Explained`
+record (mech.explain).  Token texts come from the model's tokenizer, so they pass
+through `esc` (md_text in Markdown, plain on a terminal)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..evidence.details import Explained, ExplainedDirection, TokenLoad
+from ..evidence.format import fmt, fmt_ci, fmt_p
+
+Escape = Callable[[object], str]
+
+
+def _same(x: object) -> str:
+    return str(x)
+
+
+def token(t: TokenLoad, esc: Escape = _same) -> str:
+    """`17`, or `17 " Mary"` when the model has a tokenizer."""
+    return f"{t.token}" if t.text is None else f'{t.token} "{esc(t.text)}"'
+
+
+def tokens(loads: list[TokenLoad], esc: Escape = _same, n: int = 5) -> str:
+    return ", ".join(token(t, esc) for t in loads[:n])
+
+
+def _degrees(x: float | None) -> str:
+    return "undefined" if x is None else f"{x:.1f}°"
+
+
+def summary(ex: Explained, n: int = 3) -> str:
+    """One line: the top directions' shares against the null and the aligned angles."""
+    if not ex.directions:
+        return (f"no direction carries anything: the product is zero ({len(ex.angles)} principal angle(s), "
+                f"smallest {_degrees(ex.angles[0] if ex.angles else None)})")
+    shares = ", ".join(f"{d.index}: {fmt(d.share)} (null {fmt(d.null_share_mean)} {fmt_ci(d.null_share_ci)})"
+                       for d in ex.directions[:n])
+    carried = sum(d.share for d in ex.directions[:n])
+    angle = ""
+    if ex.angles and ex.null_angles:
+        angle = (f"; {ex.n_aligned} of {len(ex.angles)} principal angles below the null (smallest "
+                 f"{_degrees(ex.angles[0])}, null {degrees_interval(ex.null_angles[0])})")
+    top = (f"; the top {min(n, len(ex.directions))} of {ex.rank} carry {fmt(carried)}" if len(ex.directions) > 1
+           else f" of {ex.rank}")
+    return (f"share of C² per direction (null mean [95%]): {shares}{top}; direction 1's share p = "
+            f"{fmt_p(ex.top_share_p)}{angle}")
+
+
+def degrees_interval(ci: list[float | None]) -> str:
+    return f"[{_degrees(ci[0])}, {_degrees(ci[1])}]"
+
+
+def direction(d: ExplainedDirection, sender: str, receiver: str, esc: Escape = _same) -> str:
+    """One direction: what the sender reads and writes, and what the receiver's other side
+    reads (.q/.k) or promotes (.v), in tokens."""
+    head = receiver.split(".")[0]
+    side = {"k": "queries", "q": "keys"}.get(receiver.rsplit(".", 1)[-1], "")
+    pos = "" if d.positional_share is None else f"; positional share {fmt(d.positional_share, 2)}"
+    text = (f"direction {d.index} (share {fmt(d.share)}): {sender} reads tokens {tokens(d.sender_reads, esc)}{pos}; "
+            f"its write points this way most for tokens {tokens(d.sender_writes, esc)}")
+    if d.receiver_reads is not None:
+        match = "" if d.token_match is None else f", token match {fmt(d.token_match, 2)}"
+        text += f"; {head}'s {side} read tokens {tokens(d.receiver_reads, esc)}{match}"
+    if d.promotes is not None:
+        text += f"; {head} promotes tokens {tokens(d.promotes, esc)}"
+    if d.multiplicity > 1:
+        text += (f" (one of {d.multiplicity} equal singular values: any rotation among them is as valid, "
+                 "these readouts show one)")
+    return text
+
+
+def lines(ex: Explained, edge: str, esc: Escape = _same, n: int = 3) -> list[str]:
+    """The summary, then one line per shown direction."""
+    sender, receiver = (part.strip() for part in edge.split("->"))
+    return [summary(ex, n)] + [direction(d, sender, receiver, esc) for d in ex.directions[:n]]

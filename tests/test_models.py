@@ -42,6 +42,23 @@ def test_hf_gpt2_directory(tmp_path):
         assert torch.allclose(m.bridge(toks), hf(toks).logits, atol=1e-4)
 
 
+def test_hf_loading_draws_no_progress_bar(tmp_path, capfd):
+    """Loading a Hugging Face directory prints no "Loading weights" bar between the harness's
+    stage lines, and leaves transformers' own progress-bar setting as it found it."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.utils import logging as hf_logging
+
+    cfg = transformers.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=4)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "m")
+    capfd.readouterr()
+    for enabled in (True, False):
+        (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+        load_model(tmp_path / "m")
+        assert "Loading weights" not in capfd.readouterr().err
+        assert hf_logging.is_progress_bar_enabled() == enabled
+    hf_logging.enable_progress_bar()
+
+
 def test_hf_directory_with_wrong_weights_is_refused(tmp_path):
     """transformers would fill missing weights randomly; the loader must refuse."""
     p = shutil.copytree(FIXTURE, tmp_path / "m")

@@ -428,6 +428,10 @@ def load_transformers(name_or_path: str, dtype: Any = None, device: str | None =
         kwargs["dtype"] = dtype
     if device is not None:
         kwargs["device"] = device
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()  # no "Loading weights" bar between the stage lines
+    hf_logging.disable_progress_bar()
     try:
         bridge = TransformerBridge.boot_transformers(name_or_path, model_class=_SafetensorsOnly,
                                                      hf_config_overrides={"transformers_weights": weights}, **kwargs)
@@ -437,6 +441,9 @@ def load_transformers(name_or_path: str, dtype: Any = None, device: str | None =
                                  f"or {INDEX}, and pickle weights (pytorch_model.bin) are not loaded: "
                                  "convert them to safetensors") from None
         raise ModelLoadError(f"cannot load Hugging Face model {name_or_path!r}: {one_line(exc)}") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     for name, p in bridge.original_model.named_parameters():
         bad = tensors.count_nonfinite(p.detach())
         if bad:

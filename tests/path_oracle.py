@@ -28,6 +28,31 @@ from pathlib import Path
 
 import torch
 
+# ---------------------------------------------------------------- a random model to test on
+
+
+def random_gpt2(vocab: int, d_model: int, n_layer: int, n_head: int, seed: int = 3):
+    """A random transformers GPT2LMHeadModel (float32) whose patches matter: LayerNorm affine
+    parameters away from (1, 0), so LN recomputation matters; random biases; embeddings of
+    unit scale; Conv1D weights [in, out] scaled for O(1) activations and sharp attention."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=8, n_embd=d_model, n_layer=n_layer, n_head=n_head)
+    model = transformers.GPT2LMHeadModel(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "ln" in name:
+                p.copy_(torch.randn(p.shape) * 0.3 + ("weight" in name))
+            elif name.endswith("bias"):
+                p.copy_(torch.randn(p.shape) * 0.2)
+            elif "wte" in name or "wpe" in name:
+                p.copy_(torch.randn(p.shape))
+            else:
+                p.copy_(torch.randn(p.shape) * 1.5 / p.shape[0] ** 0.5)
+    return model
+
+
 # ---------------------------------------------------------------- weights
 
 

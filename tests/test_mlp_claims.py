@@ -77,22 +77,9 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A random HF GPT-2 saved with save_pretrained (tests/test_paths.py's construction)."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(3)
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=8, n_embd=D_MODEL, n_layer=N_LAYER,
-                                  n_head=N_HEAD)
-    model = transformers.GPT2LMHeadModel(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "ln" in name:
-                p.copy_(torch.randn(p.shape) * 0.3 + ("weight" in name))
-            elif name.endswith("bias"):
-                p.copy_(torch.randn(p.shape) * 0.2)
-            elif "wte" in name or "wpe" in name:
-                p.copy_(torch.randn(p.shape))
-            else:
-                p.copy_(torch.randn(p.shape) * 1.5 / p.shape[0] ** 0.5)
+    """A random HF GPT-2 saved with save_pretrained, in float64 (path_oracle.random_gpt2)."""
+    pytest.importorskip("transformers")
+    model = oracle.random_gpt2(VOCAB, D_MODEL, N_LAYER, N_HEAD)
     d = tmp_path_factory.mktemp("gpt2") / "m"
     model.double().save_pretrained(d)
     return d

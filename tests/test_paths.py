@@ -31,21 +31,8 @@ CASES = ([(p, "resample") for p in EDGES + PATHS]
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A random HF GPT-2 saved with save_pretrained; returns (dir, float64 GPT2LMHeadModel)."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(3)
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=8, n_embd=D_MODEL, n_layer=N_LAYER,
-                                  n_head=N_HEAD)
-    model = transformers.GPT2LMHeadModel(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "ln" in name:  # LayerNorm affine away from (1, 0), so LN recomputation matters
-                p.copy_(torch.randn(p.shape) * 0.3 + ("weight" in name))
-            elif name.endswith("bias"):
-                p.copy_(torch.randn(p.shape) * 0.2)
-            elif "wte" in name or "wpe" in name:
-                p.copy_(torch.randn(p.shape))
-            else:  # Conv1D weights [in, out]: O(1) activations, sharp attention
-                p.copy_(torch.randn(p.shape) * 1.5 / p.shape[0] ** 0.5)
+    pytest.importorskip("transformers")
+    model = oracle.random_gpt2(VOCAB, D_MODEL, N_LAYER, N_HEAD)
     d = tmp_path_factory.mktemp("gpt2") / "m"
     model.save_pretrained(d)
     return d, model.double().eval()

@@ -88,6 +88,7 @@ from ..evidence.details import Explained, ExplainedDirection, TokenLoad
 from ..spec.names import Head, HeadInput
 from ..streams import Stream, derive_seed
 from ..threads import single_threaded
+from .factored import receiver_factors, spectrum_rank
 from .rotation_null import CHUNK, TOL, haar_blocks
 from .weights import HeadWeights
 
@@ -171,20 +172,6 @@ def _rank_of(sigma: np.ndarray, bound: float) -> int:
     return int(np.sum(sigma > RANK_TOL * bound)) if bound > 0 else 0
 
 
-def _rank(s: np.ndarray) -> int:
-    return int(np.sum(s > RANK_TOL * max(float(s[0]), 1e-300))) if len(s) and s[0] > 0 else 0
-
-
-def _inputs(hw: HeadWeights, receiver: HeadInput) -> tuple[Any, Any]:
-    """(a, b^T) with Y = a b for the receiver's input (mech.factored.receiver_cores)."""
-    layer, head = receiver.head.layer, receiver.head.head
-    if receiver.which == "q":
-        return hw.W_Q[layer, head], hw.W_K[layer, head]
-    if receiver.which == "k":
-        return hw.W_K[layer, head], hw.W_Q[layer, head]
-    return hw.W_V[layer, head], hw.W_O[layer, head].mT
-
-
 def principal_angles(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """Principal angles (radians, smallest first) between the column spaces of the
     orthonormal bases A [d, p] and B [d, q]: min(p, q) of them."""
@@ -237,7 +224,8 @@ class Explainer:
         with single_threaded():
             Q_v, R_v = torch.linalg.qr(W_V)
             core_x = R_v @ W_O  # [r, d]: X = Q_v core_x
-            a, bT = _inputs(hw, receiver)
+            a_all, bT_all = receiver_factors(hw, receiver.which)
+            a, bT = a_all[receiver.head.layer, receiver.head.head], bT_all[receiver.head.layer, receiver.head.head]
             Q_b, R_b = torch.linalg.qr(bT)
             core_y = a @ R_b.mT  # [d, r]: Y = core_y Q_b^T
             U, S, Vh = torch.linalg.svd(core_x @ core_y)
@@ -278,7 +266,7 @@ class Explainer:
                 out["receiver_positional_share"] = self._positional(right_[:, i], dots[:, r + i])
                 out["token_match"] = _correlation(cos[:, i], cos[:, r + i])
             readouts.append(out)
-        kx, ky = _rank(sx_), _rank(sy_)
+        kx, ky = spectrum_rank(sx_, RANK_TOL), spectrum_rank(sy_, RANK_TOL)
         angles = principal_angles(Vxh.mT.numpy()[:, :kx], Uy.numpy()[:, :ky])
         return Explanation(sender, receiver, float(np.linalg.norm(sx_)), float(np.linalg.norm(sy_)), sigma,
                            left_, right_, writes_, sx_, sy_, angles, self._null(sx, sy, kx, ky, draws), readouts)

@@ -52,16 +52,21 @@ def sender_cores(hw: HeadWeights) -> Any:
     return _r_factor(hw.W_V) @ hw.W_O
 
 
+def receiver_factors(hw: HeadWeights, mode: str) -> tuple[Any, Any]:
+    """(a, b^T) with Y = a b for input `mode`, per head: q: (W_Q, W_K); k: (W_K, W_Q);
+    v: (W_V, W_O^T); each [L, H, d, r]."""
+    if mode == "q":
+        return hw.W_Q, hw.W_K
+    if mode == "k":
+        return hw.W_K, hw.W_Q
+    if mode == "v":
+        return hw.W_V, hw.W_O.mT
+    raise ValueError(f"unknown receiver input {mode!r}")
+
+
 def receiver_cores(hw: HeadWeights, mode: str) -> Any:
     """core_Y = a R_b^T per head for input `mode`: [L, H, d, r]."""
-    if mode == "q":
-        a, bT = hw.W_Q, hw.W_K
-    elif mode == "k":
-        a, bT = hw.W_K, hw.W_Q
-    elif mode == "v":
-        a, bT = hw.W_V, hw.W_O.mT
-    else:
-        raise ValueError(f"unknown receiver input {mode!r}")
+    a, bT = receiver_factors(hw, mode)
     return a @ _r_factor(bT).mT
 
 
@@ -245,7 +250,8 @@ class Composition:
             ratio_to_isotropic=c * math.sqrt(hw.null_dim), fraction_of_max=c / c_max if c_max > 0 else float("nan"),
             c_max=float(c_max),
             percentile=float(100.0 * np.mean(pool <= c + 1e-15)) if not math.isnan(c) else float("nan"),
-            rank_sender=_rank(sx), rank_receiver=_rank(sy), processing=hw.processing, null_dim=hw.null_dim)
+            rank_sender=spectrum_rank(sx), rank_receiver=spectrum_rank(sy), processing=hw.processing,
+            null_dim=hw.null_dim)
 
     def group_result(self, senders: tuple[Head, ...], receiver: HeadInput, n_draws: int) -> CompositionResult:
         """The joint route of several sender heads into one receiver input, as their combined
@@ -281,7 +287,8 @@ class Composition:
             null_q99=float(np.quantile(null, 0.99)), n_draws=n_draws,
             ratio_to_isotropic=c * math.sqrt(self.hw.null_dim),
             fraction_of_max=c / c_max if c_max > 0 else float("nan"),
-            c_max=float(c_max), percentile=float("nan"), rank_sender=_rank(sxn), rank_receiver=_rank(syn),
+            c_max=float(c_max), percentile=float("nan"), rank_sender=spectrum_rank(sxn),
+            rank_receiver=spectrum_rank(syn),
             processing=self.hw.processing, null_dim=self.hw.null_dim)
 
     def bound(self, sender: Head, receiver: HeadInput) -> float:
@@ -289,5 +296,6 @@ class Composition:
         return tail_bound(self.score(sender, receiver), self.lipschitz(sender, receiver), self.hw.null_dim)
 
 
-def _rank(s: np.ndarray, tol: float = 1e-10) -> int:
+def spectrum_rank(s: np.ndarray, tol: float = 1e-10) -> int:
+    """The singular values (largest first) above `tol` times the largest."""
     return int(np.sum(s > tol * max(float(s[0]), 1e-300))) if len(s) else 0

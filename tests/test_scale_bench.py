@@ -14,6 +14,7 @@ import pytest
 
 from harness.hypothesis.loading import load
 from harness.tools import scale_bench as sb
+from harness.tools import scale_files as sf
 
 pytest.importorskip("transformers")
 
@@ -24,12 +25,12 @@ def kinds(doc):
 
 @pytest.mark.parametrize("n_layers", [2, 6, 12])
 def test_size_files_are_valid(tmp_path, n_layers):
-    shape = sb.gpt2_shape(n_layers)
+    shape = sf.gpt2_shape(n_layers)
     model = tmp_path / "model"
-    five = sb.five_claim(shape, model)
-    real = sb.realistic(shape, model)
+    five = sf.five_claim(shape, model)
+    real = sf.realistic(shape, model)
     for doc in (five, real):
-        path = sb.write_hypothesis(doc, tmp_path / f"{doc['name']}.yaml")
+        path = sf.write_hypothesis(doc, tmp_path / f"{doc['name']}.yaml")
         loaded = load(path)
         assert len(loaded.spec.claims) == len(doc["claims"])
         assert doc["data"] == {"generator": "repeated_tokens", "n_prompts": 50, "segment_length": 20}
@@ -44,8 +45,8 @@ def test_size_files_are_valid(tmp_path, n_layers):
 
 @pytest.mark.parametrize("tiny", [False, True])
 def test_many_claims_file_is_valid(tmp_path, tiny):
-    doc = sb.many_claims(sb.small_shape(tiny), tmp_path / "model")
-    loaded = load(sb.write_hypothesis(doc, tmp_path / "many.yaml"))
+    doc = sf.many_claims(sf.small_shape(tiny), tmp_path / "model")
+    loaded = load(sf.write_hypothesis(doc, tmp_path / "many.yaml"))
     assert len(loaded.spec.claims) == 123
     assert kinds(doc) == {"role", "copying", "composition", "ablation", "edge", "circuit"}
     assert doc["data"] == {"generator": "repeated_tokens"}  # default settings
@@ -110,7 +111,7 @@ def one_thread(monkeypatch):
 def test_benchmark_fills_every_row(tmp_path, monkeypatch, one_thread):
     monkeypatch.setattr(sb, "measure", in_process)
     monkeypatch.setattr(sb, "N_PROMPTS", 8)
-    monkeypatch.setattr(sb, "DATA", {"generator": "repeated_tokens", "n_prompts": 8, "segment_length": 5})
+    monkeypatch.setattr(sf, "DATA", {"generator": "repeated_tokens", "n_prompts": 8, "segment_length": 5})
     rows = sb.benchmark([2, 3], tmp_path, timeout=60, tiny=True, many=False)
     keys = ["five", "realistic", "weights", "scores", "edges", "edges-tl"]
     assert [(r.size, r.key) for r in rows] == [(s, k) for s in ("2L", "3L") for k in keys]

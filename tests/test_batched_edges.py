@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.mech import batched_edges
+from harness.mech import batched_edges, torch_blocks
 from harness.mech import patching as P
 from harness.mech.hooks import cache_hooks
 from harness.model import data, metrics
@@ -187,8 +187,8 @@ def test_dense_matches_addmm(act):
     """_Dense (oneDNN's linear with the activation fused, where available) = act(x W + b)."""
     g = torch.Generator().manual_seed(0)
     x, W, b = torch.randn(37, 16, generator=g), torch.randn(16, 24, generator=g), torch.randn(24, generator=g)
-    fn = batched_edges._activation(act)
-    dense = batched_edges._Dense(W, b, dnn=True, act=fn)
+    fn = torch_blocks.activation(act)
+    dense = torch_blocks.Dense(W, b, dnn=True, act=fn)
     want = torch.addmm(b, x, W)
     want = want if fn is None else fn[0](want)
     torch.testing.assert_close(dense(x.view(37, 1, 16)).view(37, 24), want, rtol=1e-5, atol=1e-5)
@@ -196,4 +196,4 @@ def test_dense_matches_addmm(act):
 
 def test_gelu_tanh_form():
     x = torch.linspace(-12, 12, 1001, dtype=torch.float64)
-    torch.testing.assert_close(batched_edges._gelu_tanh(x), torch.nn.functional.gelu(x, approximate="tanh"))
+    torch.testing.assert_close(torch_blocks.gelu_tanh(x), torch.nn.functional.gelu(x, approximate="tanh"))

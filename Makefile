@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint validate clean-venv
+.PHONY: demo test test-kernels lint validate clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,9 +16,19 @@ $(STAMP): requirements.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/harness run hypotheses/induction.yaml
 
-# lint and types first (seconds), then the test suite
+# lint and types first (seconds), then the test suite, then the tests that compare a model
+# run with numbers stored in the repository again under other CPU kernels and thread counts
 test: lint
 	$(BIN)/python -m pytest
+	@$(MAKE) --no-print-directory test-kernels
+
+# float32 results differ in the last digits between CPUs; these settings make this machine
+# compute like others (PyTorch's portable kernels; MKL's reproducible code path and a
+# different reduction order), so a stored-number comparison that holds for one kernel only
+# fails here before it fails on someone else's machine (tests/committed.py has the rule)
+test-kernels: $(STAMP)
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m stored_numbers
+	MKL_CBWR=COMPATIBLE HARNESS_THREADS=2 $(BIN)/python -m pytest -q -m stored_numbers
 
 lint: $(STAMP)
 	$(BIN)/ruff check harness tests fixtures

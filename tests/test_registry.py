@@ -86,7 +86,9 @@ def test_registered_kind_runs_reports_and_rerenders(toy, tmp_path, fixture_model
         _, cache = fixture_model.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))
     for result, head in ((focused, 7), (diffuse, 0)):
         rows = torch.special.entr(cache["blocks.0.attn.hook_pattern"][:, head, 1:].double()).sum(-1)
-        assert result.value == pytest.approx(float(rows.mean()), abs=1e-9)
+        # both sides are float32 forwards of the fixture, batched differently (the run caches in
+        # chunks): they agree to float32 rounding of an O(1) entropy, not to the bit
+        assert result.value == pytest.approx(float(rows.mean()), abs=1e-6)
     assert focused.verdict == "PASS" and diffuse.verdict == "FAIL" and role.verdict == "PASS"
     assert focused.value < 0.5 < diffuse.value  # the previous-token head attends sharply
     assert "L0H7-focused" in harness.claim_table(ev) and "attention entropy of L0H7 <= 0.5" in harness.claim_table(ev)

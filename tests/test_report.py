@@ -15,6 +15,7 @@ import harness
 from harness.evidence.document import to_json
 from harness.report import writer as report
 
+from . import committed
 from .conftest import HYPOTHESES, ROOT
 
 DEMO_REPORT = ROOT / "reports" / "demo"
@@ -196,60 +197,83 @@ def test_html_renders_in_headless_chromium(demo_folder, tmp_path):
     assert pixels("#4a6fa5") > 50 and pixels("#2e8b2e") > 50  # unused and used points, PASS markers
 
 
-def numbers(doc: dict) -> dict:
-    """Everything a reader compares, without timestamps, versions and host facts."""
-    return {"claims": [{k: c[k] for k in ("id", "verdict", "value", "ci", "rule")} for c in doc["claims"]],
-            "weights_vs_use": doc["weights_vs_use"], "baseline": doc["baseline"],
-            "model_sha256": doc["model"]["sha256"], "hypothesis_sha256": doc["hypothesis"]["sha256"]}
+def test_committed_comparison_catches_a_real_change():
+    """The committed-report comparison (tests/committed.py) passes kernel-sized differences and
+    fails a number moved by more than its tolerance, a verdict, a text or an integer changed."""
+    doc = committed.comparable(json.loads((DEMO_REPORT / "evidence.json").read_text()))
+    scale = committed.metric_scale(doc)
+    assert scale == pytest.approx(doc["baseline"]["gap"]["mean"])
+    near_zero = next(i for i, c in enumerate(doc["claims"]) if abs(c["value"]) < 1e-3)
+    edge = next(i for i, c in enumerate(doc["claims"]) if c["kind"] == "edge")
+
+    def edited(path: tuple, change) -> dict:
+        out = json.loads(json.dumps(doc))
+        node = out
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = change(node[path[-1]])
+        return out
+
+    # within tolerance: a relative change of 1e-5 on a value near zero (the old rule's failure),
+    # half a tolerance on a fraction, half a tolerance x gap on a number in nats
+    for ok in (edited(("claims", near_zero, "value"), lambda v: v * (1 + 1e-5)),
+               edited(("claims", edge, "value"), lambda v: v + 0.5 * committed.TOL),
+               edited(("claims", edge, "details", "change_mean"), lambda v: v + 0.5 * committed.TOL * scale),
+               edited(("claims", edge, "rule"), lambda r: r.replace("0.205", "0.204"))):
+        committed.assert_matches(doc, ok, scale)
+    for bad in (edited(("claims", near_zero, "value"), lambda v: v + 2 * committed.TOL),
+                edited(("claims", edge, "ci"), lambda ci: [ci[0] - 2 * committed.TOL, ci[1]]),
+                edited(("claims", edge, "details", "change_mean"), lambda v: v + 2 * committed.TOL * scale),
+                edited(("claims", edge, "verdict"), lambda v: "FAIL"),
+                edited(("claims", edge, "reason"), lambda r: r + "!"),
+                edited(("claims", edge, "rule"), lambda r: r.replace("0.205", "0.207")),
+                edited(("counts", "PASS"), lambda n: n - 1),
+                edited(("weights_vs_use", 0, "class"), lambda c: "no route"),
+                edited(("ladder", 0, "highest"), lambda h: "observation"),
+                edited(("claims", edge, "per_prompt"), lambda p: p[:-1])):
+        with pytest.raises(committed.Mismatch):
+            committed.assert_matches(doc, bad, scale)
+    md = (DEMO_REPORT / "report.md").read_text()
+    assert "0.966" in md
+    committed.assert_text_matches(md, md.replace("0.966", "0.967", 1), scale)
+    for bad_md in (md.replace("14 passed", "13 passed"), md.replace("L0H7 -> L1H5.k", "L0H6 -> L1H5.k"),
+                   md.replace("0.966", "0.968", 1)):
+        with pytest.raises(committed.Mismatch):
+            committed.assert_text_matches(md, bad_md, scale)
 
 
-NUMBER_TOL = 1e-6  # relative; thread count changes float32 summation order (differences of ~1e-9 seen)
+def assert_committed(folder_or_doc, committed_dir) -> None:
+    """The committed report in `committed_dir` matches a fresh run (tests/committed.py's rule):
+    evidence.json field by field, and report.md up to its provenance."""
+    old = json.loads((committed_dir / "evidence.json").read_text())
+    new = (json.loads((folder_or_doc / "evidence.json").read_text()) if not isinstance(folder_or_doc, dict)
+           else folder_or_doc)
+    scale = committed.metric_scale(old)
+    committed.assert_matches(committed.comparable(old), committed.comparable(new), scale)
+    if not isinstance(folder_or_doc, dict):
+        committed.assert_text_matches((committed_dir / "report.md").read_text().split("## Provenance")[0],
+                                      (folder_or_doc / "report.md").read_text().split("## Provenance")[0], scale,
+                                      "report.md")
 
 
-def assert_close(a: object, b: object, where: str = "evidence") -> None:
-    """Equal structure and text; numbers equal to NUMBER_TOL (relative, 1e-12 absolute)."""
-    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, (int, float)):
-        if isinstance(a, dict) and isinstance(b, dict):
-            assert a.keys() == b.keys(), where
-            for k in a:
-                assert_close(a[k], b[k], f"{where}.{k}")
-        elif isinstance(a, list) and isinstance(b, list):
-            assert len(a) == len(b), where
-            for i, (x, y) in enumerate(zip(a, b, strict=True)):
-                assert_close(x, y, f"{where}[{i}]")
-        else:
-            assert a == b, f"{where}: {a!r} != {b!r}"
-        return
-    assert isinstance(b, (int, float)), where
-    assert b == pytest.approx(a, rel=NUMBER_TOL, abs=1e-12), f"{where}: {a!r} != {b!r}"
-
-
-def test_assert_close_can_fail():
-    assert_close({"x": [1.0, "a"]}, {"x": [1.0 + 1e-9, "a"]})
-    for other in ({"x": [1.001, "a"]}, {"x": [1.0, "b"]}, {"x": [1.0]}, {"y": [1.0, "a"]}):
-        with pytest.raises(AssertionError):
-            assert_close({"x": [1.0, "a"]}, other)
-
-
+@pytest.mark.stored_numbers
 def test_committed_demo_report_is_current(demo_folder):
     """reports/demo is what `harness run hypotheses/induction.yaml --out reports/demo` gives
     with the current code (regenerate it with that command after a change)."""
     ev, folder = demo_folder
-    committed = json.loads((DEMO_REPORT / "evidence.json").read_text())
-    assert_close(numbers(committed), numbers(json.loads((folder / "evidence.json").read_text())))
-    assert (DEMO_REPORT / "report.md").read_text().split("## Provenance")[0] == \
-        (folder / "report.md").read_text().split("## Provenance")[0]
+    assert_committed(folder, DEMO_REPORT)
     assert {p.name for p in (DEMO_REPORT / "figures").iterdir()} == FIGURES
 
 
+@pytest.mark.stored_numbers
 def test_committed_names_report_is_current(tmp_path):
     """reports/names (the README's second example: text prompts, MLP nodes, a group edge and
     paths on fixtures/names-3l) is what `harness run hypotheses/names.yaml --out reports/names`
     gives with the current code: every claim passes, with the committed numbers, and its report
     shows the prompts as text."""
-    committed = json.loads((ROOT / "reports" / "names" / "evidence.json").read_text())
     ev = harness.run(HYPOTHESES / "names.yaml", device="cpu")
     assert ev.counts() == {"PASS": 23, "FAIL": 0, "INCONCLUSIVE": 0}
-    assert_close(numbers(committed), numbers(json.loads(to_json(ev.to_dict()))))
+    folder = harness.write_report(ev, out_dir=tmp_path / "names")
+    assert_committed(folder, ROOT / "reports" / "names")
     md = (ROOT / "reports" / "names" / "report.md").read_text()
     assert "**to**" in md and "When " in md and "L0H0 + L0H3 -> L0.mlp" in md

@@ -54,9 +54,10 @@ NO_INFORMATION = {"logprob": "a uniform guess over the vocabulary", "logit_diff"
 KNOCKOUT_WARN = 0.8  # a complete knockout reading below this on the corrupted scale is flagged in bold
 
 
-def baseline_metric(metric: str, d_vocab: int) -> float:
-    """The metric of a prediction with no information: log(1/V) for logprob, 0 for logit_diff."""
-    return float(-np.log(d_vocab)) if metric == "logprob" else 0.0
+def baseline_metric(metric: str, d_vocab_out: int) -> float:
+    """The metric of a prediction with no information: log(1/V) for logprob (V the output
+    vocabulary), 0 for logit_diff."""
+    return float(-np.log(d_vocab_out)) if metric == "logprob" else 0.0
 
 
 def metric_scale(*runs: np.ndarray) -> float:

@@ -56,7 +56,29 @@ def _bos(setting: bool | None, tok: TextTokenizer, where: str, d_vocab: int) -> 
 
 
 def build_dataset(d: DataSpec, source: DataSource, model: LoadedModel) -> data.Dataset:
-    """The prompts of data mapping `d` for `model` (model.data.Dataset)."""
+    """The prompts of data mapping `d` for `model` (model.data.Dataset), with every answer and
+    wrong token inside the model's output vocabulary."""
+    ds = _build(d, source, model)
+    check_output_vocab(ds, model.d_vocab_out, source.where("data"), isinstance(d, GeneratorData))
+    return ds
+
+
+def check_output_vocab(ds: data.Dataset, d_vocab_out: int, where: str, generated: bool) -> None:
+    """Raise SpecError when an answer or wrong token id lies outside the output vocabulary
+    0..d_vocab_out-1 (a model whose unembedding is narrower than its embedding)."""
+    for name, ids in (("answer", ds.answers), ("wrong", ds.wrong)):
+        if ids is None:
+            continue
+        outside = (ids < 0) | (ids >= d_vocab_out)
+        if bool(outside.any()):
+            n, k = (int(i) for i in outside.nonzero()[0])
+            hint = (f"; set data.vocab_max: {d_vocab_out} so that every token can be an answer" if generated
+                    else "")
+            raise SpecError([f"{where}: prompt {n}: {name} token {int(ids[n, k])} is outside the model's output "
+                             f"vocabulary 0..{d_vocab_out - 1} (d_vocab_out {d_vocab_out}){hint}"])
+
+
+def _build(d: DataSpec, source: DataSource, model: LoadedModel) -> data.Dataset:
     if isinstance(d, GeneratorData):
         if d.bos_token is not None and d.bos_token >= model.d_vocab:
             raise SpecError([f"{source.where('data.bos_token')}: token {d.bos_token} is outside the model's "

@@ -101,7 +101,7 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
     runs = Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
                 metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference))
     unit = metrics.UNITS[metric]
-    m_base = baseline_metric(metric, model.d_vocab)
+    m_base = baseline_metric(metric, model.d_vocab_out)
     gap = runs.m_clean - runs.m_corrupt
     baseline = {"metric": metric, "unit": unit, "clean": _mean_ci(runs.m_clean, st, seed),
                 "corrupted": _mean_ci(runs.m_corrupt, st, seed), "gap": _mean_ci(gap, st, seed),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import SanityCheckError
 from ..model.devices import of
+from ..model.shape import vocab_out
 from ..spec.names import Head, Mlp, hook_mlp_out, hook_z
 from ..spec.vocabulary import ABLATIONS
 
@@ -137,7 +138,7 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
 
     names = list(dict.fromkeys(names))
     n, s = tokens.shape
-    per_prompt = max(1, s * int(bridge.cfg.d_vocab) * 4)
+    per_prompt = max(1, s * vocab_out(bridge.cfg) * 4)
     size = max(1, budget_bytes // per_prompt)
     parts: dict[str, list[Any]] = {name: [] for name in names}
     logits_parts = []

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..evidence.details import Num, Record
+from ..model.shape import vocab_out
 from ..spec.vocabulary import MODES
 from ..spec.vocabulary import WEIGHT_PROCESSING as PROCESSING
 from ..threads import single_threaded
@@ -76,12 +77,25 @@ class HeadWeights:
     W_V: Any
     W_O: Any
     vocab: Callable[[int, int], tuple[Any, Any]]  # (a, b) -> (W_E[a:b], W_U[:, a:b]), processed as the rest
-    d_vocab: int
+    d_vocab: int  # input vocabulary: the rows of W_E
     positions: Callable[[], Any]  # () -> W_pos or None, processed as the rest
     processing: str
     null_dim: int  # dimension the null rotates in: d_model, or d_model - 1 after centring
+    d_vocab_out: int = -1  # output vocabulary: the columns of W_U (-1: d_vocab)
     _embedding: tuple[Any, Any] | None = None
     _positions: list[Any] = field(default_factory=list)  # [W_pos] once read
+
+    @property
+    def vocab_span(self) -> int:
+        """Token ids either matrix has: max(d_vocab, d_vocab_out); W_E[a:b] and W_U[:, a:b]
+        simply end where their vocabulary does."""
+        return max(self.d_vocab, self.d_vocab_out)
+
+    @property
+    def shared_vocab(self) -> int:
+        """Token ids both vocabularies have, 0..min(d_vocab, d_vocab_out) - 1: where a head
+        can copy a token to itself (copying_score)."""
+        return min(self.d_vocab, self.d_vocab_out if self.d_vocab_out > 0 else self.d_vocab)
 
     @property
     def W_E(self) -> Any:
@@ -99,7 +113,7 @@ class HeadWeights:
 
     def _vocab(self) -> tuple[Any, Any]:
         if self._embedding is None:
-            self._embedding = self.vocab(0, self.d_vocab)
+            self._embedding = self.vocab(0, self.vocab_span)
         return self._embedding
 
     def vocab_products(self, left: Any, right: Any | None = None, chunk: int | None = None) -> tuple[Any, Any, Any]:
@@ -110,7 +124,7 @@ class HeadWeights:
 
         size = chunk or VOCAB_CHUNK
         blocks = ([self._embedding] if self._embedding is not None
-                  else (self.vocab(a, min(a + size, self.d_vocab)) for a in range(0, self.d_vocab, size)))
+                  else (self.vocab(a, min(a + size, self.vocab_span)) for a in range(0, self.vocab_span, size)))
         dots, norms, logits = [], [], []
         with single_threaded():
             for E, U in blocks:
@@ -175,7 +189,8 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
             W_pos = W_pos - W_pos.mean(-1, keepdim=True)
         return W_pos
 
-    return HeadWeights(W_Q, W_K, W_V, W_O, vocab, int(bridge.cfg.d_vocab), positions, processing, null_dim)
+    return HeadWeights(W_Q, W_K, W_V, W_O, vocab, int(bridge.cfg.d_vocab), positions, processing, null_dim,
+                       vocab_out(bridge.cfg))
 
 
 def _positions(bridge: Any) -> Any | None:
@@ -245,15 +260,19 @@ class CopyingScore:
 
 
 def copying_score(hw: HeadWeights, layer: int, head: int, tol: float = 1e-12) -> CopyingScore:
-    """Re(sum lambda) / sum |lambda| of W_E OV W_U via the d_head x d_head form."""
+    """Re(sum lambda) / sum |lambda| of W_E OV W_U via the d_head x d_head form, over the
+    token ids both vocabularies have (W_E[:n], W_U[:, :n], n = hw.shared_vocab: all of them
+    unless the output vocabulary differs from the input one)."""
     import torch
 
-    M = (hw.W_O[layer, head] @ hw.W_U) @ (hw.W_E @ hw.W_V[layer, head])
+    n = hw.shared_vocab
+    W_E, W_U = hw.W_E[:n], hw.W_U[:, :n]
+    M = (hw.W_O[layer, head] @ W_U) @ (W_E @ hw.W_V[layer, head])
     with single_threaded():
         lam = torch.linalg.eigvals(M)
         R_v = torch.linalg.qr(hw.W_V[layer, head], mode="r").R  # ||W_V W_O|| = ||R_v W_O||
     total = float(lam.abs().sum())
-    scale = float(torch.linalg.norm(hw.W_E) * torch.linalg.norm(hw.W_U) * torch.linalg.norm(R_v @ hw.W_O[layer, head]))
+    scale = float(torch.linalg.norm(W_E) * torch.linalg.norm(W_U) * torch.linalg.norm(R_v @ hw.W_O[layer, head]))
     defined = scale > 0.0 and total > tol * scale
     return CopyingScore(float(lam.sum().real) / total if defined else None, total, int(lam.numel()),
                         hw.processing)

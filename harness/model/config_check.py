@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
+from .shape import vocab_out
 
 REQUIRED = ("d_model", "d_head", "n_layers", "n_ctx", "n_heads", "d_vocab")
 NORMALIZATION_TYPES = ("LN", "LNPre", "RMS", "RMSPre")  # or null: no normalization
@@ -95,8 +96,8 @@ CHECKS: dict[str, Any] = {
     "must be a positive number, or -1 for sqrt(d_head)",
     "n_key_value_heads": lambda v: None if v is None else "must be null (harness supports one key/value head "
                                                           "per query head)",
-    "d_vocab_out": lambda v: None if v == -1 and not isinstance(v, bool) else
-    "must be -1 (the output vocabulary is d_vocab)",
+    "d_vocab_out": lambda v: None if _is_int(v) and (v == -1 or v > 0) else
+    "must be -1 (the output vocabulary is d_vocab) or the output vocabulary's size (a positive integer)",
     "model_name": lambda v: None if isinstance(v, str) else "must be a string",
     "seed": _optional(lambda v: None if _is_int(v) else "must be an integer"),
     "init_mode": lambda v: None if isinstance(v, str) else "must be a string",
@@ -155,9 +156,12 @@ def native_weight_count(cfg: dict) -> tuple[int, str]:
     matching the config holds at least this many elements.  `cfg` must have passed
     check_native_config."""
     d, dv, ctx, L = cfg["d_model"], cfg["d_vocab"], cfg["n_ctx"], cfg["n_layers"]
+    dvo = vocab_out(cfg)
     heads = cfg["n_heads"] * cfg["d_head"]
+    vocab_term = (f"embedding and unembedding (2 x d_vocab {dv} x d_model {d})" if dvo == dv else
+                  f"embedding and unembedding ((d_vocab {dv} + d_vocab_out {dvo}) x d_model {d})")
     terms = {
-        f"embedding and unembedding (2 x d_vocab {dv} x d_model {d})": 2 * dv * d,
+        vocab_term: (dv + dvo) * d,
         f"positional embedding (n_ctx {ctx} x d_model {d})": ctx * d,
         f"attention (n_layers {L} x 4 x d_model {d} x n_heads*d_head {heads})": L * 4 * d * heads,
     }

@@ -38,6 +38,7 @@ from .config_check import (
 )
 from .devices import resolve_device
 from .files import PICKLE_SUFFIXES, inside, list_dir, parse_json, pickle_files, read_bytes, read_json
+from .shape import vocab_out
 from .tensors import TensorInfo, one_line, shape_text
 
 HF_PREFIX = "hf:"
@@ -68,7 +69,13 @@ class LoadedModel:
 
     @property
     def d_vocab(self) -> int:
+        """The input vocabulary (token ids a prompt may hold)."""
         return int(self.bridge.cfg.d_vocab)
+
+    @property
+    def d_vocab_out(self) -> int:
+        """The output vocabulary (the logits' width; answer and wrong ids index it)."""
+        return vocab_out(self.bridge.cfg)
 
     @property
     def n_ctx(self) -> int:

@@ -57,3 +57,11 @@ def config_shape(folder: Path) -> Shape | None:
         return None
     has_mlp = True if hf else cfg.get("attn_only", False) is not True
     return Shape(n_layers, n_heads, has_mlp)
+
+
+def vocab_out(cfg: Any) -> int:
+    """The output vocabulary of a model config (a config.json mapping or a TransformerBridge
+    config): `d_vocab_out` when it is set (not -1), else `d_vocab`."""
+    values: dict[str, Any] = cfg if isinstance(cfg, dict) else vars(cfg)
+    out = values.get("d_vocab_out", -1)
+    return int(values["d_vocab"]) if out in (-1, None) else int(out)

@@ -99,8 +99,10 @@ def _scan(m: Any, model_source: str, out: Path, n_prompts: int, segment_length: 
             raise UserError(f"--corruption {', '.join(missing)}: {data_file} has {', '.join(ds.corruptions)}")
     else:
         chosen = list(corruptions or DEFAULT_CORRUPTIONS)
+        # every generated token is a possible answer: draw them from the ids the output vocabulary has too
         ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, "explore", bos_token=m.bos_token,
-                                  corruptions=tuple(chosen), n_ctx=m.n_ctx, distinct=distinct)
+                                  corruptions=tuple(chosen), n_ctx=m.n_ctx, distinct=distinct,
+                                  vocab_max=min(m.d_vocab, m.d_vocab_out))
     ds = ds.to(of(bridge))
     hooks = batched_edges.cache_names(L) + [hook_pattern(L - 1)]
     clean = cache_hooks(bridge, ds.clean, hooks)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.mech import batched_edges, torch_blocks
+from harness.mech import batched_edges, torch_blocks, writes
 from harness.mech import patching as P
 from harness.mech.hooks import cache_hooks
 from harness.model import data, metrics
@@ -15,7 +15,8 @@ from .conftest import boot_random_native, tiny_config
 def per_edge(bridge, ds, edges, base, source, clean, tokens, replacement):
     """The per-edge path; `mean` replacement averages the sender over `clean`'s prompts, as the batched path does."""
     def mean_out(e):
-        return P.sender_output(bridge, clean, e.sender).mean(0, keepdim=True) if replacement == "mean" else None
+        return ({m: writes.activation(bridge, clean, m).mean(0, keepdim=True) for m in writes.members(e.sender)}
+                if replacement == "mean" else None)
 
     return np.stack([metrics.per_prompt(P.fast_logits(bridge, tokens, P.prepare(bridge, e, base, source, replacement,
                                                                                  mean_out(e))),

@@ -164,12 +164,14 @@ def test_pickle_weights_are_refused_and_only_safetensors_are_loaded_and_hashed(t
 
 
 def test_hub_models_load_safetensors_only(tmp_path, capsys, monkeypatch, gpt2):
-    """hf:NAME: transformers is made to use safetensors (a hub model with only
-    pytorch_model.bin is refused; beside model.safetensors the .bin is ignored)."""
-    snapshot = tmp_path / "cache" / "models--local--tiny" / "snapshots" / "abc"
+    """hf:NAME (from the local cache): transformers is made to use safetensors (a hub model
+    with only pytorch_model.bin is refused; beside model.safetensors the .bin is ignored),
+    and the hash covers the snapshot's files loaded, as for a directory."""
+    revision = "a" * 40
+    snapshot = tmp_path / "cache" / "models--local--tiny" / "snapshots" / revision
     snapshot.mkdir(parents=True)
     (tmp_path / "cache" / "models--local--tiny" / "refs").mkdir()
-    (tmp_path / "cache" / "models--local--tiny" / "refs" / "main").write_text("abc")
+    (tmp_path / "cache" / "models--local--tiny" / "refs" / "main").write_text(revision)
     shutil.copy(gpt2 / "config.json", snapshot)
     real = load_file(str(gpt2 / "model.safetensors"))
     torch.save({k: torch.zeros_like(v) for k, v in real.items()}, snapshot / "pytorch_model.bin")
@@ -185,21 +187,22 @@ def test_hub_models_load_safetensors_only(tmp_path, capsys, monkeypatch, gpt2):
         "shutil.copy(sys.argv[1], sys.argv[2])\n"
         "m = load_model('hf:local/tiny', device='cpu')\n"
         "print('SUM', float(m.bridge.original_model.get_input_embeddings().weight.abs().sum()), m.sha256)\n")
-    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", script, str(gpt2 / "model.safetensors"), str(snapshot)],
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("ERROR cannot load Hugging Face model 'local/tiny': it has no model.safetensors"), lines
+    assert lines[0].startswith(f"ERROR {snapshot} has no model.safetensors or model.safetensors.index.json"), lines
     assert "pickle weights (pytorch_model.bin) are not loaded" in lines[0]
     _, total, sha = lines[1].split()
     assert float(total) == pytest.approx(float(real["transformer.wte.weight"].abs().sum()), rel=1e-6)
-    assert sha == "hub:local/tiny"
+    assert sha == directory_hash(gpt2)
 
-    # hf:NAME where NAME is also a local folder: transformers would load the folder, unchecked
+    # hf:NAME where NAME is also a local folder: the hub's cache is searched, never the folder
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     one_error(capsys, ["weights", "hf:gpt2", "--device", "cpu"],
-              "hf:gpt2: gpt2 is also a path here, and transformers would load it instead of the hub model")
+              "Hugging Face model 'gpt2' is not in the local cache")
 
 
 def test_an_index_names_exactly_the_files_loaded_and_hashed(tmp_path, capsys, gpt2):

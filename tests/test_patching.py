@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from harness.mech import patching as P
+from harness.mech import writes
 from harness.mech.hooks import cache_hooks
 from harness.model import data, metrics
 from harness.spec import names
@@ -44,8 +45,9 @@ def test_fast_equals_slow_equals_oracle(runs, edge, direction, replacement):
     e = names.parse_edge(edge)
     base, source, tokens = ((clean, corrupt, ds.clean) if direction == "noising"
                             else (corrupt, clean, ds.corrupted))
-    mean_out = P.sender_output(bridge, clean, e.sender).mean(0, keepdim=True) if replacement == "mean" else None
-    patch = P.prepare(bridge, e, base, source, replacement, mean_out)
+    means = ({m: writes.activation(bridge, clean, m).mean(0, keepdim=True) for m in writes.members(e.sender)}
+             if replacement == "mean" else None)
+    patch = P.prepare(bridge, e, base, source, replacement, means)
     fast = P.fast_logits(bridge, tokens, patch)
     slow = P.slow_logits(bridge, tokens, patch, base)
     assert torch.allclose(fast, slow, atol=1e-10)

@@ -16,11 +16,13 @@ from ..claims.base import component_names
 from ..errors import ComponentNameError, SpecError
 from ..evidence.result import Evidence
 from ..hypothesis.loading import LoadedHypothesis, load
-from ..model import data
+from ..model import architecture, data
+from ..model.architecture import Architecture
 from ..model.cache import ModelCache
 from ..model.devices import of, resolve_device
 from ..model.examples import examples
-from ..model.loading import LoadedModel, load_model
+from ..model.hub_cache import resolve_source
+from ..model.loading import LoadedModel, from_bridge, load_model
 from ..model.tokenizer import model_tokenizer
 from ..progress import clock, stage
 from ..spec import names
@@ -64,17 +66,20 @@ def check_names(h: LoadedHypothesis, model: LoadedModel) -> None:
 
 def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
         base_dir: str | Path | None = None, command: str | None = None,
-        figures: bool = True, model: LoadedModel | str | None = None,
+        figures: bool = True, model: LoadedModel | str | Path | Any | None = None,
         device: str | None = None, threads: int | None = None) -> Evidence:
     """Run every claim of a hypothesis (file path or dict) and return the Evidence.
 
     `seed` overrides the file's `seed` (bootstrap and permutation streams).
     `figures=False` skips collecting the figures' data (figures_data stays empty: no
     attention, composition-matrix or signature data); verdicts and numbers are unchanged.
-    `model` replaces the file's `model:` — a model directory / `hf:NAME` (loaded
-    here, not cached) or an already loaded `LoadedModel` (sweeps run many files on
-    one checkpoint).  `device` is where a model loaded here is placed: `cpu`, `cuda`,
-    `cuda:N` or `mps`; None means $HARNESS_DEVICE or the best available
+    `model` replaces the file's `model:` — a model directory, a hub name (`ORG/NAME` that
+    is not a directory here, or `hf:ORG/NAME`: the local Hugging Face cache, offline;
+    loaded here, not cached), an already loaded `LoadedModel` (sweeps run many files on
+    one checkpoint), or a transformer_lens `TransformerBridge` the caller holds (booted in
+    a notebook; wrapped by model.loading.from_bridge, not reloaded: kind "bridge").
+    `device` is where a model loaded here is placed: `cpu`, `cuda`, `cuda:N` or `mps`;
+    None means $HARNESS_DEVICE or the best available
     (model.devices.resolve_device; a bad or unavailable name raises DeviceError).  An
     already loaded model runs where it is.  The data is moved to the model's device,
     and provenance["device"] records the device the model ran on (e.g. "cpu").
@@ -88,7 +93,7 @@ def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
 
 
 def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: str | Path | None,
-         command: str | None, figures: bool, model: LoadedModel | str | None, device: str | None,
+         command: str | None, figures: bool, model: LoadedModel | str | Path | Any | None, device: str | None,
          n_threads: int | None) -> Evidence:
     started = provenance.now()
     h = load(hypothesis, base_dir=base_dir)
@@ -98,10 +103,12 @@ def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: st
     stage(f"{s.name}: {len(s.claims)} claim(s); loading the model")
     if isinstance(model, LoadedModel):
         loaded = model
-    elif model is not None:
+    elif isinstance(model, (str, Path)):
         loaded = load_model(model, device=device)
-    else:
-        loaded = MODELS.get(s.model if s.model.startswith("hf:") else str(h.resolve(s.model)), device)
+    elif model is not None:
+        loaded = from_bridge(model)
+    else:  # a directory relative to the file's folder wins; else a hub name from the local cache
+        loaded = MODELS.get(resolve_source(s.model, Path(h.base_dir)), device)
     check_names(h, loaded)
     ds = build_dataset(h, loaded)
     check_corruptions(h, ds)
@@ -114,17 +121,18 @@ def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: st
     return Evidence(
         hypothesis={"name": s.name, "description": s.description, "file": provenance.shown_path(h.path),
                     "sha256": h.sha256},
-        model={"source": provenance.shown_path(loaded.source), "kind": loaded.kind, "sha256": loaded.sha256,
+        model={**model_record(loaded),
                "n_layers": loaded.n_layers, "n_heads": loaded.n_heads, "d_model": int(cfg.d_model),
                "d_head": int(cfg.d_head), "d_vocab": loaded.d_vocab,
                "d_vocab_out": loaded.d_vocab_out, "n_ctx": loaded.n_ctx,
                "attn_only": not loaded.has_mlp,
-               "normalization": str(getattr(cfg, "normalization_type", None))},
+               "normalization": str(getattr(cfg, "normalization_type", None)),
+               **dtype_record(loaded), "architecture": architecture.of(loaded.bridge).to_dict()},
         data={"description": ds.description, "n_prompts": ds.n, "seq_len": ds.seq_len,
               "bos_at_position_0": ds.has_bos, "scored_positions_per_prompt": int(ds.positions.shape[1]),
               "examples": examples(ds, model_tokenizer(loaded))},
         settings={"metric": s.metric, "seed": seed, "stats": s.stats.model_dump(),
-                  "weight_processing": processing_text(s.weight_processing),
+                  "weight_processing": processing_text(s.weight_processing, architecture.of(loaded.bridge)),
                   "mean_ablation_reference": data_source.mean_reference(h.spec.data),
                   "resample_ablation_source": "the paired corrupted prompt"},
         baseline=m.baseline,
@@ -140,11 +148,42 @@ def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: st
     )
 
 
-def processing_text(p: str) -> str:
-    """The weight processing in words, as `settings.weight_processing` records it."""
+def model_record(m: LoadedModel) -> dict[str, Any]:
+    """The evidence's model `source`, `kind`, `sha256` (and `revision` for a hub model).  A
+    directory is shown relative to the working directory when inside it; `hf:NAME` and a
+    handed-over bridge's description as they are."""
+    source = m.source if m.kind == "bridge" else provenance.shown_path(m.source)
+    record: dict[str, Any] = {"source": source, "kind": m.kind, "sha256": m.sha256}
+    if m.revision is not None:
+        record["revision"] = m.revision
+    return record
+
+
+def dtype_record(m: LoadedModel) -> dict[str, Any]:
+    """The evidence's model `dtype` (what the model computes in) and `stored_dtype` (what its
+    weight files hold; absent for a handed-over bridge, which has no files)."""
+    record: dict[str, Any] = {"dtype": m.dtype}
+    if m.stored_dtype is not None:
+        record["stored_dtype"] = m.stored_dtype
+    return record
+
+
+def processing_text(p: str, arch: Architecture | None = None) -> str:
+    """The weight processing in words, as `settings.weight_processing` records it (for the
+    model's architecture: its norm, norms after sublayers, rotary positions)."""
+    rotary = arch is not None and arch.rotary
+    qk = ("; Q- and K-composition one-sided and offset-free under rotary positions (Y = W_Q, W_K of the "
+          "receiver; the receiver's key/value head under grouped-query attention)") if rotary else ""
     if p == "raw":
-        return "raw: weights as stored (no LayerNorm folding, no centring)"
+        return "raw: weights as stored (no norm folding, no centring)" + qk
+    tail = "; used for composition and copying scores only, runs use the model as loaded"
+    if arch is not None and arch.norm == "RMS":
+        post = ("; the norm after each attention (Gemma 2) folded into W_O as W_O diag(w_post)"
+                if arch.post_norms else "")
+        return ("folded: RMSNorm weights folded into W_Q/W_K/W_V and W_U (no centring: RMSNorm keeps the "
+                "mean; a norm storing its offset from 1 contributes 1 + w)" + post + qk + tail)
+    if arch is not None and arch.norm == "none":
+        return "folded: the model has no norm weights, so the weights are as stored" + qk + tail
     return ("folded: LayerNorm weights folded into W_Q/W_K/W_V and W_U, reading weights "
             "centred (LN removes the mean), writing weights W_O and W_E centred, as "
-            "TransformerLens process_weights(fold_ln, center_writing_weights); used for "
-            "composition and copying scores only, runs use the model as loaded")
+            "TransformerLens process_weights(fold_ln, center_writing_weights)" + qk + tail)

@@ -74,7 +74,8 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
             if routes.needs_paths(p.edge) or not isinstance(p.edge, names.Edge):
                 plan = routes.plan(runs.bridge, p.edge, base, base, "resample")
             else:
-                plan = patching.fast_plan(runs.bridge, patching.prepare(runs.bridge, p.edge, base, base, "resample"))
+                plan = patching.fast_plan(runs.bridge, patching.prepare(runs.bridge, p.edge, base, base, "resample"),
+                                          base)
             if p.freeze_patterns:
                 plan = hooks.Plan(plan.hooks + patching.freeze_patterns_plan(runs.patterns(base)).hooks)
             checks.append((p.label, hooks.run_plan(runs.bridge, tokens, plan), m))

@@ -12,8 +12,9 @@ at_least?`), and YAML syntax errors a wrong indentation causes get a hint.
 With `check_model=True` (`harness validate`, `harness run`), when the file's
 model is a local directory whose config.json gives its layers and heads
 (model.shape), component names are checked against them here, before any model
-loads, and only names inside the model are suggested; otherwise (an `hf:` model,
-no readable config.json) names are checked against the loaded model later, with
+loads, and only names inside the model are suggested (a hub name's config.json is
+read from the local Hugging Face cache, model.hub_cache); otherwise (a hub model not
+in the cache, no readable config.json) names are checked against the loaded model later, with
 `LoadedHypothesis.where` giving the same `file:line: field` prefix.
 
 The full format is documented in docs/hypothesis-format.md; the pydantic
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..claims import registry
 from ..errors import SpecError
+from ..model.hub_cache import HF_PREFIX, cached_snapshot
 from ..model.shape import config_shape
 from ..spec.fields import SHAPE, BoundedClaim, ClaimSpec
 from ..spec.names import Shape
@@ -370,12 +372,20 @@ def load_data_file(path: Path) -> LoadedData:
 
 def model_shape_of(model: Any, base_dir: Path | None) -> Shape | None:
     """The shape of a hypothesis's `model` when it is a local directory with a readable
-    config.json (model.shape.config_shape); None for `hf:NAME` and anything else."""
-    if not isinstance(model, str) or not model or model.startswith("hf:"):
+    config.json (model.shape.config_shape), or a hub name (`ORG/NAME` that is not a
+    directory, `hf:ORG/NAME`) whose snapshot in the local Hugging Face cache has one
+    (model.hub_cache, no network); None for anything else."""
+    if not isinstance(model, str) or not model:
         return None
+    base = base_dir or Path(".")
     try:
+        snapshot = cached_snapshot(model, base)
+        if snapshot is not None:
+            return config_shape(snapshot.folder, snapshot.root)
+        if model.startswith(HF_PREFIX):
+            return None
         path = Path(model).expanduser()
-        return config_shape(path if path.is_absolute() else (base_dir or Path(".")) / path)
+        return config_shape(path if path.is_absolute() else base / path)
     except (OSError, ValueError, RuntimeError):  # unreadable, a NUL byte, no home directory for ~user
         return None
 

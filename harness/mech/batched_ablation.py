@@ -46,9 +46,11 @@ def bytes_per_variant(n: int, s: int, d: int, d_mlp: int, n_heads: int, itemsize
 
 
 def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variants: list[Variant],
-                    metric_rows: Callable[[Any], np.ndarray], budget_bytes: int = DEFAULT_BUDGET) -> np.ndarray:
+                    metric_rows: Callable[[Any], np.ndarray], budget_bytes: int = DEFAULT_BUDGET,
+                    rotation: tuple[Any, Any] | None = None) -> np.ndarray:
     """[V, n] metric of each variant.  `resid`: the run's blocks.{start}.hook_resid_pre [n, pos, d];
-    `metric_rows(logits_at [V' n, k, vocab])` -> [V' n] metric (answers tiled V' times)."""
+    `metric_rows(logits_at [V' n, k, vocab])` -> [V' n] metric (answers tiled V' times); `rotation`:
+    the run's rotary cos and sin (rotary models)."""
     cfg = bridge.cfg
     n, s, d = resid.shape
     d_mlp = int(getattr(cfg, "d_mlp", None) or 4 * d)
@@ -59,7 +61,7 @@ def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variant
         V = len(chunk)
         plan = _plan(chunk, n, start)
         tiled = resid.repeat(V, 1, 1)
-        logits_at = run_from(bridge, start, tiled, plan, positions.repeat(V, 1))
+        logits_at = run_from(bridge, start, tiled, plan, positions.repeat(V, 1), rotation)
         out[lo:lo + V] = np.asarray(metric_rows(logits_at)).reshape(V, n)
     return out
 

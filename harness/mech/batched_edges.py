@@ -4,11 +4,12 @@ receiver's layer, the metric computed only at the scored positions.
 Same definition as patching.py (the per-edge reference).  For an edge
 A -> B.x with B a head of layer L, and base/source caches of one prompt batch:
 
-    r'      = resid_pre_L - out_A(base) + out_A(replacement)
-    x_B'    = LN1_L(r') W_x[B] + b_x[B]        (the other two inputs of B from the base run)
-    z_B'    = softmax(q_B' k_B'^T / scale + causal mask) v_B'
-    mid_L'  = mid_L(base) + (z_B' - z_B(base)) W_O[B]     (mid = resid_pre + attn_out)
-    post_L' = mid_L' + MLP_L(LN2_L(mid_L'))                 (models with MLPs; else post = mid)
+    r'      = resid_pre_L + D_A                       (D_A: the sender's change of write, mech.writes)
+    x_B'    = norm1_L(r') W_x[B] + b_x[B]             (the other two inputs of B from the base run;
+                                                       k, v: B's key/value head's weights)
+    z_B'    = softmax(cap(scale rot(q_B') rot(k_B')^T) + mask_L) v_B'
+    P_L'    = P_L(base) + (z_B' - z_B(base)) W_O[B]   (P: the attention sum before any post norm)
+    post_L' = finish(resid_pre_L, post1(P_L'))         (mech.torch_blocks: + MLP, sequential or parallel)
 
 then blocks L+1.. run on post_L', and ln_final + unembed only at the scored
 positions.  `-> logits` edges swap the final residual directly.  Nothing below
@@ -79,10 +80,10 @@ import numpy as np
 from ..errors import UnsupportedError
 from ..model.devices import like
 from ..spec import names
-from ..spec.names import hook_attn_out, hook_input, hook_resid_post, hook_resid_pre, hook_z
+from ..spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
 from ..spec.vocabulary import REPLACEMENTS
 from . import torch_blocks as blocks
-from .patching import sender_output
+from . import writes
 
 # At most this many query positions (prompts x positions) per chunk of patched variants:
 # larger chunks were no faster on the benchmark model (its products are large enough by
@@ -155,11 +156,16 @@ class _Sweep:
     metric_fn: Callable
     out: np.ndarray
     budget: int
-    delta: Callable  # senders -> [S, n, s, d]: out_A(replacement) - out_A(base)
-    causal: Any  # [s, s] additive
-    scored_mask: Any  # [n, k, s] additive: the causal mask of the scored queries
+    delta: Callable  # senders -> [S, n, s, d]: the change of each sender's write
+    masks: list[Any]  # per layer [s, s] additive: causal, within the layer's sliding window
+    scored_masks: list[Any]  # per layer [n, k, s] additive: the same for the scored queries
     d_mlp: int
     vocab: int
+    scales: tuple[float, ...] = ()
+
+    def model_scale(self, L: int) -> float:
+        """Layer L's score scale (q . k times it)."""
+        return float(self.scales[L])
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -219,13 +225,15 @@ def _sweep(bridge: Any, base: dict, source: dict, clean: dict, positions: Any, m
     L = bridge.cfg.n_layers
     caches = {id(c): _trim(c, s, L) for c in (base, source, clean)}
     tbase = caches[id(base)]
-    model, weights = blocks.build(bridge, ref.dtype, ref.device)
+    model, weights = blocks.build(bridge, ref.dtype, ref.device, tbase)
     blocks.check(model, weights, tbase, blocks.tolerance(ref.dtype))
     vocab = int(model.logits(tbase[hook_resid_post(L - 1)][:1, :1]).shape[-1])
+    windows = [lay.window for lay in model.layers]
     return _Sweep(model, tbase, positions, metric_fn, out, budget,
                   _deltas(bridge, tbase, caches[id(source)], caches[id(clean)], replacement),
-                  blocks.causal(s, ref), _scored_mask(positions, s, ref),
-                  int(getattr(bridge.cfg, "d_mlp", None) or 4 * bridge.cfg.d_model), vocab)
+                  [blocks.mask(s, w, ref) for w in windows],
+                  [blocks.scored_mask(positions, s, w, ref) for w in windows],
+                  int(getattr(bridge.cfg, "d_mlp", None) or 4 * bridge.cfg.d_model), vocab, weights.arch.scales)
 
 
 def _groups(edges: list[names.Edge]) -> dict[Any, list[int]]:
@@ -243,21 +251,17 @@ def _groups(edges: list[names.Edge]) -> dict[Any, list[int]]:
 
 
 def _trim(cache: dict, s: int, n_layers: int) -> dict:
-    """The cache's activations the batched path reads ([n, pos, ...]) at positions < s (views)."""
-    return {name: cache[name][:, :s] for name in [*cache_names(n_layers), "logits"] if name in cache}
-
-
-def _scored_mask(positions: Any, s: int, ref: Any) -> Any:
-    """[n, k, s] additive: key j is visible to the query at scored position p iff j <= p."""
-    import torch
-
-    hidden = torch.arange(s, device=ref.device)[None, None, :] > positions[:, :, None]
-    return torch.zeros(hidden.shape, dtype=ref.dtype, device=ref.device).masked_fill(hidden, float("-inf"))
+    """The cache's activations the batched path reads ([n, pos, ...]) at positions < s (views;
+    the rotation's cos and sin [1 or n, pos, r] likewise)."""
+    names_ = [*cache_names(n_layers), "logits", names.HOOK_ROT_COS, names.HOOK_ROT_SIN,
+              *(hook_attn_sum(layer) for layer in range(n_layers))]
+    return {name: cache[name][:, :s] for name in names_ if name in cache}
 
 
 def _deltas(bridge: Any, base: dict, source: dict, clean: dict, replacement: str) -> Callable:
-    """senders -> [S, n, s, d]: out_A(replacement) - out_A(base), computed in float64 once per sender.
-    resample: the source run's output; mean: its mean over `clean`'s prompts; zero: 0."""
+    """senders -> [S, n, s, d]: D_A, the change of the sender's write (mech.writes), computed in
+    float64 once per sender.  resample: the source run's activation; mean: its mean over
+    `clean`'s prompts; zero: 0."""
     import torch
 
     ref = base[hook_resid_pre(0)]
@@ -266,14 +270,9 @@ def _deltas(bridge: Any, base: dict, source: dict, clean: dict, replacement: str
     def one(x: names.Sender) -> Any:
         key = str(x)
         if key not in memo:
-            old = sender_output(bridge, base, x)
-            if replacement == "resample":
-                new = sender_output(bridge, source, x)
-            elif replacement == "mean":
-                new = sender_output(bridge, clean, x).mean(0, keepdim=True)
-            else:
-                new = torch.zeros_like(old)
-            memo[key] = like(new - old, ref)
+            means = ({m: writes.activation(bridge, clean, m).mean(0, keepdim=True) for m in writes.members(x)}
+                     if replacement == "mean" else None)
+            memo[key] = like(writes.sender_change(bridge, base, source, x, replacement, means), ref)
         return memo[key]
 
     return lambda senders: torch.stack([one(x) for x in senders])
@@ -309,14 +308,20 @@ def _position_cap(positions_per_edge: int) -> int:
 @dataclass
 class _Receivers:
     """Constants of one receiver layer L.  sq = the query positions computed: the scored ones
-    (k) when L is the last layer, else all s.  Banks are [H, n, ., dh] over heads (q divided
-    by the attention scale)."""
+    (k) when L is the last layer, else all s.  Banks are over heads: q [H, n, sq, dh] (times
+    the score scale), k and v [H_kv, n, s, dh], q and k rotated at their positions."""
 
     L: int
     last: bool
-    bank: dict[str, Any]  # x -> base inputs [H, n, sq or s, dh]
+    bank: dict[str, Any]  # x -> base inputs
     z: Any  # base z [H, n, sq, dh]
-    mid: Any  # base resid_mid [n, sq, d]
+    pre: Any  # base resid_pre [n, sq, d]
+    P: Any  # base attention sum before any post norm [n, sq, d]
+    mlp_x: Any  # parallel blocks: the MLP's base output [n, sq, d] (it reads resid_pre, which no edge changes)
+
+    @property
+    def mid(self) -> Any:  # the size and dtype of a residual at the computed positions
+        return self.pre
 
 
 def _receivers(sw: _Sweep, L: int) -> _Receivers:
@@ -330,10 +335,21 @@ def _receivers(sw: _Sweep, L: int) -> _Receivers:
     def heads_first(t: Any) -> Any:  # [n, p, H, dh] -> [H, n, p, dh]
         return t.permute(2, 0, 1, 3).contiguous()
 
-    bank = {"q": heads_first(q_positions(base[hook_input(L, "q")]) / lay.scale),
-            "k": heads_first(base[hook_input(L, "k")]), "v": heads_first(base[hook_input(L, "v")])}
-    mid = q_positions(base[hook_resid_pre(L)] + base[hook_attn_out(L)])
-    return _Receivers(L, last, bank, heads_first(q_positions(base[hook_z(L)])), mid)
+    scale = sw.model_scale(L)
+    q = heads_first(q_positions(base[hook_input(L, "q")]) * scale)
+    bank = {"q": _rotate_q(sw, q, last), "k": sw.model.rotate(heads_first(base[hook_input(L, "k")])),
+            "v": heads_first(base[hook_input(L, "v")])}
+    pre = q_positions(base[hook_resid_pre(L)])
+    P = q_positions(base[hook_attn_sum(L)] if lay.post1 is not None else base[hook_attn_out(L)])
+    mlp_x = lay.mlp(pre) if lay.parallel and lay.mlp is not None else None
+    return _Receivers(L, last, bank, heads_first(q_positions(base[hook_z(L)])), pre, P, mlp_x)
+
+
+def _rotate_q(sw: _Sweep, q: Any, last: bool) -> Any:
+    """Queries [., n, sq, dh] rotated at their positions (the scored ones when `last`)."""
+    if not last:
+        return sw.model.rotate(q)
+    return sw.model.rotate(q.unsqueeze(0).transpose(1, 2), sw.positions).transpose(1, 2).squeeze(0)
 
 
 def _sender_chunk(sw: _Sweep, rc: _Receivers, edges: list[names.Edge], idx: list[int]) -> None:
@@ -354,8 +370,8 @@ def _sender_chunk(sw: _Sweep, rc: _Receivers, edges: list[names.Edge], idx: list
     size = min(chunk_size(sw.budget // 2, per_row), _position_cap(n * rc.mid.shape[1]))
     for j in range(0, len(idx), size):
         part = idx[j:j + size]
-        picks = torch.tensor([_bank_rows(_head_input(edges[i]), slot[str(edges[i].sender)], H) for i in part],
-                             device=rc.mid.device)
+        picks = torch.tensor([_bank_rows(_head_input(edges[i]), slot[str(edges[i].sender)], H, lay.n_kv)
+                              for i in part], device=rc.mid.device)
         post = _variants(sw, lay, rc, bank, picks)
         sw.finish(post if rc.last else _downstream(sw, rc.L, post), part)
 
@@ -367,12 +383,17 @@ def _head_input(edge: names.Edge) -> names.HeadInput:
     return r
 
 
-def _bank_rows(receiver: names.HeadInput, si: int, H: int) -> tuple[int, int, int, int]:
-    """(receiver head, then for q, k, v its row in the bank: the patched row H (1 + si) + head
-    for the edge's input, the base row `head` for the other two)."""
+def _bank_rows(receiver: names.HeadInput, si: int, H: int, n_kv: int) -> tuple[int, int, int, int]:
+    """(receiver head, then for q, k, v its row in the bank: the patched row H_x (1 + si) + i
+    for the edge's input, the base row i for the other two; i = the head for q, its key/value
+    head for k and v, H_x = H or n_kv)."""
     h = receiver.head.head
-    q, k, v = (H * (1 + si) + h if receiver.which == x else h for x in "qkv")
-    return h, q, k, v
+    g = h // (H // n_kv)
+    rows = []
+    for x in "qkv":
+        i, Hx = (h, H) if x == "q" else (g, n_kv)
+        rows.append(Hx * (1 + si) + i if receiver.which == x else i)
+    return h, rows[0], rows[1], rows[2]
 
 
 def _banks(sw: _Sweep, lay: blocks.Layer, rc: _Receivers, delta: Any, needed: set[str]) -> dict[str, Any]:
@@ -386,8 +407,13 @@ def _banks(sw: _Sweep, lay: blocks.Layer, rc: _Receivers, delta: Any, needed: se
     out = dict(rc.bank)
     for x in needed:
         hx = blocks.at(sw.positions, h) if x == "q" and rc.last else h
-        p = lay.proj[x](hx).view(S, n, hx.shape[2], H, dh).permute(0, 3, 1, 2, 4)
-        out[x] = torch.cat([rc.bank[x], p.reshape(S * H, n, hx.shape[2], dh)])
+        Hx = H if x == "q" else lay.n_kv
+        p = lay.proj[x](hx).view(S, n, hx.shape[2], Hx, dh).permute(0, 3, 1, 2, 4)  # [S, Hx, n, p, dh]
+        if x == "q":
+            p = sw.model.rotate(p.transpose(1, 2), sw.positions).transpose(1, 2) if rc.last else sw.model.rotate(p)
+        elif x == "k":
+            p = sw.model.rotate(p)
+        out[x] = torch.cat([rc.bank[x], p.reshape(S * Hx, n, hx.shape[2], dh)])
     return out
 
 
@@ -395,16 +421,17 @@ def _variants(sw: _Sweep, lay: blocks.Layer, rc: _Receivers, bank: dict[str, Any
     """resid_post of layer L for each edge [E, n, sq, d]; picks [E, 4]: the receiver head and
     its q, k, v rows in the bank (_bank_rows).
 
-        z' = softmax(q k^T + mask) v,  mid' = mid + (z' - z) W_O[head],  post' = mid' + MLP(LN2(mid'))"""
+        z' = softmax(cap(q k^T) + mask) v,  P' = P + (z' - z) W_O[head],  post' = finish(pre, post1(P'))"""
     import torch
 
     heads = picks[:, 0]
     q, k, v = (bank[x].index_select(0, picks[:, 1 + j]) for j, x in enumerate("qkv"))
-    dz = blocks.attend(q, k, v, sw.scored_mask if rc.last else sw.causal).sub_(rc.z.index_select(0, heads))
+    bias = sw.scored_masks[rc.L] if rc.last else sw.masks[rc.L]
+    dz = blocks.attend(q, k, v, bias, lay.cap).sub_(rc.z.index_select(0, heads))
     E, n, sq, dh = dz.shape
-    d = rc.mid.shape[-1]
-    mid = torch.baddbmm(rc.mid.reshape(1, n * sq, d), dz.reshape(E, n * sq, dh), lay.W_O.index_select(0, heads))
-    return lay.after_attention(mid).view(E, n, sq, d)
+    d = rc.pre.shape[-1]
+    P = torch.baddbmm(rc.P.reshape(1, n * sq, d), dz.reshape(E, n * sq, dh), lay.W_O.index_select(0, heads))
+    return lay.finish(rc.pre[None], lay.attn_out(P.view(E, n, sq, d)), rc.mlp_x)
 
 
 def _downstream(sw: _Sweep, L: int, post: Any) -> Any:
@@ -414,5 +441,6 @@ def _downstream(sw: _Sweep, L: int, post: Any) -> Any:
     m = sw.model
     x = post.reshape(E * n, s, d)
     for l in range(L + 1, len(m.layers) - 1):
-        x = blocks.block(m.layers[l], x, sw.causal, m.n_heads, m.d_head)
-    return blocks.block_at(m.layers[-1], x.view(E, n, s, d), sw.positions, sw.scored_mask, m.n_heads, m.d_head)
+        x = blocks.block(m, m.layers[l], x, sw.masks[l])
+    last = len(m.layers) - 1
+    return blocks.block_at(m, m.layers[-1], x.view(E, n, s, d), sw.positions, sw.scored_masks[last])

@@ -115,8 +115,8 @@ def _edge_change(runs: Runs, edge: names.Edge, direction: str, replacement: str)
     noising = direction == "noising"
     base, source = (runs.clean, runs.corrupt) if noising else (runs.corrupt, runs.clean)
     out = paths.sender_output(runs.bridge, base, edge.sender)
-    mean_out = runs.mean_output(edge.sender) if replacement == "mean" else None
-    delta = paths.first_change(runs.bridge, base, source, edge.sender, replacement, mean_out)
+    means = runs.mean_activations(edge.sender) if replacement == "mean" else None
+    delta = paths.first_change(runs.bridge, base, source, edge.sender, replacement, means)
     weights, where = read_weights(runs, edge.receiver, base)
     return relative_change(delta, out, weights), where
 

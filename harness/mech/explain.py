@@ -60,7 +60,10 @@ orthogonal to the all-ones direction then, so centring does not change a load):
 * sender_reads: the tokens t with the largest cos(W_E[t], a_i);
 * sender_writes: the largest cos(W_E[t] X, m_i) (what each token makes the sender write);
 * receiver_reads (.q/.k): the largest cos(W_E[t], b_i);
-* token_match (.q/.k): Pearson's correlation over t of cos(W_E[t], a_i) and cos(W_E[t], b_i);
+* token_match (.q/.k): Pearson's correlation over t of cos(W_E[t], a_i) and cos(W_E[t], b_i)
+  (both left out for a rotary model's one-sided q/k form, Y = W_Q or W_K: its b_i are
+  directions in the head's query or key space, which meet the other side only through the
+  position-dependent rotation);
 * promotes (.v): the largest logits b_i . W_U[:, t] (W_U with ln_final folded);
 * positional_share(u) = mean_p (W_pos[p] . u)^2 / (mean_p (W_pos[p] . u)^2 + mean_t (W_E[t] . u)^2):
   the share of the second moment of x . u that comes from the position, x = W_E[t] + W_pos[p]
@@ -124,7 +127,7 @@ class Explanation:
     norm_y: float  # ||Y||_F
     sigma: np.ndarray  # [r] singular values of P, largest first (zeros past its rank)
     left: np.ndarray  # [d, r] a_i: what the sender reads
-    right: np.ndarray  # [d, r] b_i: what the receiver produces
+    right: np.ndarray  # [d, r] b_i: what the receiver produces ([d_head, r] for a rotary model's q/k)
     writes: np.ndarray  # [d, r] m_i: what the sender writes reading a_i (0 where a_i X = 0)
     spectrum_x: np.ndarray  # [r] singular values of X
     spectrum_y: np.ndarray  # [r] singular values of Y
@@ -239,7 +242,11 @@ class Explainer:
         k = min(top, _rank_of(sigma, float(np.linalg.norm(sx_) * np.linalg.norm(sy_))))
         # one pass over the vocabulary: W_E [a_1..a_r | b_1..b_k | W_V], ||W_E[t]||, b^T W_U (.v)
         value = receiver.which == "v"
-        dots, row_norms, logits = hw.vocab_products(torch.cat([left, right[:, :k], W_V], dim=1),
+        # a rotary model's one-sided q/k form has no residual direction on the receiver's far side
+        two_sided = value or not hw.rotary
+        far = right[:, :k] if two_sided else left.new_zeros(left.shape[0], 0)
+        k_far = far.shape[1]
+        dots, row_norms, logits = hw.vocab_products(torch.cat([left, far, W_V], dim=1),
                                                     right[:, :k] if value else None)
         dots, row_norms = dots.numpy(), row_norms.numpy()
         cos = np.divide(dots, row_norms[:, None], out=np.zeros_like(dots), where=row_norms[:, None] > 0)
@@ -248,7 +255,7 @@ class Explainer:
         sign = np.where(picked < 0, -1.0, 1.0)  # the token of largest |cos(W_E[t], a_i)| loads positively
         left_, right_, writes_ = left.numpy() * sign, right.numpy() * sign, writes.numpy() * sign
         readouts = []
-        EV = dots[:, r + k:]  # W_E W_V [vocab, r]: W_E X = EV W_O, never formed
+        EV = dots[:, r + k_far:]  # W_E W_V [vocab, r]: W_E X = EV W_O, never formed
         W_O_ = W_O.numpy()
         write_norms = np.sqrt(np.clip(np.sum((EV @ (W_O_ @ W_O_.T)) * EV, axis=1), 0.0, None))  # ||W_E[t] X||
         for i in range(k):
@@ -260,7 +267,7 @@ class Explainer:
                                                         where=write_norms > 0), n_tokens)}
             if value:
                 out["promotes"] = self._tokens(logits[i].numpy() * sign[i], n_tokens)
-            else:
+            elif two_sided:
                 other = cos[:, r + i] * sign[i]
                 out["receiver_reads"] = self._tokens(other, n_tokens)
                 out["receiver_positional_share"] = self._positional(right_[:, i], dots[:, r + i])

@@ -54,7 +54,14 @@ def sender_cores(hw: HeadWeights) -> Any:
 
 def receiver_factors(hw: HeadWeights, mode: str) -> tuple[Any, Any]:
     """(a, b^T) with Y = a b for input `mode`, per head: q: (W_Q, W_K); k: (W_K, W_Q);
-    v: (W_V, W_O^T); each [L, H, d, r]."""
+    v: (W_V, W_O^T); each [L, H, d, r].  Rotary models (mech.weights): q: (W_Q, I), k: (W_K, I)
+    with I the d_head x d_head identity, so Y = W_Q (W_K): the offset-free one-sided form."""
+    if mode in ("q", "k") and hw.rotary:
+        import torch
+
+        a = hw.W_Q if mode == "q" else hw.W_K
+        L, H, _, r = a.shape
+        return a, torch.eye(r, dtype=a.dtype).expand(L, H, r, r)
     if mode == "q":
         return hw.W_Q, hw.W_K
     if mode == "k":

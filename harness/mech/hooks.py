@@ -18,14 +18,26 @@ model's device before a forward; replacement values come from caches on it.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SanityCheckError
+from ..model import architecture
 from ..model.devices import of
 from ..model.shape import vocab_out
-from ..spec.names import Head, Mlp, hook_mlp_out, hook_z
+from ..spec.names import (
+    HOOK_POS_EMBED,
+    HOOK_ROT_COS,
+    HOOK_ROT_SIN,
+    Head,
+    Mlp,
+    hook_attn_sum,
+    hook_mlp_out,
+    hook_resid_pre,
+    hook_z,
+)
 from ..spec.vocabulary import ABLATIONS
 
 if TYPE_CHECKING:
@@ -98,33 +110,109 @@ def first_layer(plan: Plan) -> int | None:
     return min(layers) if layers else None
 
 
-def can_start_inside(bridge: Any) -> bool:
-    """Whether blocks can run from a cached residual (`run_from`): the position information
-    enters only through the embedding (standard or no positional embedding)."""
-    return str(getattr(bridge.cfg, "positional_embedding_type", "standard")) == "standard"
+_START_INSIDE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def can_start_inside(bridge: Any, cache: Cache, layer: int, positions: Any) -> bool:
+    """Whether blocks can run from `cache`'s residual at `layer` (`run_from`): the residual is
+    cached, and (rotary models) the run's rotation.  Checked once per model: run_from with no
+    hooks must reproduce the cached logits of the first prompts at the scored `positions`
+    (`logits_at`; else every run is a whole forward)."""
+    if hook_resid_pre(layer) not in cache or "logits_at" not in cache:
+        return False
+    if architecture.of(bridge).rotary and HOOK_ROT_COS not in cache:
+        return False
+    known = _START_INSIDE.get(bridge)
+    if known is None:
+        m = 2
+        want = cache["logits_at"][:m]
+        got = run_from(bridge, layer, cache[hook_resid_pre(layer)][:m], Plan(), positions[:m], rotation(cache))
+        known = float((got.double() - want.double()).abs().max()) <= 1e-4 * (1.0 + float(want.abs().max()))
+        _START_INSIDE[bridge] = known
+    return known
+
+
+def rotation(cache: Cache) -> tuple[Any, Any] | None:
+    """The rotary cos and sin a run cached, or None."""
+    return (cache[HOOK_ROT_COS], cache[HOOK_ROT_SIN]) if HOOK_ROT_COS in cache else None
 
 
 def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], plan: Plan,
-             positions: Int[Tensor, "n k"]) -> Float[Tensor, "n k vocab"]:
+             positions: Int[Tensor, "n k"], rotation: tuple[Any, Any] | None = None) -> Float[Tensor, "n k vocab"]:
     """Blocks `layer`.. of the model from `resid` (that run's blocks.{layer}.hook_resid_pre),
     with the plan's hooks (all on blocks >= layer), then ln_final and the unembedding at the
     scored `positions` only: the logits there [n, k, vocab].  Layers below `layer` are not
-    recomputed: an intervention that starts at `layer` cannot change them."""
+    recomputed: an intervention that starts at `layer` cannot change them.  A rotary model's
+    blocks are given the run's `rotation` (cos, sin) and each layer's causal (sliding-window)
+    mask, as the model's own forward gives them."""
     import torch
 
     start = first_layer(plan)
     if start is not None and start < layer:
         raise ValueError(f"a hook of the plan sits below layer {layer}")
+    arch = architecture.of(bridge)
+    if arch.rotary and rotation is None:
+        raise ValueError("a rotary model's blocks need the run's rotation (cos, sin)")
     hooks, fired = _counted(bridge, plan)
     x = resid
+    s = x.shape[1]
+    masks: dict[int | None, Any] = {}
     with torch.no_grad(), bridge.hooks(fwd_hooks=hooks):
-        for block in list(bridge.blocks)[layer:]:
-            out = block(x)
+        for i, block in enumerate(list(bridge.blocks)[layer:], start=layer):
+            if arch.rotary:
+                window = arch.windows[i]
+                if window not in masks:
+                    masks[window] = _additive_mask(s, window, x)
+                cos, sin = rotation  # type: ignore[misc]
+                out = block(x, attention_mask=masks[window], position_embeddings=(cos.to(x), sin.to(x)),
+                            position_ids=torch.arange(s, device=x.device)[None])
+            else:
+                out = block(x)
             x = out[0] if isinstance(out, tuple) else out
         idx = positions.to(x.device).unsqueeze(-1).expand(-1, -1, x.shape[-1])
-        logits = bridge.unembed(bridge.ln_final(x.gather(1, idx)))
+        logits = output_transform(bridge, bridge.unembed(bridge.ln_final(x.gather(1, idx))))
     _check_fired(plan, fired)
     return logits
+
+
+def _additive_mask(s: int, window: int | None, ref: Any) -> Any:
+    """[1, 1, s, s]: 0 where key j is visible from query i (j <= i, i - j < window), -inf elsewhere."""
+    import torch
+
+    i = torch.arange(s, device=ref.device)
+    keep = i[None, :] <= i[:, None]
+    if window is not None:
+        keep &= (i[:, None] - i[None, :]) < window
+    return torch.zeros(s, s, dtype=ref.dtype, device=ref.device).masked_fill(~keep, float("-inf"))[None, None]
+
+
+def for_architecture(bridge: Any, wanted: list[str]) -> list[str]:
+    """The hooks to cache for `wanted` on this model's architecture: without learned positions
+    there is no hook_pos_embed (embed is the token embedding alone); with parallel blocks no
+    resid_mid (an MLP reads resid_pre, which is cached instead); rotary models add the rotation
+    (cos, sin) that attention recomputed by hand applies; a layer with a norm after its
+    attention adds its pre-norm attention sum wherever its z is cached (mech.writes)."""
+    arch = architecture.of(bridge)
+    out: list[str] = []
+    for name in dict.fromkeys(wanted):
+        if name == HOOK_POS_EMBED and arch.positions != "learned":
+            continue
+        if arch.parallel and name.endswith(".hook_resid_mid"):
+            out.append(name.replace(".hook_resid_mid", ".hook_resid_pre"))
+            continue
+        out.append(name)
+        if arch.post_norms and name.endswith(".attn.hook_z"):
+            out.append(hook_attn_sum(int(name.split(".")[1])))
+    if arch.rotary:
+        out += [HOOK_ROT_COS, HOOK_ROT_SIN]
+    return list(dict.fromkeys(out))
+
+
+def output_transform(bridge: Any, logits: Any) -> Any:
+    """The model's transform after the unembedding (Gemma 2's soft cap c tanh(x / c); the
+    identity for most models), as the bridge's forward applies it."""
+    transform = getattr(getattr(bridge, "adapter", None), "apply_output_logits_transform", None)
+    return transform(logits) if transform is not None else logits
 
 
 def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], positions: Any = None,
@@ -136,7 +224,7 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     the scored positions, under "logits_at" [n, k, vocab] (what the metric reads)."""
     import torch
 
-    names = list(dict.fromkeys(names))
+    names = for_architecture(bridge, names)
     n, s = tokens.shape
     per_prompt = max(1, s * vocab_out(bridge.cfg) * 4)
     size = max(1, budget_bytes // per_prompt)

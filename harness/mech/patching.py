@@ -1,26 +1,36 @@
 """Exact edge patching: sender -> receiver.{q,k,v} and sender -> logits.
 
-Only the receiver sees the swapped sender output; every other reader sees the
-base run.  For a receiver head B (layer L) and input x in {q, k, v}:
+Only the receiver sees the sender's changed write; every other reader sees the
+base run.  For a receiver head B (query head b of layer L) and input x in {q, k, v}:
 
-    r'   = resid_pre_L(base) - out_A(base) + out_A(replacement)
-    x_B' = LN1_L(r') W_x[L, B] + b_x[L, B]         (LayerNorm recomputed on r')
+    r'   = resid_pre_L(base) + D                     (D: the sender's change of write, mech.writes)
+    x_B' = norm1_L(r') W_x + b_x                     (the norm recomputed on r'; W_x, b_x of query
+                                                      head b for q, of its key/value head for k, v)
 
-and only head B's slice of `blocks.L.attn.hook_x` is replaced.  For `-> logits`
-the final residual gets the swap: logits' = unembed(ln_final(resid_final - out_A
-+ out_A')).  A head's output is out_A = z_A W_O[A] (its share of b_O is the same
-in every run and cancels); `embed` is the token + positional embedding.
+then B's attention as the model computes it: rotary positions rotate q and k after
+the projection at B's own positions, the scale, soft cap and (sliding-window) causal
+mask of layer L apply (mech.attention).  Only head B's input changes: under
+grouped-query attention the other query heads of B's key/value group keep reading
+the base keys and values.  For `-> logits` the final residual gets the change:
+logits' = out(ln_final(resid_final + D)), with the model's output transform (a soft
+cap) applied.  Without post norms D = (z_A' - z_A) W_O[A] for a head A (its share of
+b_O is the same in every run and cancels); `embed` is what enters the residual before
+block 0 (token embedding, plus learned positions where the model has them: a rotary
+model has no positional embedding to include).
 
 Directions:
 * noising   (base = clean, replacement from the corrupted run): necessity;
 * denoising (base = corrupted, replacement from the clean run): sufficiency.
 Replacement (noising only for mean and zero): `resample` = the other run's
-output (default), `mean` = the sender's output averaged per position over
+activation (default), `mean` = the sender's activation averaged per position over
 reference prompts other than the patched one (mech.runs.Reference), `zero` = 0.
 
-`fast_plan` hooks the receiver's q/k/v (TransformerLens computes attention);
-`slow_logits` is the plainly written reference: it recomputes the receiver
-head's whole attention by hand and replaces its z.  Tests hold them equal.
+`fast_plan` hooks the receiver's own slice of q/k/v where the model has one (the
+model then rotates and attends); for a shared key/value head it sets the receiver's z
+from its attention recomputed by hand.  `slow_logits` is the plainly written
+reference: it always recomputes the receiver head's whole attention by hand and
+replaces its z.  Tests hold them equal, and both to a float64 reference forward of
+each architecture.
 
 Devices: the float64 arithmetic runs on the activations' device (on the CPU for
 MPS, which has no float64: devices.wide); norm modules run on the model's device;
@@ -34,11 +44,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UnsupportedError
+from ..model import architecture
 from ..model.devices import like, of, wide
 from ..spec import names
 from ..spec.names import hook_input, hook_pattern, hook_resid_post, hook_resid_pre, hook_z
-from ..spec.vocabulary import REPLACEMENTS
-from .hooks import Cache, Plan, run_plan
+from . import attention, writes
+from .hooks import Cache, Plan, output_transform, run_plan
 
 if TYPE_CHECKING:
     from jaxtyping import Float
@@ -49,83 +60,56 @@ if TYPE_CHECKING:
 
 def cache_names(edges: list[names.Edge], n_layers: int) -> list[str]:
     """Hooks to cache in both runs for these edges (a head or embed into a head input or
-    logits; MLP ends and groups of senders are mech.paths's)."""
+    logits; MLP ends and groups of senders are mech.paths's).  hooks.cache_hooks adapts the
+    list to the architecture (the rotation, post-norm sums, no learned positions)."""
     out = []
     for e in edges:
         s = e.sender
-        if isinstance(s, names.Head):
-            out.append(hook_z(s.layer))
-        elif isinstance(s, names.Embed):
-            out += [names.HOOK_EMBED, names.HOOK_POS_EMBED]
-        else:
+        if not isinstance(s, names.Head | names.Embed):
             raise UnsupportedError(names.edge_end_unsupported(s, "from"))
-        r = e.receiver
-        if isinstance(r, names.HeadInput):
-            out.append(hook_resid_pre(r.head.layer))
-        elif isinstance(r, names.Logits):
-            out.append(hook_resid_post(n_layers - 1))
-        else:
-            raise UnsupportedError(names.edge_end_unsupported(r, "into"))
+        out += writes.activation_names(s)
+        out += receiver_names(e.receiver, n_layers)
     return list(dict.fromkeys(out))
 
 
-def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
-    """The sender's write into the residual stream [n, pos, d_model] (float64)."""
-    if isinstance(sender, names.Head):
-        z = wide(cache[hook_z(sender.layer)][:, :, sender.head])
-        return z @ wide(bridge.W_O[sender.layer, sender.head]).to(z.device)
-    return wide(cache[names.HOOK_EMBED] + cache[names.HOOK_POS_EMBED])
+def receiver_names(receiver: names.Receiver, n_layers: int) -> list[str]:
+    """Hooks the receiving end of a patch reads: the residual it reads (and, for a head, its
+    layer's z, which the attention recomputed by hand is checked against)."""
+    if isinstance(receiver, names.HeadInput):
+        L = receiver.head.layer
+        return [hook_resid_pre(L), hook_z(L)]
+    if isinstance(receiver, names.Logits):
+        return [hook_resid_post(n_layers - 1)]
+    raise UnsupportedError(names.edge_end_unsupported(receiver, "into"))
 
 
-def replacement_output(bridge: Any, base: Cache, source: Cache, sender: names.Sender, replacement: str,
-                       mean_out: Residual | None = None) -> Residual:
-    """The sender's output that replaces its base-run output: the source run's (resample),
-    `mean_out` ([1 or n, pos, d], the per-position mean over reference prompts; mean), or 0."""
-    if replacement == "resample":
-        return sender_output(bridge, source, sender)
-    if replacement == "mean":
-        if mean_out is None:
-            raise ValueError("mean replacement needs the reference mean of the sender's output")
-        return wide(mean_out).expand_as(sender_output(bridge, base, sender))
-    if replacement == "zero":
-        return 0.0 * sender_output(bridge, base, sender)
-    raise ValueError(f"unknown replacement {replacement!r}; allowed: {', '.join(REPLACEMENTS)}")
-
-
-def patched_residual(bridge: Any, edge: names.Edge, base: Cache, new_out: Residual) -> Residual:
-    """r' = (the receiver's base residual) - out_A(base) + out_A(replacement)."""
-    r = edge.receiver
-    key = (hook_resid_pre(r.head.layer) if isinstance(r, names.HeadInput)
+def receiver_residual(bridge: Any, base: Cache, receiver: names.Receiver) -> Residual:
+    """The residual the receiver reads in the base run (float64): a head input reads its layer's
+    resid_pre, `logits` the last layer's resid_post."""
+    key = (hook_resid_pre(receiver.head.layer) if isinstance(receiver, names.HeadInput)
            else hook_resid_post(bridge.cfg.n_layers - 1))
-    return wide(base[key]) - sender_output(bridge, base, edge.sender) + new_out
+    return wide(base[key])
+
+
+def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
+    """The sender's write into the residual stream [n, pos, d_model] (float64; mech.writes)."""
+    return writes.output(bridge, cache, sender)
 
 
 def attn_scale(cfg: Any) -> float:
-    """The divisor of attention scores: cfg.attn_scale when set, else sqrt(d_head)."""
+    """The divisor of attention scores of a native config: cfg.attn_scale when set, else sqrt(d_head)."""
     if getattr(cfg, "use_attn_scale", True) and cfg.attn_scale > 0:
         return float(cfg.attn_scale)
     return math.sqrt(cfg.d_head)
 
 
-def apply_module(module: Any, x: Any, device: Any) -> Any:
-    """Apply a norm (or MLP) module on the model's `device` in its own dtype (parameter-free
-    norms: the input's, float32 on MPS), return float64 (devices.wide)."""
-    import torch
-
-    param = next(module.parameters(), None)
-    dtype = x.dtype if param is None else param.dtype
-    if torch.device(device).type == "mps" and dtype == torch.float64:
-        dtype = torch.float32
-    with torch.no_grad():
-        return wide(module(x.to(dtype).to(device)))
+apply_module = attention.apply_norm
 
 
 def receiver_input(bridge: Any, head: names.Head, which: str, resid: Residual) -> Float[Tensor, "n pos d_head"]:
-    """x = LN1(resid) W_x + b_x for one head: [n, pos, d_head] (float64)."""
-    h = apply_module(bridge.blocks[head.layer].ln1, resid, of(bridge))
-    W = wide(getattr(bridge, f"W_{which.upper()}")[head.layer, head.head]).to(h.device)
-    b = wide(getattr(bridge, f"b_{which.upper()}")[head.layer, head.head]).to(h.device)
-    return h @ W + b
+    """x = norm1(resid) W_x + b_x for one query head (its key/value head's W, b for k and v):
+    [n, pos, d_head] (float64, before any rotation)."""
+    return attention.head_input(bridge, head, which, resid)
 
 
 @dataclass
@@ -136,14 +120,30 @@ class EdgePatch:
     resid: Residual  # the patched residual the receiver sees
 
 
-def prepare(bridge: Any, edge: names.Edge, base: Cache, source: Cache, replacement: str,
-            mean_out: Residual | None = None) -> EdgePatch:
-    new_out = replacement_output(bridge, base, source, edge.sender, replacement, mean_out)
-    return EdgePatch(edge, patched_residual(bridge, edge, base, new_out))
+def prepare(bridge: Any, edge: names.Edge, base: Cache, source: Cache | None, replacement: str,
+            means: dict[Any, Any] | None = None) -> EdgePatch:
+    """r' = (the receiver's base residual) + D, D the sender's change of write (mech.writes);
+    `means`: per member, the reference mean activation (mean replacement)."""
+    change = writes.sender_change(bridge, base, source, edge.sender, replacement, means)
+    resid = receiver_residual(bridge, base, edge.receiver)
+    return EdgePatch(edge, resid + change.to(resid.device))
 
 
-def fast_plan(bridge: Any, patch: EdgePatch) -> Plan:
-    """Hooks that apply the patch: the receiver head's q/k/v slice, or the final residual."""
+def final_logits(bridge: Any, resid: Residual) -> Any:
+    """The logits of a final residual: the final norm, the unembedding and the model's output
+    transform (Gemma 2's soft cap), in the model's dtype."""
+    import torch
+
+    with torch.no_grad():
+        return output_transform(bridge, bridge.unembed(like(apply_module(bridge.ln_final, resid, of(bridge)),
+                                                            bridge.W_U)))
+
+
+def fast_plan(bridge: Any, patch: EdgePatch, base: Cache | None = None) -> Plan:
+    """Hooks that apply the patch: the receiver's q/k/v slice of `blocks.L.attn.hook_x` where the
+    model has one for that query head alone (q always; k and v unless the key/value head is
+    shared), else the receiver's z, from its attention recomputed by hand (mech.attention; this
+    needs the `base` run); `-> logits`: the final residual."""
     plan = Plan()
     r = patch.edge.receiver
     if isinstance(r, names.Logits):
@@ -156,20 +156,49 @@ def fast_plan(bridge: Any, patch: EdgePatch) -> Plan:
         return plan
     if not isinstance(r, names.HeadInput):
         raise UnsupportedError(names.edge_end_unsupported(r, "into"))
-    new = receiver_input(bridge, r.head, r.which, patch.resid)
-    idx = r.head.head
+    arch = architecture.of(bridge)
+    if r.which == "q" or not arch.grouped:
+        new = receiver_input(bridge, r.head, r.which, patch.resid)
+        idx = r.head.head if r.which == "q" else arch.kv_head(r.head.head)
 
-    def swap(x, hook):
+        def swap(x, hook):
+            x = x.clone()
+            x[:, :, idx, :] = like(new, x)
+            return x
+
+        plan.add(hook_input(r.head.layer, r.which), swap)
+        return plan
+    if base is None:
+        raise ValueError("patching a shared key/value head's input needs the base run")
+    return z_plan(bridge, r.head, patched_z(bridge, r, patch.resid, base))
+
+
+def patched_z(bridge: Any, receiver: names.HeadInput, resid: Residual, base: Cache) -> Any:
+    """The receiver head's z when its input `receiver.which` reads `resid` and the other two its
+    base residual (attention by hand, checked against the model once per layer)."""
+    L = receiver.head.layer
+    attention.check(bridge, base, L)
+    pre = wide(base[hook_resid_pre(L)]).to(resid.device)
+    inputs = {w: resid if w == receiver.which else pre for w in "qkv"}
+    return attention.head_z(bridge, receiver.head, inputs, base)
+
+
+def z_plan(bridge: Any, head: names.Head, z: Any) -> Plan:
+    """Hooks that set one head's z (its other heads untouched)."""
+    plan = Plan()
+
+    def set_z(x, hook):
         x = x.clone()
-        x[:, :, idx, :] = like(new, x)
+        x[:, :, head.head, :] = like(z, x)
         return x
 
-    plan.add(hook_input(r.head.layer, r.which), swap)
+    plan.add(hook_z(head.layer), set_z)
     return plan
 
 
-def fast_logits(bridge: Any, tokens: Any, patch: EdgePatch, extra: Plan | None = None) -> Any:
-    plan = fast_plan(bridge, patch)
+def fast_logits(bridge: Any, tokens: Any, patch: EdgePatch, extra: Plan | None = None,
+                base: Cache | None = None) -> Any:
+    plan = fast_plan(bridge, patch, base)
     if extra is not None:
         plan.hooks += extra.hooks
     return run_plan(bridge, tokens, plan)
@@ -178,35 +207,18 @@ def fast_logits(bridge: Any, tokens: Any, patch: EdgePatch, extra: Plan | None =
 def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: Cache) -> Float[Tensor, "n pos vocab"]:
     """Reference: recompute the receiver head's attention by hand, replace its z.
 
-    q, k, v of head B are computed from LN1 of the base residual, except the
-    patched input, computed from LN1 of the patched residual; then
-    z = softmax(q k^T / scale + causal mask) v.  For `-> logits`, ln_final and
-    the unembedding are applied by hand to the patched final residual.
+    q, k, v of head B are computed from norm1 of the base residual, except the patched
+    input, computed from norm1 of the patched residual; then rotation, scale, soft cap, the
+    causal (and sliding-window) mask and the softmax as the model does (mech.attention).
+    For `-> logits`, the final norm, the unembedding and the output transform are applied
+    by hand to the patched final residual.
     """
-    import torch
-
     r = patch.edge.receiver
     if isinstance(r, names.Logits):
-        with torch.no_grad():
-            return wide(bridge.unembed(like(apply_module(bridge.ln_final, patch.resid, of(bridge)), bridge.W_U)))
+        return wide(final_logits(bridge, patch.resid))
     if not isinstance(r, names.HeadInput):
         raise UnsupportedError(names.edge_end_unsupported(r, "into"))
-    L, h = r.head.layer, r.head
-    resid = wide(base[hook_resid_pre(L)])
-    qkv = {w: receiver_input(bridge, h, w, patch.resid if w == r.which else resid) for w in "qkv"}
-    scores = qkv["q"] @ qkv["k"].transpose(-1, -2) / attn_scale(bridge.cfg)
-    s = scores.shape[-1]
-    mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=scores.device), 1)
-    z = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ qkv["v"]
-    plan = Plan()
-
-    def set_z(x, hook):
-        x = x.clone()
-        x[:, :, h.head, :] = like(z, x)
-        return x
-
-    plan.add(hook_z(L), set_z)
-    return wide(run_plan(bridge, tokens, plan))
+    return wide(run_plan(bridge, tokens, z_plan(bridge, r.head, patched_z(bridge, r, patch.resid, base))))
 
 
 def freeze_patterns_plan(patterns: dict[int, Float[Tensor, "n head query key"]]) -> Plan:

@@ -4,26 +4,31 @@ nodes and groups of senders included (the general case of exact edge patching).
 For a path  n0 -> n1 -> ... -> nm  (names.Path; m = 1 is an edge), a base run b
 and a source run s:
 
-    D_0 = sum over n0's members of (out_rep - out_b)        (rep: the replacement output)
-    D_k = out_nk(input_b + D_{k-1}) - out_nk(input_b)       k = 1 .. m-1 (intermediate hops)
+    D_0 = the change of n0's write when its members' activations are replaced
+          (mech.writes: sum of (z' - z) W_O over heads without post norms)
+    D_k = write_nk(input_b + D_{k-1}) - write_nk(input_b)     k = 1 .. m-1 (intermediate hops)
 
 where a hop reads the change only through its listed input and its own output
 change goes only to the next hop (nothing else sees it):
 
-* a head input `LlHh.x`: x = LN1_l(resid_pre_l + D) W_x + b_x for head h alone, the
-  other two of q/k/v from the base residual, then h's attention; out = z W_O[h];
-* an MLP `Ll.mlp`: out = MLP_l(LN2_l(resid_mid_l + D)) (it reads the residual after
-  its layer's attention, so the heads of layer l can feed it);
-* outputs: a head's is z W_O[h] (the shared b_O cancels), embed's the token plus
-  positional embedding, an MLP's `hook_mlp_out` (its output bias cancels).
+* a head input `LlHh.x`: x = norm1_l(resid_pre_l + D) W_x + b_x for head h alone, the
+  other two of q/k/v from the base residual, then h's attention as the model computes
+  it (rotary, grouped keys and values, soft cap, sliding window: mech.attention); its
+  write z W_O[h], or inside the layer's post-attention norm (Gemma 2, mech.writes);
+* an MLP `Ll.mlp`: MLP_l(norm2_l(resid_mid_l + D)) (it reads the residual after its
+  layer's attention, so the heads of layer l can feed it), then its post norm where the
+  model has one.  With parallel blocks (GPT-NeoX) the MLP reads the block's input,
+  norm2_l(resid_pre_l + D), and a head of layer l does not feed MLP l: such a route is
+  refused;
+* outputs: a head's is its write (the shared b_O cancels), embed's what enters the
+  residual before block 0, an MLP's `hook_mlp_out` (its output bias cancels).
 
 The last hop nm receives D_{m-1} the same way, and its changed output is written
 into the residual stream: every later reader sees it in an ordinary forward pass
-from there (a head input: that head's q/k/v slice is replaced, as in
-patching.fast_plan; an MLP: its `hook_mlp_out` is replaced; `logits`: the final
-residual gets + D_{m-1}).  Everything else reads the base run.  Replacements:
-`resample` (the source run's output), `mean` (the per-position mean over
-reference prompts, mech.runs.Reference), `zero`.
+from there (a head input: as patching.fast_plan; an MLP: its `hook_mlp_out` is
+replaced; `logits`: the final residual gets + D_{m-1}).  Everything else reads the
+base run.  Replacements: `resample` (the source run's activation), `mean` (the
+per-position mean over reference prompts, mech.runs.Reference), `zero`.
 
 The changes are computed in float64 from the base and source runs' caches, with
 the model's own norm and MLP modules; only the last hop runs inside a forward.
@@ -33,11 +38,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..errors import UnsupportedError
+from ..model import architecture
 from ..model.devices import like, of, wide
 from ..spec import names
-from ..spec.names import hook_mlp_out, hook_resid_mid, hook_resid_post, hook_resid_pre, hook_z
-from ..spec.vocabulary import REPLACEMENTS
-from . import patching
+from ..spec.names import hook_mlp_out, hook_resid_mid, hook_resid_pre
+from . import attention, patching, writes
 from .hooks import Cache, Plan, cache_hooks, run_plan
 
 if TYPE_CHECKING:
@@ -69,86 +75,71 @@ def needs_paths(route: Route) -> bool:
 
 
 def cache_names(route: Route, n_layers: int) -> list[str]:
-    """Hooks to cache in the base and source runs (and the reference run, for means)."""
+    """Hooks to cache in the base and source runs (and the reference run, for means);
+    hooks.cache_hooks adapts them to the architecture."""
     path = as_path(route)
-    out: list[str] = []
-    for m in names.members(path.sender):
-        if isinstance(m, names.Head):
-            out.append(hook_z(m.layer))
-        elif isinstance(m, names.Mlp):
-            out.append(hook_mlp_out(m.layer))
-        else:
-            out += [names.HOOK_EMBED, names.HOOK_POS_EMBED]
+    out: list[str] = list(writes.activation_names(path.sender))
     for hop in path.hops:
-        if isinstance(hop, names.HeadInput):
-            out.append(hook_resid_pre(hop.head.layer))
-        elif isinstance(hop, names.Mlp):
-            out += [hook_resid_mid(hop.layer), hook_resid_pre(hop.layer)]
+        if isinstance(hop, names.Mlp):
+            out += [hook_resid_mid(hop.layer), hook_resid_pre(hop.layer), hook_mlp_out(hop.layer)]
         else:
-            out += [hook_resid_post(n_layers - 1), hook_resid_pre(n_layers - 1)]
+            out += patching.receiver_names(hop, n_layers)
+        if isinstance(hop, names.HeadInput):
+            out += writes.activation_names(hop.head)
     return list(dict.fromkeys(out))
 
 
 def node_output(bridge: Any, cache: Cache, node: names.Node) -> Residual:
     """What a node writes into the residual stream in the run `cache` holds [n, pos, d] (float64)."""
-    if isinstance(node, names.Mlp):
-        return wide(cache[hook_mlp_out(node.layer)])
-    return patching.sender_output(bridge, cache, node)
+    return writes.output(bridge, cache, node)
 
 
 def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
-    """A sender's output; a group's is the sum of its members'."""
-    outs = [node_output(bridge, cache, m) for m in names.members(sender)]
-    total = outs[0]
-    for o in outs[1:]:
-        total = total + o.to(total.device)
-    return total
+    """A sender's write (a group's: its members' joint write; mech.writes)."""
+    return writes.output(bridge, cache, sender)
 
 
-def first_change(bridge: Any, base: Cache, source: Cache, sender: names.Sender, replacement: str,
-                 mean_out: Residual | None = None) -> Residual:
-    """D_0: the sender's replacement output minus its base output."""
-    out_b = sender_output(bridge, base, sender)
-    if replacement == "resample":
-        return sender_output(bridge, source, sender).to(out_b.device) - out_b
-    if replacement == "mean":
-        if mean_out is None:
-            raise ValueError("mean replacement needs the reference mean of the sender's output")
-        return wide(mean_out).to(out_b.device).expand_as(out_b) - out_b
-    if replacement == "zero":
-        return -out_b
-    raise ValueError(f"unknown replacement {replacement!r}; allowed: {', '.join(REPLACEMENTS)}")
+def first_change(bridge: Any, base: Cache, source: Cache | None, sender: names.Sender, replacement: str,
+                 means: dict[Any, Any] | None = None) -> Residual:
+    """D_0: the sender's replacement write minus its base write (mech.writes.sender_change)."""
+    return writes.sender_change(bridge, base, source, sender, replacement, means)
 
 
-def mlp_output(bridge: Any, layer: int, resid_mid: Residual) -> Residual:
-    """MLP_l(LN2_l(resid_mid)) with the model's modules (float64)."""
+def mlp_reads(bridge: Any, layer: int) -> str:
+    """The residual MLP `layer` reads: after its layer's attention (resid_mid), or, in a model
+    with parallel blocks, the block's input (resid_pre)."""
+    return hook_resid_pre(layer) if architecture.of(bridge).parallel else hook_resid_mid(layer)
+
+
+def mlp_output(bridge: Any, layer: int, resid: Residual) -> Residual:
+    """What MLP `layer` adds to the residual when it reads `resid`: MLP_l(norm2_l(resid)), then the
+    norm after the MLP where the model has one (the model's modules; float64)."""
     block = bridge.blocks[layer]
     device = of(bridge)
-    return patching.apply_module(block.mlp, patching.apply_module(block.ln2, resid_mid, device), device)
+    out = patching.apply_module(block.mlp, patching.apply_module(block.ln2, resid, device), device)
+    post = getattr(block, "ln2_post", None)
+    return patching.apply_module(post, out, device) if post is not None else out
 
 
-def head_output(bridge: Any, receiver: names.HeadInput, resid_pre: Residual, changed: Residual) -> Residual:
-    """Head h's output z W_O[h] when its input `receiver.which` reads `changed` and the other
-    two read `resid_pre` (causal attention recomputed by hand, float64)."""
-    import torch
-
-    h = receiver.head
-    qkv = {w: patching.receiver_input(bridge, h, w, changed if w == receiver.which else resid_pre) for w in "qkv"}
-    scores = qkv["q"] @ qkv["k"].transpose(-1, -2) / patching.attn_scale(bridge.cfg)
-    s = scores.shape[-1]
-    mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=scores.device), 1)
-    z = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ qkv["v"]
-    return z @ wide(bridge.W_O[h.layer, h.head]).to(z.device)
+def head_z(bridge: Any, receiver: names.HeadInput, resid_pre: Residual, changed: Residual, base: Cache) -> Any:
+    """Head h's z when its input `receiver.which` reads `changed` and the other two read
+    `resid_pre` (its attention recomputed by hand, mech.attention; float64)."""
+    inputs = {w: changed if w == receiver.which else resid_pre for w in "qkv"}
+    return attention.head_z(bridge, receiver.head, inputs, base)
 
 
 def hop_change(bridge: Any, base: Cache, hop: names.Receiver, change: Residual) -> Residual:
-    """D_k: how much an intermediate hop's output changes when its listed input reads the
-    base residual plus `change`."""
+    """D_k: how much an intermediate hop's write changes when its listed input reads the
+    base residual plus `change` (both writes computed by hand, so their rounding cancels)."""
     if isinstance(hop, names.HeadInput):
+        attention.check(bridge, base, hop.head.layer)
         resid = wide(base[hook_resid_pre(hop.head.layer)]).to(change.device)
-        return head_output(bridge, hop, resid, resid + change) - head_output(bridge, hop, resid, resid)
+        old = head_z(bridge, hop, resid, resid, base)
+        new = head_z(bridge, hop, resid, resid + change, base)
+        return (writes.change(bridge, base, hop.head, {hop.head: new})
+                - writes.change(bridge, base, hop.head, {hop.head: old}))
     if isinstance(hop, names.Mlp):
-        resid = wide(base[hook_resid_mid(hop.layer)]).to(change.device)
+        resid = wide(base[mlp_reads(bridge, hop.layer)]).to(change.device)
         return mlp_output(bridge, hop.layer, resid + change) - mlp_output(bridge, hop.layer, resid)
     raise ValueError(f"{hop} cannot be an intermediate hop of a path")
 
@@ -157,23 +148,23 @@ def last_plan(bridge: Any, base: Cache, receiver: names.Receiver, change: Residu
     """Hooks that deliver `change` into the last hop's listed input and write its changed
     output into the residual stream."""
     if isinstance(receiver, names.Mlp):
-        new = mlp_output(bridge, receiver.layer, wide(base[hook_resid_mid(receiver.layer)]).to(change.device)
-                         + change)
+        resid = wide(base[mlp_reads(bridge, receiver.layer)]).to(change.device)
+        new = mlp_output(bridge, receiver.layer, resid + change)
         plan = Plan()
         plan.add(hook_mlp_out(receiver.layer), lambda x, hook: like(new, x))
         return plan
-    key = (hook_resid_pre(receiver.head.layer) if isinstance(receiver, names.HeadInput)
-           else hook_resid_post(bridge.cfg.n_layers - 1))
-    resid = wide(base[key]).to(change.device) + change
+    resid = patching.receiver_residual(bridge, base, receiver).to(change.device) + change
     some = names.Edge(names.Embed(), receiver)  # fast_plan reads only the receiver and the residual
-    return patching.fast_plan(bridge, patching.EdgePatch(some, resid))
+    return patching.fast_plan(bridge, patching.EdgePatch(some, resid), base)
 
 
-def plan(bridge: Any, route: Route, base: Cache, source: Cache, replacement: str,
-         mean_out: Residual | None = None) -> Plan:
-    """The hooks of one patched forward of the base prompts along `route`."""
+def plan(bridge: Any, route: Route, base: Cache, source: Cache | None, replacement: str,
+         means: dict[Any, Any] | None = None) -> Plan:
+    """The hooks of one patched forward of the base prompts along `route` (`means`: each sender
+    member's reference mean activation, for the mean replacement)."""
     path = as_path(route)
-    change = first_change(bridge, base, source, path.sender, replacement, mean_out)
+    check_route(bridge, path)
+    change = first_change(bridge, base, source, path.sender, replacement, means)
     for hop in path.hops[:-1]:
         change = hop_change(bridge, base, hop, change)
     return last_plan(bridge, base, path.hops[-1], change)
@@ -187,10 +178,24 @@ def patch_path(bridge: Any, route: Route, base_tokens: Any, source_tokens: Any, 
     needed = cache_names(route, int(bridge.cfg.n_layers))
     base = cache_hooks(bridge, base_tokens, needed)
     source = cache_hooks(bridge, source_tokens, needed)
-    mean_out = None
+    means = None
     if replacement == "mean":
         if reference_tokens is None:
             raise ValueError("the mean replacement needs reference_tokens")
         ref = cache_hooks(bridge, reference_tokens, needed)
-        mean_out = sender_output(bridge, ref, as_path(route).sender).mean(0, keepdim=True)
-    return wide(run_plan(bridge, base_tokens, plan(bridge, route, base, source, replacement, mean_out)))
+        means = {m: writes.activation(bridge, ref, m).mean(0, keepdim=True)
+                 for m in writes.members(as_path(route).sender)}
+    return wide(run_plan(bridge, base_tokens, plan(bridge, route, base, source, replacement, means)))
+
+
+def check_route(bridge: Any, path: names.Path) -> None:
+    """Refuse a route through an edge the architecture does not have: in a model with parallel
+    blocks, a head of layer l does not feed MLP l (both read the block's input)."""
+    if not architecture.of(bridge).parallel:
+        return
+    nodes = [*names.members(path.sender), *path.hops]
+    for a, b in zip(nodes, nodes[1:]):
+        head = a.head if isinstance(a, names.HeadInput) else a
+        if isinstance(head, names.Head) and isinstance(b, names.Mlp) and head.layer == b.layer:
+            raise UnsupportedError(f"{head} -> {b}: in {architecture.of(bridge).name} attention and MLP of a layer "
+                                   "run in parallel on the same input, so a head does not feed its own layer's MLP")

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import UnsupportedError
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
-from . import batched_ablation, batched_edges, hooks, patching, paths
+from . import batched_ablation, batched_edges, hooks, patching, paths, writes
 from .hooks import Cache
 
 if TYPE_CHECKING:
@@ -137,10 +137,10 @@ class Runs:
         ref = self.reference
         return {layer: ref.mean(ref.cache[hook_z(layer)], drop) for layer in layers}
 
-    def mean_output(self, sender: names.Sender, drop: int | None = None) -> Any:
-        """The sender's output averaged per position over the reference prompts."""
-        ref = self.reference
-        return ref.mean(paths.sender_output(self.bridge, ref.cache, sender), drop)
+    def mean_activations(self, sender: names.Sender, drop: int | None = None) -> dict[Any, Any]:
+        """Each of the sender's members' activations averaged per position over the reference
+        prompts (mech.writes.reference_means)."""
+        return writes.reference_means(self.bridge, self.reference, sender, drop)
 
     def run(self, tokens: Any, base: Cache, plan: hooks.Plan, freeze: bool = False) -> PerPrompt:
         """The metric of `tokens` (the run `base` cached) with the plan's hooks, and with every
@@ -153,8 +153,10 @@ class Runs:
             pats = self.patterns(base)
             plan = hooks.Plan(plan.hooks + patching.freeze_patterns_plan(
                 {layer: p for layer, p in pats.items() if start is None or key not in base or layer >= start}).hooks)
-        if self.metric_at is not None and key in base and hooks.can_start_inside(self.bridge):
-            return self.metric_at(hooks.run_from(self.bridge, start or 0, base[key], plan, self.ds.positions))
+        if (start is not None and self.metric_at is not None
+                and hooks.can_start_inside(self.bridge, base, start, self.ds.positions)):
+            return self.metric_at(hooks.run_from(self.bridge, start, base[key], plan, self.ds.positions,
+                                                 hooks.rotation(base)))
         return self.metric(hooks.run_plan(self.bridge, tokens, plan))
 
     def ablated(self, heads: Sequence[names.Unit], kind: str, freeze: bool = False,
@@ -190,12 +192,13 @@ class Runs:
                 and all(isinstance(h, names.Head) for h in hs)]
         start = min((h.layer for v in todo for h in head_sets[v]), default=0)
         key = hook_resid_pre(start)
-        if todo and self.metric_at is not None and key in self.clean and hooks.can_start_inside(self.bridge):
+        if todo and self.metric_at is not None and hooks.can_start_inside(self.bridge, self.clean, start,
+                                                                          self.ds.positions):
             variants = [batched_ablation.Variant(_heads(head_sets[v]), self._sources(_heads(head_sets[v]), kind,
                                                                                      drops[v]))
                         for v in todo]
             got = batched_ablation.ablated_metrics(self.bridge, self.clean[key], start, self.ds.positions, variants,
-                                                   self.metric_at)
+                                                   self.metric_at, rotation=hooks.rotation(self.clean))
             for v, m in zip(todo, got, strict=True):
                 self.memo[self._key(head_sets[v], kind, False, drops[v])] = m
         return [self.ablated(hs, kind, drop=dr) for hs, dr in zip(head_sets, drops, strict=True)]
@@ -226,12 +229,12 @@ class Runs:
         if key not in self.memo:
             noising = direction == "noising"
             base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
-            mean_out = self.mean_output(edge.sender, drop) if replacement == "mean" else None
+            means = self.mean_activations(edge.sender, drop) if replacement == "mean" else None
             if paths.needs_paths(edge) or not isinstance(edge, names.Edge):
-                plan = paths.plan(self.bridge, edge, base, source, replacement, mean_out)
+                plan = paths.plan(self.bridge, edge, base, source, replacement, means)
             else:
                 plan = patching.fast_plan(self.bridge, patching.prepare(self.bridge, edge, base, source, replacement,
-                                                                        mean_out))
+                                                                        means), base)
             tokens = self.ds.clean if noising else self.corrupted_tokens
             self.memo[key] = self.run(tokens, base, plan, freeze)
         return self.memo[key]
@@ -244,7 +247,7 @@ class Runs:
                                   not in self.memo and not paths.needs_paths(e)))
         noising = direction == "noising"
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
-        wanted = batched_edges.cache_names(self.n_layers)
+        wanted = hooks.for_architecture(self.bridge, batched_edges.cache_names(self.n_layers))
         if (len(todo) > 1 and replacement in ("resample", "zero") and self.metric_at is not None
                 and all(n in base and n in source for n in wanted)):
             metric_at = self.metric_at

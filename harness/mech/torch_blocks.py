@@ -1,9 +1,18 @@
 """The model's arithmetic written out in torch, for the batched edge sweep
-(mech.batched_edges): LayerNorm, dense layers with their activations (oneDNN's fused
-linear on the CPU in float32), attention, whole blocks and the unembedding, with the
-affine part of LN1 and LN2 folded into the linear map after it:
+(mech.batched_edges): norms (LayerNorm, RMSNorm), dense layers with their activations
+(oneDNN's fused linear on the CPU in float32), plain and gated MLPs, attention (rotary
+positions, grouped key/value heads, soft caps, sliding windows: the features of
+model.architecture), sequential and parallel blocks with or without norms after each
+sublayer, and the unembedding with the model's output transform.  The affine part of
+norm1 and norm2 is folded into the linear map after it:
 
     norm(x) W + b = standardize(x) (diag(w_norm) W) + (b_norm W + b)
+
+A block, with P = sum_h z_h W_O[h] + b_O its attention sum and post1, post2 the norms
+after the sublayers where the model has them (else the identity):
+
+    sequential: mid = x + post1(P(norm1(x))),   post = mid + post2(MLP(norm2(mid)))
+    parallel:   post = x + post1(P(norm1(x))) + post2(MLP(norm2(x)))
 
 `build` reads a bridge's weights into these pieces; `check` holds them to the model's
 own modules and cached activations on a few prompts of the base run (CHECK_PROMPTS): a
@@ -21,8 +30,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnsupportedError
-from ..spec.names import hook_attn_out, hook_input, hook_resid_post, hook_resid_pre, hook_z
-from .patching import attn_scale
+from ..model import architecture
+from ..spec.names import (
+    HOOK_ROT_COS,
+    HOOK_ROT_SIN,
+    hook_attn_out,
+    hook_input,
+    hook_resid_post,
+    hook_resid_pre,
+    hook_z,
+)
+from .attention import rotate
+from .hooks import output_transform
 
 CHECK_PROMPTS = 2  # prompts of the base run the torch arithmetic is checked on
 
@@ -154,29 +173,61 @@ def _through(module: Any) -> Callable:
 class Layer:
     """One block as arithmetic.
 
-    ln1(x): standardize(x) (LN1's affine folded into proj) or the model's LN1 module;
-    proj[x] for x in q, k, v, qkv, kv: ln1's output -> those inputs of every head
-    [..., (1-3) H dh] (W_Q and b_Q divided by the attention scale); W_O [H, dh, d];
-    out: z [..., H dh] -> sum_h z_h W_O[h] + b_O; mlp(mid) = MLP(LN2(mid)) (None: no MLP)."""
+    ln1(x): standardize(x) (norm1's affine folded into proj) or the model's norm1 module;
+    proj[x] for x in q, k, v, qkv, kv: ln1's output -> those inputs of every head, pre-rotation
+    [..., H dh] for q (W_Q and b_Q times the score scale), [..., H_kv dh] for k and v;
+    W_O [H, dh, d]; out: z [..., H dh] -> P = sum_h z_h W_O[h] + b_O; post1: the norm after
+    the attention (None: none); mlp(x): what the MLP adds given the residual it reads
+    (norm2, MLP, post2; None: no MLP); parallel: the MLP reads the block's input."""
 
     ln1: Callable
     proj: dict[str, Dense]
     W_O: Any
     out: Dense
+    post1: Callable | None
     mlp: Callable | None
-    scale: float
+    parallel: bool
+    n_kv: int
+    cap: float | None  # soft cap on the scores
+    window: int | None  # sliding window (None: every earlier key)
 
-    def after_attention(self, mid: Any) -> Any:
-        """post = mid + MLP(LN2(mid)) (mid without an MLP)."""
+    def attn_out(self, P: Any) -> Any:
+        """What the attention adds to the residual given its sum P."""
+        return P if self.post1 is None else self.post1(P)
+
+    def finish(self, x: Any, attn_out: Any, mlp_x: Any = None) -> Any:
+        """resid_post from the block's input x and its attention output; `mlp_x`: the MLP's
+        output when it reads x (parallel blocks; computed here when not given)."""
+        if self.parallel:
+            if self.mlp is None:
+                return x + attn_out
+            return x + attn_out + (self.mlp(x) if mlp_x is None else mlp_x)
+        mid = x + attn_out
         return mid if self.mlp is None else mid + self.mlp(mid)
 
 
 @dataclass
 class Model:
     layers: list[Layer]
-    logits: Callable  # final residual -> unembed(ln_final(.))
+    logits: Callable  # final residual -> the model's output transform of unembed(ln_final(.))
     n_heads: int
     d_head: int
+    rotation: tuple[Any, Any] | None = None  # (cos, sin) [1 or n, s, r] of the run (rotary models)
+
+    def rotate(self, x: Any, positions: Any = None) -> Any:
+        """x [..., s or k, dh] rotated at positions 0..s-1, or at `positions` [n, k] (scored queries:
+        x [E, n, H, k, dh]); the identity without rotary positions."""
+        if self.rotation is None:
+            return x
+        cos, sin = self.rotation
+        if positions is not None:
+            n, k = positions.shape
+            idx = positions.reshape(n, k, 1).expand(n, k, cos.shape[-1])
+            cos = cos.expand(n, -1, -1).gather(1, idx)[None, :, None]  # [1, n, 1, k, r]
+            sin = sin.expand(n, -1, -1).gather(1, idx)[None, :, None]
+            return rotate(x, cos, sin)
+        s = x.shape[-2]
+        return rotate(x, cos[..., :s, :], sin[..., :s, :])
 
 
 def _stacked(bridge: Any, name: str) -> Any:
@@ -210,94 +261,141 @@ def _norm_of(module: Any, cfg: Any, cast: Callable) -> _Norm | None:
 @dataclass
 class _Weights:
     """What _layer and _logits build from: the bridge's stacked weights (in the activations'
-    dtype and device), its config, the torch norms, the activation, oneDNN or not."""
+    dtype and device), its architecture, the torch norms, the activation, oneDNN or not."""
 
     bridge: Any
+    arch: architecture.Architecture
     st: dict[str, Any]
-    norms: dict[str, _Norm | None]  # "ln1.L", "ln2.L", "ln_final"
+    norms: dict[str, _Norm | None]  # "ln1.L", "ln2.L", "ln1_post.L", "ln2_post.L", "ln_final"
     act: tuple[Callable, tuple[str, str]] | None
     dnn: bool
 
     def has_mlp(self, L: int) -> bool:
-        cfg = self.bridge.cfg
-        return not getattr(cfg, "attn_only", False) and getattr(self.bridge.blocks[L], "mlp", None) is not None
+        return self.arch.has_mlp and getattr(self.bridge.blocks[L], "mlp", None) is not None
 
     def mlp_in_torch(self, L: int) -> bool:
-        """Whether MLP L can be written out: a known activation, not gated, weights exposed."""
-        return (self.act is not None and not bool(getattr(self.bridge.cfg, "gated_mlp", False))
-                and self.st["W_in"] is not None and self.st["W_out"] is not None)
+        """Whether MLP L can be written out: a known activation, its weights exposed."""
+        gate_ok = not self.arch.gated_mlp or self.st["W_gate"] is not None
+        return (self.act is not None and gate_ok and self.st["W_in"] is not None
+                and self.st["W_out"] is not None)
 
 
 def _weights(bridge: Any, dtype: Any, device: Any) -> _Weights:
     import torch
 
     cfg = bridge.cfg
+    arch = architecture.of(bridge)
 
     def cast(t: Any) -> Any:
         return None if t is None else t.detach().to(dtype=dtype, device=device)
 
     st = {x: cast(_stacked(bridge, x)) for x in ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V", "W_O", "b_O", "W_in",
-                                                 "b_in", "W_out", "b_out", "W_U", "b_U")}
+                                                 "b_in", "W_gate", "b_gate", "W_out", "b_out", "W_U", "b_U")}
     norms = {"ln_final": _norm_of(getattr(bridge, "ln_final", None), cfg, cast)}
     for L in range(cfg.n_layers):
         block = bridge.blocks[L]
-        norms[f"ln1.{L}"] = _norm_of(getattr(block, "ln1", None), cfg, cast)
-        norms[f"ln2.{L}"] = _norm_of(getattr(block, "ln2", None), cfg, cast)
+        for name in ("ln1", "ln2", "ln1_post", "ln2_post"):
+            module = getattr(block, name, None)
+            if module is not None or name in ("ln1", "ln2"):
+                norms[f"{name}.{L}"] = _norm_of(module, cfg, cast)
     dnn = torch.device(device).type == "cpu" and _dnn_ok(dtype, None)
-    return _Weights(bridge, st, norms, activation(getattr(cfg, "act_fn", None)), dnn)
+    return _Weights(bridge, arch, st, norms, activation(getattr(cfg, "act_fn", None)), dnn)
+
+
+def _bias(st: dict[str, Any], name: str, L: int, shape: tuple[int, ...], like: Any) -> Any:
+    b = st.get(name)
+    return b[L].reshape(shape) if b is not None else like.new_zeros(shape)
+
+
+def _post(w: _Weights, name: str, L: int, block: Any, in_torch: bool) -> Callable | None:
+    """The norm after a sublayer (Gemma 2), in torch or the model's module; None without one."""
+    if f"{name}.{L}" not in w.norms:
+        return None
+    norm = w.norms[f"{name}.{L}"]
+    return norm if in_torch and norm is not None else _through(getattr(block, name))
 
 
 def _layer(w: _Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = True) -> Layer:
-    """Block L as arithmetic: LN1 and LN2 + MLP in torch when recognised and asked for, else
-    the model's modules."""
+    """Block L as arithmetic: norm1, and norm2 + MLP (+ post2), in torch when recognised and asked
+    for, else the model's modules."""
     import torch
 
-    cfg, st, block = w.bridge.cfg, w.st, w.bridge.blocks[L]
-    H, dh, d = cfg.n_heads, cfg.d_head, cfg.d_model
-    scale = attn_scale(cfg)
+    arch, st, block = w.arch, w.st, w.bridge.blocks[L]
+    H, Hkv, dh, d = arch.n_heads, arch.n_kv_heads, arch.d_head, arch.d_model
+    scale = arch.scales[L]
     norm1 = w.norms[f"ln1.{L}"] if torch_ln1 else None
-    hd = H * dh
-    W = torch.cat([st[f"W_{x.upper()}"][L].permute(1, 0, 2).reshape(d, hd) / (scale if x == "q" else 1.0)
-                   for x in "qkv"], dim=1)  # [d, 3 H dh]
-    b = torch.cat([st[f"b_{x.upper()}"][L].reshape(hd) / (scale if x == "q" else 1.0) for x in "qkv"])
-    qkv = Dense(*_fold(norm1, W, b), w.dnn)
-    proj = {"qkv": qkv, "q": qkv.outputs(0, hd), "k": qkv.outputs(hd, 2 * hd), "v": qkv.outputs(2 * hd, 3 * hd),
-            "kv": qkv.outputs(hd, 3 * hd)}
+    W_Q = st["W_Q"][L].permute(1, 0, 2).reshape(d, H * dh) * scale
+    b_Q = _bias(st, "b_Q", L, (H * dh,), W_Q) * scale
+    W_K, W_V = (st[f"W_{x}"][L].permute(1, 0, 2).reshape(d, Hkv * dh) for x in "KV")
+    b_K, b_V = (_bias(st, f"b_{x}", L, (Hkv * dh,), W_K) for x in "KV")
+    qkv = Dense(*_fold(norm1, torch.cat([W_Q, W_K, W_V], 1), torch.cat([b_Q, b_K, b_V])), w.dnn)
+    hq, hk = H * dh, Hkv * dh
+    proj = {"qkv": qkv, "q": qkv.outputs(0, hq), "k": qkv.outputs(hq, hq + hk),
+            "v": qkv.outputs(hq + hk, hq + 2 * hk), "kv": qkv.outputs(hq, hq + 2 * hk)}
     ln1 = norm1.standardize if norm1 is not None else _through(block.ln1)
     mlp: Callable | None = None
+    post2 = _post(w, "ln2_post", L, block, torch_mlp)
     if w.has_mlp(L):
         norm2 = w.norms[f"ln2.{L}"]
         if torch_mlp and norm2 is not None and w.mlp_in_torch(L):
-            fc_in = Dense(*_fold(norm2, st["W_in"][L], st["b_in"][L]), w.dnn, w.act)
-            fc_out = Dense(st["W_out"][L], st["b_out"][L], w.dnn)
+            fc_out = Dense(st["W_out"][L], st["b_out"][L] if st["b_out"] is not None else None, w.dnn)
+            b_in = st["b_in"][L] if st["b_in"] is not None else None
+            inner: Callable
+            if arch.gated_mlp:
+                b_gate = st["b_gate"][L] if st["b_gate"] is not None else None
+                gate = Dense(*_fold(norm2, st["W_gate"][L], b_gate), w.dnn, w.act)
+                up = Dense(*_fold(norm2, st["W_in"][L], b_in), w.dnn)
 
-            def mlp(mid: Any, norm2: _Norm = norm2, fc_in: Dense = fc_in, fc_out: Dense = fc_out) -> Any:
-                return fc_out(fc_in(norm2.standardize(mid)))
+                def gated(h: Any, gate: Dense = gate, up: Dense = up, fc_out: Dense = fc_out) -> Any:
+                    return fc_out(gate(h).mul_(up(h)))
+                inner = gated
+            else:
+                fc_in = Dense(*_fold(norm2, st["W_in"][L], b_in), w.dnn, w.act)
+
+                def plain(h: Any, fc_in: Dense = fc_in, fc_out: Dense = fc_out) -> Any:
+                    return fc_out(fc_in(h))
+                inner = plain
+
+            def mlp(x: Any, norm2: _Norm = norm2, inner: Callable = inner, post2: Callable | None = post2) -> Any:
+                y = inner(norm2.standardize(x))
+                return y if post2 is None else post2(y)
         else:
             ln2, module = _through(block.ln2), _through(block.mlp)
 
-            def mlp(mid: Any, ln2: Callable = ln2, module: Callable = module) -> Any:
-                return module(ln2(mid))
-    out = Dense(st["W_O"][L].reshape(H * dh, d), st["b_O"][L], w.dnn)
-    return Layer(ln1, proj, st["W_O"][L], out, mlp, scale)
+            def mlp(x: Any, ln2: Callable = ln2, module: Callable = module, post2: Callable | None = post2) -> Any:
+                y = module(ln2(x))
+                return y if post2 is None else post2(y)
+    b_O = st["b_O"][L] if st["b_O"] is not None else None
+    out = Dense(st["W_O"][L].reshape(H * dh, d), b_O, w.dnn)
+    return Layer(ln1, proj, st["W_O"][L], out, _post(w, "ln1_post", L, block, torch_ln1), mlp, arch.parallel, Hkv,
+                 arch.attn_softcap, arch.windows[L])
 
 
 def _logits(w: _Weights, in_torch: bool = True) -> Callable:
-    """Final residual -> logits: ln_final, then the unembedding; in torch, or the model's modules."""
+    """Final residual -> logits: ln_final, the unembedding, the output transform; in torch, or the
+    model's modules."""
     norm = w.norms["ln_final"]
+    bridge = w.bridge
     if in_torch and norm is not None and w.st["W_U"] is not None:
         unembed = Dense(w.st["W_U"], w.st["b_U"], w.dnn)  # not folded: W_U^T is the (tied) embedding, no copy
-        return lambda x: unembed(norm(x))
-    ln_final, unembed_module = _through(w.bridge.ln_final), _through(w.bridge.unembed)
-    return lambda x: unembed_module(ln_final(x))
+        return lambda x: output_transform(bridge, unembed(norm(x)))
+    ln_final, unembed_module = _through(bridge.ln_final), _through(bridge.unembed)
+    return lambda x: output_transform(bridge, unembed_module(ln_final(x)))
 
 
-def build(bridge: Any, dtype: Any, device: Any) -> tuple[Model, _Weights]:
+def build(bridge: Any, dtype: Any, device: Any, base: dict | None = None) -> tuple[Model, _Weights]:
     """The torch arithmetic of every block, ln_final and the unembedding, in the activations'
-    dtype and device (unchecked: see check)."""
+    dtype and device (unchecked: see check); the rotation of a rotary model from `base`'s
+    cached cos and sin."""
     w = _weights(bridge, dtype, device)
     layers = [_layer(w, L) for L in range(bridge.cfg.n_layers)]
-    return Model(layers, _logits(w), bridge.cfg.n_heads, bridge.cfg.d_head), w
+    rotation = None
+    if w.arch.rotary:
+        if base is None or HOOK_ROT_COS not in base:
+            raise UnsupportedError("batched edge patching of a rotary model needs the run's cos and sin cached")
+        rotation = (base[HOOK_ROT_COS].to(dtype=dtype, device=device), base[HOOK_ROT_SIN].to(dtype=dtype,
+                                                                                             device=device))
+    return Model(layers, _logits(w), bridge.cfg.n_heads, bridge.cfg.d_head, rotation), w
 
 
 def tolerance(dtype: Any) -> float:
@@ -312,95 +410,143 @@ def _off(a: Any, b: Any, tol: float) -> float | None:
     return diff if diff > tol * (1 + float(b.abs().max())) else None
 
 
-def _require(diff: float | None, what: str) -> None:
+def _require(diff: float | None, what: str, arch: architecture.Architecture) -> None:
     if diff is not None:
+        feats = ", ".join(arch.features()) or "a GPT-2-style block"
         raise UnsupportedError(f"batched edge patching: {what} recomputed from the cached activations differs from "
-                               f"the model's by {diff:.3g}; the batched path handles blocks resid + attention "
-                               "(learned positions, causal softmax), then + MLP(LN2(.)), only")
+                               f"the model's by {diff:.3g} ({arch.name}: {feats})")
 
 
 def check(model: Model, w: _Weights, base: dict, tol: float) -> None:
     """Hold the torch arithmetic to the model on the first prompts of the base run.
 
-    LN1, LN2 + MLP and ln_final + unembed are compared with the model's modules and
-    replaced by them where they differ; q/k/v, z and attn_out of every layer, each block's
-    output and the logits are compared with the cache (UnsupportedError where they differ)."""
+    norm1, the MLP (with norm2 and post2) and ln_final + unembed are compared with the model's
+    modules and replaced by them where they differ; q/k/v, z and attn_out of every layer, each
+    block's output and the logits are compared with the cache (UnsupportedError where they differ)."""
     m = CHECK_PROMPTS
-    bridge = w.bridge
+    bridge, arch = w.bridge, w.arch
     L_last = len(model.layers) - 1
     for L in range(len(model.layers)):
         block, lay = bridge.blocks[L], model.layers[L]
         pre = base[hook_resid_pre(L)][:m]
-        mid = pre + base[hook_attn_out(L)][:m]
+        reads = pre if arch.parallel else pre + base[hook_attn_out(L)][:m]
         norm1 = w.norms[f"ln1.{L}"]
         torch_ln1 = norm1 is not None and _off(norm1(pre), _through(block.ln1)(pre), tol) is None
-        torch_mlp = lay.mlp is None or _off(lay.mlp(mid), _through(block.mlp)(_through(block.ln2)(mid)), tol) is None
+        if torch_ln1 and lay.post1 is not None:
+            probe = base[hook_attn_out(L)][:m]
+            torch_ln1 = _off(lay.post1(probe), _through(block.ln1_post)(probe), tol) is None
+        module_mlp = None
+        if lay.mlp is not None:
+            module_mlp = _through(block.mlp)(_through(block.ln2)(reads))
+            if getattr(block, "ln2_post", None) is not None:
+                module_mlp = _through(block.ln2_post)(module_mlp)
+        torch_mlp = lay.mlp is None or _off(lay.mlp(reads), module_mlp, tol) is None
         if not (torch_ln1 and torch_mlp):
             model.layers[L] = lay = _layer(w, L, torch_ln1, torch_mlp)
-        z = _check_attention(lay, L, pre, base, tol, model.n_heads, model.d_head)
-        _require(_off(lay.out(z.reshape(*z.shape[:-2], -1)), base[hook_attn_out(L)][:m], tol), hook_attn_out(L))
+        z = _check_attention(model, lay, L, pre, base, tol, arch)
+        attn_out = lay.attn_out(lay.out(z.reshape(*z.shape[:-2], -1)))
+        _require(_off(attn_out, base[hook_attn_out(L)][:m], tol), hook_attn_out(L), arch)
         nxt = hook_resid_pre(L + 1) if L < L_last else hook_resid_post(L)
-        _require(_off(lay.after_attention(mid), base[nxt][:m], tol), f"{nxt} (as resid_mid + MLP(LN2(resid_mid)))")
+        _require(_off(lay.finish(pre, base[hook_attn_out(L)][:m]), base[nxt][:m], tol), f"{nxt} (the block's output)",
+                 arch)
     final = base[hook_resid_post(L_last)][:m]
-    if _off(model.logits(final), bridge.unembed(bridge.ln_final(final)), tol) is not None:
+    if _off(model.logits(final), output_transform(bridge, bridge.unembed(bridge.ln_final(final))), tol) is not None:
         model.logits = _logits(w, in_torch=False)
     if "logits" in base:
-        _require(_off(model.logits(final), base["logits"][:m], tol), "the logits (ln_final, unembed)")
+        _require(_off(model.logits(final), base["logits"][:m], tol), "the logits (ln_final, unembed)", arch)
 
 
-def _check_attention(lay: Layer, L: int, pre: Any, base: dict, tol: float, H: int, dh: int) -> Any:
+def _check_attention(model: Model, lay: Layer, L: int, pre: Any, base: dict, tol: float,
+                     arch: architecture.Architecture) -> Any:
     """q/k/v and z of layer L recomputed from resid_pre [m, s, d] and compared with the cache;
     returns z [m, s, H, dh]."""
     m, s, _ = pre.shape
+    H, Hkv, dh = arch.n_heads, lay.n_kv, arch.d_head
     h = lay.ln1(pre)
-    qkv = {x: lay.proj[x](h).view(m, s, H, dh) for x in "qkv"}
+    qkv = {x: lay.proj[x](h).view(m, s, H if x == "q" else Hkv, dh) for x in "qkv"}
+    scale = arch.scales[L]
     for x in "qkv":
-        _require(_off(qkv[x] * (lay.scale if x == "q" else 1.0), base[hook_input(L, x)][:m], tol), hook_input(L, x))
-    z = attend(qkv["q"].transpose(1, 2), qkv["k"].transpose(1, 2), qkv["v"].transpose(1, 2),
-                causal(s, pre)).transpose(1, 2)
-    _require(_off(z, base[hook_z(L)][:m], tol), hook_z(L))
+        _require(_off(qkv[x] / (scale if x == "q" else 1.0), base[hook_input(L, x)][:m], tol), hook_input(L, x), arch)
+    q, k, v = (model.rotate(qkv[x].transpose(1, 2)) if x != "v" else qkv[x].transpose(1, 2) for x in "qkv")
+    z = attend(q, k, v, mask(s, lay.window, pre), lay.cap).transpose(1, 2)
+    _require(_off(z, base[hook_z(L)][:m], tol), hook_z(L), arch)
     return z
 
 
 def causal(s: int, ref: Any) -> Any:
     """Additive causal mask [s, s]: 0 on and below the diagonal, -inf above."""
+    return mask(s, None, ref)
+
+
+def mask(s: int, window: int | None, ref: Any) -> Any:
+    """Additive mask [s, s]: 0 where key j is visible from query i (j <= i and i - j < window), -inf elsewhere."""
     import torch
 
-    keep = torch.ones(s, s, dtype=torch.bool, device=ref.device).tril()
+    i = torch.arange(s, device=ref.device)
+    keep = i[None, :] <= i[:, None]
+    if window is not None:
+        keep &= (i[:, None] - i[None, :]) < window
     return torch.zeros(s, s, dtype=ref.dtype, device=ref.device).masked_fill(~keep, float("-inf"))
 
 
-def attend(q: Any, k: Any, v: Any, bias: Any) -> Any:
-    """softmax(q k^T + bias) v over the last two dims, q [..., sq, dh] already divided by the
-    attention scale, bias [sq, s] or broadcasting to [..., sq, s] (0 or -inf).  As 3-D
-    batched products (4-D matmuls of permuted views are several times slower on CPU)."""
+def scored_mask(positions: Any, s: int, window: int | None, ref: Any) -> Any:
+    """[n, k, s] additive: key j is visible to the query at scored position p iff j <= p (and p - j < window)."""
     import torch
 
+    j = torch.arange(s, device=ref.device)[None, None, :]
+    p = positions[:, :, None]
+    hidden = j > p
+    if window is not None:
+        hidden |= (p - j) >= window
+    return torch.zeros(hidden.shape, dtype=ref.dtype, device=ref.device).masked_fill(hidden, float("-inf"))
+
+
+def attend(q: Any, k: Any, v: Any, bias: Any, cap: float | None = None) -> Any:
+    """softmax(cap(q k^T) + bias) v over the last two dims, q [..., H, sq, dh] already scaled (and
+    rotated), k and v [..., H or H_kv, s, dh] (key/value heads repeated over their query heads'
+    groups), bias [sq, s] or broadcasting to [..., sq, s] (0 or -inf); cap: c tanh(x / c).  As
+    3-D batched products (4-D matmuls of permuted views are several times slower on CPU)."""
+    import torch
+
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
     lead, sq, s = q.shape[:-2], q.shape[-2], k.shape[-2]
     q3, k3, v3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
     scores = torch.bmm(q3, k3.transpose(1, 2))
+    if cap:
+        scores = scores.div_(cap).tanh_().mul_(cap)
     scores.view(*lead, sq, s).add_(bias)
     return torch.bmm(torch.softmax(scores, dim=-1), v3).view(*lead, sq, v.shape[-1])
 
 
-def block(lay: Layer, x: Any, causal: Any, H: int, dh: int) -> Any:
-    """A whole block at every position: x [B, s, d] -> resid_post [B, s, d]."""
+def block(model: Model, lay: Layer, x: Any, bias: Any) -> Any:
+    """A whole block at every position: x [B, s, d] -> resid_post [B, s, d]; `bias` its mask [s, s]."""
+    H, dh = model.n_heads, model.d_head
     B, s, d = x.shape
-    q, k, v = lay.proj["qkv"](lay.ln1(x)).view(B, s, 3, H, dh).permute(2, 0, 3, 1, 4).contiguous()  # [B, H, s, dh]
-    z = attend(q, k, v, causal).transpose(1, 2)  # [B, s, H, dh]
-    return lay.after_attention(x + lay.out(z.reshape(B, s, H * dh)))
+    h = lay.ln1(x)
+    q = model.rotate(lay.proj["q"](h).view(B, s, H, dh).transpose(1, 2))
+    kv = lay.proj["kv"](h).view(B, s, 2, lay.n_kv, dh).permute(2, 0, 3, 1, 4)
+    k, v = model.rotate(kv[0]), kv[1]
+    z = attend(q.contiguous(), k.contiguous(), v.contiguous(), bias, lay.cap).transpose(1, 2)  # [B, s, H, dh]
+    return lay.finish(x, lay.attn_out(lay.out(z.reshape(B, s, H * dh))))
 
 
-def block_at(lay: Layer, x: Any, positions: Any, scored_mask: Any, H: int, dh: int) -> Any:
+def block_at(model: Model, lay: Layer, x: Any, positions: Any, scored: Any) -> Any:
     """The last block at the scored positions only: x [E, n, s, d] -> resid_post [E, n, k, d]
-    (keys and values at every position, queries and everything after at the scored ones)."""
+    (keys and values at every position, queries and everything after at the scored ones);
+    `scored` its mask [n, k, s]."""
+    H, dh = model.n_heads, model.d_head
     E, n, s, d = x.shape
     k_ = positions.shape[1]
     h = lay.ln1(x)
-    k, v = lay.proj["kv"](h).view(E, n, s, 2, H, dh).permute(3, 0, 1, 4, 2, 5).contiguous()  # [E, n, H, s, dh]
-    q = lay.proj["q"](at(positions, h)).view(E, n, k_, H, dh).transpose(2, 3).contiguous()
-    z = attend(q, k, v, scored_mask[:, None]).transpose(2, 3)  # [E, n, k, H, dh]
-    return lay.after_attention(at(positions, x) + lay.out(z.reshape(E, n, k_, H * dh)))
+    kv = lay.proj["kv"](h).view(E, n, s, 2, lay.n_kv, dh).permute(3, 0, 1, 4, 2, 5)  # [2, E, n, Hkv, s, dh]
+    k, v = model.rotate(kv[0]).contiguous(), kv[1].contiguous()
+    q = lay.proj["q"](at(positions, h)).view(E, n, k_, H, dh).transpose(2, 3)
+    q = model.rotate(q, positions).contiguous()
+    z = attend(q, k, v, scored[:, None], lay.cap).transpose(2, 3)  # [E, n, k, H, dh]
+    attn = lay.attn_out(lay.out(z.reshape(E, n, k_, H * dh)))
+    return lay.finish(at(positions, x), attn, lay.mlp(at(positions, x)) if lay.parallel and lay.mlp else None)
 
 
 def at(positions: Any, x: Any) -> Any:

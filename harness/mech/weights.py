@@ -9,6 +9,17 @@ Composition of sender head A (earlier layer) into receiver head B:
     C = ||X Y||_F / (||X||_F ||Y||_F),  X = OV_A,
     Y = QK_B (q),  QK_B^T (k),  OV_B (v).
 
+Rotary positions: the query at position i meets the key at j through
+W_Q R(j - i) W_K^T, so the QK form, and C with it, depends on the offset.  What
+does not is which residual directions the queries (keys) read and how strongly:
+R is orthogonal, so ||X W_Q R|| = ||X W_Q||.  Q- and K-composition of a rotary
+model are therefore one-sided and offset-free,
+    Y = W_Q,B (q),  W_K,B (k)           (d_model x d_head),
+with the same rotation null (it keeps both spectra); V-composition is untouched by
+the rotation (Y = OV_B).  Whether the other side of the QK form then matches is
+position-dependent and left to the causal tests.  Grouped-query attention: the
+receiver's W_K, W_V (and a sender's W_V) are its key/value head's.
+
 Weight processing (`processing`):
 * "raw":    the weights as stored (what `all_composition_scores` uses on an
             unprocessed bridge);
@@ -17,7 +28,10 @@ Weight processing (`processing`):
             P diag(w_ln1) W_{Q,K,V} and writers W_O P, with P = I - 11^T/d the
             centring projection (LN removes the mean of its input anyway).
             RMSNorm weights are folded without centring (RMSNorm keeps the
-            mean); models without norm weights are left as they are.
+            mean); Gemma's RMSNorm multiplies by (1 + w), which is what is
+            folded; a norm after the attention (Gemma 2) scales each head's
+            write, so W_O becomes W_O diag(w_post); models without norm weights
+            are left as they are.
 
 The scores, their rotation null and the context numbers are computed in
 factored form by mech.factored (and mech.rotation_null); this module holds the
@@ -50,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..evidence.details import Num, Record
+from ..model import architecture
 from ..model.shape import vocab_out
 from ..spec.vocabulary import MODES
 from ..spec.vocabulary import WEIGHT_PROCESSING as PROCESSING
@@ -70,7 +85,10 @@ class HeadWeights:
     only when asked for: whole on first use of `W_E` / `W_U` (copying scores; a 50k
     vocabulary makes them 300 MB each in float64), or in blocks of VOCAB_CHUNK tokens by
     `vocab_products` (mech.explain's token readouts), which never holds more than a block.
-    W_pos [n_ctx, d] is None for a model without learned absolute positions."""
+    W_pos [n_ctx, d] is None for a model without learned absolute positions.  Under grouped-query
+    attention W_K and W_V are each query head's key/value head's (repeated over its group), so
+    every stack is per query head.  `rotary`: the model rotates q and k by position (Q- and
+    K-composition are one-sided, mech.factored)."""
 
     W_Q: Any
     W_K: Any
@@ -82,6 +100,7 @@ class HeadWeights:
     processing: str
     null_dim: int  # dimension the null rotates in: d_model, or d_model - 1 after centring
     d_vocab_out: int = -1  # output vocabulary: the columns of W_U (-1: d_vocab)
+    rotary: bool = False
     _embedding: tuple[Any, Any] | None = None
     _positions: list[Any] = field(default_factory=list)  # [W_pos] once read
 
@@ -153,17 +172,24 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
 
     if processing not in PROCESSING:
         raise ValueError(f"unknown weight processing {processing!r}; allowed: {', '.join(PROCESSING)}")
+    arch = architecture.of(bridge)
     with torch.no_grad():
         def get(name: str) -> Any:
             return getattr(bridge, name).detach().to("cpu", torch.float64, copy=True)
 
         W_Q, W_K, W_V, W_O = (get(n) for n in ("W_Q", "W_K", "W_V", "W_O"))
+        if arch.grouped:  # each query head reads its key/value head's keys and values
+            group = arch.n_heads // arch.n_kv_heads
+            W_K, W_V = W_K.repeat_interleave(group, dim=1), W_V.repeat_interleave(group, dim=1)
         null_dim = int(W_Q.shape[-2])
         folded = processing == "folded"
-        centre = folded and str(getattr(bridge.cfg, "normalization_type", "") or "").upper().startswith("LN")
+        centre = folded and arch.norm == "LN"
         if folded:
             for layer in range(W_Q.shape[0]):
                 w = _ln_weight(bridge.blocks[layer], "ln1")
+                post = _ln_weight(bridge.blocks[layer], "ln1_post")
+                if post is not None:  # the norm after the attention scales every head's write
+                    W_O[layer] = W_O[layer] * post
                 if w is None and not centre:
                     continue
                 W_Q[layer], W_K[layer], W_V[layer] = (_read(W[layer], w, centre) for W in (W_Q, W_K, W_V))
@@ -190,7 +216,7 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
         return W_pos
 
     return HeadWeights(W_Q, W_K, W_V, W_O, vocab, int(bridge.cfg.d_vocab), positions, processing, null_dim,
-                       vocab_out(bridge.cfg))
+                       vocab_out(bridge.cfg), arch.rotary)
 
 
 def _positions(bridge: Any) -> Any | None:
@@ -215,11 +241,16 @@ def _read(W: Any, w: Any | None, centre: bool) -> Any:
 
 
 def _ln_weight(module: Any, name: str) -> Any | None:
+    """The scale a norm multiplies by (float64, CPU): its weight w, or 1 + w for norms that
+    store the offset from 1 (Gemma's RMSNorm); None for a norm without a weight."""
     import torch
 
     ln = getattr(module, name, None)
     w = getattr(ln, "weight", None) if ln is not None else None
-    return w.detach().cpu().to(torch.float64) if isinstance(w, torch.Tensor) else None
+    if not isinstance(w, torch.Tensor):
+        return None
+    w = w.detach().cpu().to(torch.float64)
+    return 1.0 + w if getattr(ln, "uses_weight_offset", False) else w
 
 
 class CompositionResult(Record):

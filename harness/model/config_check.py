@@ -3,10 +3,12 @@
 Native directories (`check_native_config`): every key must be one harness
 supports, with a value of the right type and range; anything else is refused
 with `FILE: KEY: ...`.  The supported set is what the TL-native model builds
-*and* what harness's own mechanics assume (exact edge patching recomputes
-attention by hand: learned positions, one key/value head per query head, no soft
-caps, causal attention).  `n_heads * d_head` may differ from `d_model`: the
-native attention projects the `n_heads * d_head` head outputs back to `d_model`.
+*and* what harness's own mechanics can check against it: learned positions, one
+key/value head per query head, no soft caps, causal attention (rotary positions,
+grouped key/value heads and soft caps are supported for Hugging Face models, whose
+bridges expose the rotation and the attention modules harness reproduces).
+`n_heads * d_head` may differ from `d_model`: the native attention projects the
+`n_heads * d_head` head outputs back to `d_model`.
 
 `native_weight_count` is the number of matrix entries a config implies (a lower
 bound on the elements a matching safetensors file holds); the loader refuses a
@@ -35,10 +37,12 @@ NATIVE_ARCHITECTURE = "TransformerLensNative"
 
 # TransformerBridgeConfig fields harness refuses in a native config, with the reason.
 UNSUPPORTED = {
-    "attn_scores_soft_cap": "harness's exact edge patching recomputes attention scores without soft caps",
-    "output_logits_soft_cap": "harness's patched logits are computed without soft caps",
-    "rotary_dim": "harness supports learned positional embeddings only",
-    "rotary_base": "harness supports learned positional embeddings only",
+    "attn_scores_soft_cap": "soft caps are supported for Hugging Face models (Gemma 2), not in native configs",
+    "output_logits_soft_cap": "soft caps are supported for Hugging Face models (Gemma 2), not in native configs",
+    "rotary_dim": "rotary positions are supported for Hugging Face models, whose rotation harness reads from the "
+                  "model's own hooks; the native bridge has none",
+    "rotary_base": "rotary positions are supported for Hugging Face models, whose rotation harness reads from the "
+                   "model's own hooks; the native bridge has none",
     "dtype": "the dtype is chosen when loading, not in config.json",
     "device": "the device is chosen when loading (--device, $HARNESS_DEVICE), not in config.json",
 }
@@ -88,14 +92,15 @@ CHECKS: dict[str, Any] = {
     "act_fn": _optional(_choice(ACT_FNS, "one of " + ", ".join(ACT_FNS) + " (or null)")),
     "normalization_type": _optional(_choice(NORMALIZATION_TYPES,
                                             "one of " + ", ".join(NORMALIZATION_TYPES) + " (or null: none)")),
-    "positional_embedding_type": _choice(("standard",), "'standard' (learned positional embeddings: harness's "
-                                                        "edge patching recomputes attention without rotary ones)"),
+    "positional_embedding_type": _choice(("standard",), "'standard' (learned positional embeddings; rotary "
+                                                        "models load from a Hugging Face directory, whose "
+                                                        "rotation harness reads from the model's own hooks)"),
     "attention_dir": _choice(("causal",), "'causal' (harness measures next-token metrics)"),
     "eps": lambda v: None if _is_number(v) and v > 0 else "must be a positive number",
     "attn_scale": lambda v: None if _is_number(v) and (v > 0 or v == -1) else
     "must be a positive number, or -1 for sqrt(d_head)",
-    "n_key_value_heads": lambda v: None if v is None else "must be null (harness supports one key/value head "
-                                                          "per query head)",
+    "n_key_value_heads": lambda v: None if v is None else "must be null in a native config (grouped-query "
+                                                          "attention is supported for Hugging Face models)",
     "d_vocab_out": lambda v: None if _is_int(v) and (v == -1 or v > 0) else
     "must be -1 (the output vocabulary is d_vocab) or the output vocabulary's size (a positive integer)",
     "model_name": lambda v: None if isinstance(v, str) else "must be a string",

@@ -18,7 +18,8 @@ from typing import Any
 
 from ..errors import UserError
 from ..spec.names import Shape
-from .files import inside, read_json
+from .files import read_json
+from .hub_cache import within
 
 CONFIG = "config.json"
 NATIVE_KEYS = (("n_layers",), ("n_heads",))
@@ -35,13 +36,14 @@ def _size(cfg: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     return None
 
 
-def config_shape(folder: Path) -> Shape | None:
+def config_shape(folder: Path, root: Path | None = None) -> Shape | None:
     """The layers, heads and whether there are MLPs that `folder/config.json` gives;
-    None when `folder` is not a directory holding a readable config.json (inside it)
-    with positive integer layer and head counts."""
+    None when `folder` is not a directory holding a readable config.json (inside it, or,
+    for a hub cache snapshot, inside its repository folder `root`) with positive integer
+    layer and head counts."""
     if not folder.is_dir():
         return None
-    cfg_file = inside(folder, CONFIG)
+    cfg_file = within(folder, CONFIG, root)
     if cfg_file is None or not cfg_file.is_file():
         return None
     try:

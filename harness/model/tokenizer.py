@@ -2,17 +2,20 @@
 
 A Hugging Face model directory's tokenizer files (tokenizer.json, or vocab.json and
 merges.txt, ...) are loaded with the model by TransformerBridge.boot_transformers
-(`bridge.tokenizer`); `hf:NAME` takes the tokenizer from the user's cache.  Native
-model directories (the shipped fixtures) have none.  A directory without tokenizer
-files gets an empty stand-in from transformers (no vocabulary): that counts as none.
+(`bridge.tokenizer`); a hub model takes them from its cache snapshot.  Native model
+directories (the shipped fixtures) have none, and a Hugging Face directory without
+tokenizer files is loaded without one (loading.TOKENIZER_FILES): token-id data runs on
+them, text data is refused in one line saying why.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from .loading import LoadedModel
+from .hub_cache import HF_PREFIX, cached_snapshot
+from .loading import TOKENIZER_FILES, LoadedModel, has_tokenizer_files
 
 
 class TextTokenizer:
@@ -74,11 +77,28 @@ def bridge_tokenizer(bridge: Any, model: str) -> TextTokenizer | None:
 
 
 def require_tokenizer(m: LoadedModel, where: str) -> TextTokenizer:
-    """model_tokenizer(m); DataError (prefixed with `where`) when the model has none."""
+    """model_tokenizer(m); DataError (one line, prefixed with `where`) when the model has none,
+    saying why: a Hugging Face directory without tokenizer files, a native directory, a
+    handed-over bridge without a tokenizer."""
     tok = model_tokenizer(m)
     if tok is None:
-        raise DataError(f"{where}: text data needs a tokenizer, and the model {m.source} has none (a Hugging Face "
-                        "model directory holds its tokenizer files, e.g. tokenizer.json written by "
-                        "tokenizer.save_pretrained(DIR); native model directories have none): give token ids "
-                        "(a JSONL file with 'clean' rows) or the generator")
+        if m.kind == "transformers" and not _has_tokenizer_files(m):
+            why = (f"the model directory has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...), which text "
+                   "data needs: write them beside config.json with tokenizer.save_pretrained(DIR)")
+        elif m.kind == "bridge":
+            why = "boot the bridge with one, e.g. TransformerBridge.boot_transformers(NAME), or pass tokenizer=..."
+        elif m.kind == "native":
+            why = "a native model directory has no tokenizer"
+        else:
+            why = "its tokenizer files give no vocabulary"
+        raise DataError(f"{where}: text data needs a tokenizer, and the model {m.source} has none ({why}): give "
+                        "token ids (a JSONL file with 'clean' rows) or the generator")
     return tok
+
+
+def _has_tokenizer_files(m: LoadedModel) -> bool:
+    """Whether the folder the model was loaded from (a directory, a hub model's cache snapshot) has tokenizer files."""
+    if m.source.startswith(HF_PREFIX):
+        snap = cached_snapshot(m.source, Path.cwd())
+        return snap is not None and has_tokenizer_files(snap.folder)
+    return has_tokenizer_files(Path(m.source))

@@ -211,6 +211,9 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
     out += ["## Provenance", "",
             f"- model: {md_code(m['source'])} ({t(m['kind'])}, {t(m['n_layers'])} layers x {t(m['n_heads'])} heads, "
             f"d_model {t(m['d_model'])}, d_head {t(m['d_head'])}), sha256 {md_code(str(m['sha256'])[:16] + '…')}",
+            *([f"- architecture: {t(m['architecture']['name'])}: "
+               f"{t(', '.join(m['architecture']['features']) or 'learned positions, one key/value head per head')}"]
+              if m.get("architecture") else []),
             f"- hypothesis: {md_code(h['file'] or '<dict>')}, sha256 {md_code(str(h['sha256'])[:16] + '…')}",
             "- versions: " + ", ".join(f"{t(k)} {t(v)}" for k, v in p["versions"].items()),
             f"- command: {md_code(p['command'])}",

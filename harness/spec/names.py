@@ -480,7 +480,9 @@ def check_in_model(c: Component | Group | Edge | Path, n_layers: int, n_heads: i
 
 # ---------------------------------------------------------------- hook names
 HOOK_EMBED = "hook_embed"
-HOOK_POS_EMBED = "hook_pos_embed"
+HOOK_POS_EMBED = "hook_pos_embed"  # learned absolute positions only
+HOOK_ROT_COS = "rotary_emb.hook_cos"  # rotary models: cos / sin of every position's angles [1 or n, pos, rotary_dim]
+HOOK_ROT_SIN = "rotary_emb.hook_sin"
 QKV = ("q", "k", "v")
 
 
@@ -514,6 +516,12 @@ def hook_attn_out(layer: int) -> str:
 def hook_resid_mid(layer: int) -> str:
     """The residual between a layer's attention and its MLP (what the MLP's LN2 reads)."""
     return f"blocks.{layer}.hook_resid_mid"
+
+
+def hook_attn_sum(layer: int) -> str:
+    """A layer's attention output before any post-attention norm: sum_h z_h W_O[h] + b_O
+    (equal to hook_attn_out where the model has no such norm)."""
+    return f"blocks.{layer}.attn.hook_out"
 
 
 def hook_mlp_out(layer: int) -> str:

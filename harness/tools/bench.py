@@ -128,7 +128,7 @@ def _warm_tl(bridge: Any, ds: Any, scalar: Callable) -> None:
 def run_per_edge(bridge: Any, ds: Any, clean: dict, corrupt: dict, es: list) -> tuple[float, list[float]]:
     t = time.perf_counter()
     vals = [float(metrics.per_prompt(P.fast_logits(bridge, ds.corrupted, P.prepare(bridge, e, corrupt, clean,
-                                                                                  "resample")),
+                                                                                  "resample"), base=corrupt),
                                      ds.positions, ds.answers, "logprob").mean()) for e in es]
     return time.perf_counter() - t, vals
 

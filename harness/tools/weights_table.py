@@ -31,6 +31,10 @@ def composition_tables(bridge: Any, processing: str, n_draws: int, alpha: float,
            f"* = rotation-null p < {alpha:g} after Benjamini-Hochberg over the pairs of a mode "
            f"({n_draws} shared null draws; where no draw reaches C, the concentration bound on the null's tail "
            f"stands in when it is smaller: docs/hypothesis-format.md)."]
+    if hw.rotary:
+        out.append("Rotary positions: Q- and K-composition are one-sided and offset-free (Y = the receiver's W_Q, "
+                   "W_K: what its queries and keys read; the QK form itself depends on the offset); V-composition "
+                   "is Y = OV as usual.")
     pairs = [(l1, h1, l2, h2) for l1 in range(L) for l2 in range(l1 + 1, L) for h1 in range(H) for h2 in range(H)]
     receivers = [(l2, h2) for l2 in range(1, L) for h2 in range(H)]
     needed = weights.draws_needed(len(pairs), alpha)

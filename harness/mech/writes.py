@@ -1,0 +1,150 @@
+"""What a sender writes into the residual stream, and how that write changes when the
+sender's activation is replaced: the sending end of every edge, path and signature point.
+
+A sender's members (a group's heads, MLPs and embed) each have an activation:
+
+    head L.h:  z_h, its attention-weighted values before W_O   (blocks.L.attn.hook_z[..., h, :])
+    embed:     what enters the residual before block 0          (hook_embed, + hook_pos_embed
+               for learned positions; Gemma's embedding scaled by sqrt(d_model) is hook_embed)
+    MLP L:     what the block adds to the residual              (blocks.L.hook_mlp_out)
+
+and the change of the sender's write when the activations a become a' is
+
+    D = sum over heads (z'_h - z_h) W_O[h] + sum over embed and MLPs (a' - a)
+
+(the output bias b_O is the same in both and cancels).  In a model with a norm after the
+attention (Gemma 2) the layer adds post_L(P), P = sum_h z_h W_O[h] + b_O, and a head's
+write is not separable: its change is taken inside the norm, with every other head of
+the layer at its base value,
+
+    D_L = post_L(P + sum_{h in L} (z'_h - z_h) W_O[h]) - post_L(P)
+
+(several heads of one layer change jointly inside one norm; layers add).  The sender's
+own write in the base run is what it adds compared with not being there at all:
+out = D(a -> 0) negated, which is z_h W_O[h] without post norms.
+
+Replacement activations: `resample` = the source run's, `mean` = a per-position mean
+over reference prompts (mech.runs.Reference), `zero` = 0.  Everything is float64 on the
+activations' device.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..model import architecture
+from ..model.devices import of, wide
+from ..spec import names
+from ..spec.names import HOOK_EMBED, HOOK_POS_EMBED, hook_attn_sum, hook_mlp_out, hook_z
+from ..spec.vocabulary import REPLACEMENTS
+from .attention import apply_norm
+
+if TYPE_CHECKING:
+    from jaxtyping import Float
+    from torch import Tensor
+
+    Residual = Float[Tensor, "n pos d_model"]
+
+Member = names.Head | names.Mlp | names.Embed
+Cache = dict[str, Any]
+
+
+def members(sender: names.Sender) -> list[Member]:
+    return list(names.members(sender))
+
+
+def activation_names(sender: names.Sender) -> list[str]:
+    """Hooks a run must cache for the sender's activations and writes (hooks.cache_hooks adds
+    what the architecture needs besides: a post-norm layer's attention sum)."""
+    out: list[str] = []
+    for m in members(sender):
+        if isinstance(m, names.Head):
+            out.append(hook_z(m.layer))
+        elif isinstance(m, names.Mlp):
+            out.append(hook_mlp_out(m.layer))
+        else:
+            out += [HOOK_EMBED, HOOK_POS_EMBED]
+    return list(dict.fromkeys(out))
+
+
+def activation(bridge: Any, cache: Cache, member: Member) -> Any:
+    """The member's activation in the run `cache` holds (float64): z [n, pos, d_head] for a
+    head, [n, pos, d_model] for embed and an MLP."""
+    if isinstance(member, names.Head):
+        return wide(cache[hook_z(member.layer)][:, :, member.head])
+    if isinstance(member, names.Mlp):
+        return wide(cache[hook_mlp_out(member.layer)])
+    emb = wide(cache[HOOK_EMBED])
+    return emb + wide(cache[HOOK_POS_EMBED]).to(emb.device) if HOOK_POS_EMBED in cache else emb
+
+
+def _W_O(bridge: Any, head: names.Head, device: Any) -> Any:
+    return wide(bridge.W_O[head.layer, head.head]).to(device)
+
+
+def change(bridge: Any, base: Cache, sender: names.Sender, new: dict[Member, Any]) -> Residual:
+    """D: the change of the sender's write when each member's activation becomes new[member]
+    (module docstring), [n, pos, d_model] float64."""
+    arch = architecture.of(bridge)
+    total: Any = None
+    by_layer: dict[int, Any] = {}
+
+    def add(x: Any) -> None:
+        nonlocal total
+        total = x if total is None else total + x.to(total.device)
+
+    for m in members(sender):
+        a = activation(bridge, base, m)
+        delta = new[m].to(a.device) - a
+        if isinstance(m, names.Head):
+            dw = delta @ _W_O(bridge, m, a.device)
+            if arch.post_norms:
+                by_layer[m.layer] = dw if m.layer not in by_layer else by_layer[m.layer] + dw
+                continue
+            add(dw)
+        else:
+            add(delta)
+    for layer, dw in sorted(by_layer.items()):
+        post = bridge.blocks[layer].ln1_post
+        P = wide(base[hook_attn_sum(layer)]).to(dw.device)
+        device = of(bridge)
+        add(apply_norm(post, P + dw, device) - apply_norm(post, P, device))
+    return total
+
+
+def output(bridge: Any, base: Cache, sender: names.Sender) -> Residual:
+    """The sender's write in the base run: what it adds against a zero activation (z W_O for a
+    head of a model without post norms)."""
+    zeros = {m: 0.0 * activation(bridge, base, m) for m in members(sender)}
+    return -change(bridge, base, sender, zeros)
+
+
+def replacement(bridge: Any, base: Cache, source: Cache | None, member: Member, kind: str,
+                mean: Any = None) -> Any:
+    """The activation that replaces the member's base activation: the source run's (resample),
+    `mean` ([1 or n, pos, .], the per-position mean over reference prompts) or 0 (zero)."""
+    a = activation(bridge, base, member)
+    if kind == "resample":
+        if source is None:
+            raise ValueError("the resample replacement needs a source run")
+        return activation(bridge, source, member).to(a.device)
+    if kind == "mean":
+        if mean is None:
+            raise ValueError("the mean replacement needs the reference mean of the sender's activation")
+        return wide(mean).to(a.device).expand_as(a)
+    if kind == "zero":
+        return 0.0 * a
+    raise ValueError(f"unknown replacement {kind!r}; allowed: {', '.join(REPLACEMENTS)}")
+
+
+def sender_change(bridge: Any, base: Cache, source: Cache | None, sender: names.Sender, kind: str,
+                  means: dict[Member, Any] | None = None) -> Residual:
+    """D_0 of an edge or path: the sender's replacement write minus its base write."""
+    new = {m: replacement(bridge, base, source, m, kind, (means or {}).get(m)) for m in members(sender)}
+    return change(bridge, base, sender, new)
+
+
+def reference_means(bridge: Any, reference: Any, sender: names.Sender, drop: int | None = None) -> dict[Member, Any]:
+    """Each member's per-position mean activation over the reference prompts
+    (mech.runs.Reference.mean: each prompt left out of its own mean when they are the clean ones)."""
+    return {m: reference.mean(activation(bridge, reference.cache, m), drop) for m in members(sender)}

@@ -1,0 +1,219 @@
+"""A loaded model's architecture in the terms harness's exact arithmetic needs.
+
+harness recomputes parts of the forward pass by hand (a receiver head's attention when
+one of its inputs is patched; whole blocks in the batched edge sweep), so it must know
+every feature that changes that arithmetic.  `describe(bridge)` reads them from the
+bridge's config and, for Hugging Face models, from the wrapped model's config and
+attention modules:
+
+* positions: `learned` (GPT-2: added to the embedding), `rotary` (q and k rotated per
+  position after their projections, on the first `rotary_dim` dimensions of each head:
+  all of them for Llama, Qwen2, Mistral, Gemma 2; a quarter for Pythia), or `none`;
+* grouped-query attention: `n_kv_heads` key/value heads shared by groups of
+  n_heads / n_kv_heads query heads (query head h reads key/value head `kv_head(h)`);
+* the score scale per layer (1/sqrt(d_head), or Gemma 2's query_pre_attn_scalar^-1/2),
+  a soft cap c tanh(s / c) on the scores (`attn_softcap`) and on the final logits
+  (`logit_softcap`), and the sliding window of each layer (a key j is visible from query
+  i iff 0 <= i - j < window; None: every earlier key);
+* blocks: `parallel` (attention and MLP both read the block's input: GPT-NeoX, GPT-J),
+  `post_norms` (a norm after the attention and after the MLP, before the residual add:
+  Gemma 2), `gated_mlp` (SwiGLU / GeGLU), the norm kind (`LN`, `RMS` or `none`).
+
+What harness cannot reproduce is refused by `check_supported` in one line naming the
+feature.  The rest is held to the model's own activations on every run
+(mech.attention.check, mech.torch_blocks.check): a mismatch stops the run rather than
+giving numbers that are not the model's.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UnsupportedError
+
+POSITIONS = ("learned", "rotary", "none")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str  # the Hugging Face architecture (e.g. LlamaForCausalLM) or TransformerLensNative
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    positions: str  # one of POSITIONS
+    rotary_dim: int  # dimensions of each head that rotate (0 without rotary positions)
+    norm: str  # "LN" | "RMS" | "none"
+    gated_mlp: bool
+    parallel: bool
+    post_norms: bool
+    has_mlp: bool
+    scales: tuple[float, ...]  # per layer: scores = scale * q . k
+    windows: tuple[int | None, ...]  # per layer: the sliding window, None for full causal attention
+    attn_softcap: float | None
+    logit_softcap: float | None
+    qk_norm: bool = False  # a norm on each head's query and key (Qwen3, OLMo 2): not reproduced
+
+    @property
+    def grouped(self) -> bool:
+        """Whether several query heads share a key/value head."""
+        return self.n_kv_heads < self.n_heads
+
+    @property
+    def rotary(self) -> bool:
+        return self.positions == "rotary"
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head query head `head` reads (repeat_kv's grouping: consecutive query heads)."""
+        return head // (self.n_heads // self.n_kv_heads)
+
+    def features(self) -> list[str]:
+        """The features beyond a GPT-2-style block, in words (for reports)."""
+        out = []
+        if self.rotary:
+            out.append(f"rotary positions ({self.rotary_dim} of {self.d_head} dimensions per head)")
+        if self.grouped:
+            out.append(f"grouped-query attention ({self.n_kv_heads} key/value heads for {self.n_heads} query heads)")
+        if self.norm == "RMS":
+            out.append("RMSNorm")
+        if self.gated_mlp:
+            out.append("gated MLP")
+        if self.parallel:
+            out.append("parallel attention and MLP")
+        if self.post_norms:
+            out.append("norms after each sublayer")
+        if self.attn_softcap:
+            out.append(f"attention soft cap {self.attn_softcap:g}")
+        if self.logit_softcap:
+            out.append(f"logit soft cap {self.logit_softcap:g}")
+        sliding = sorted({w for w in self.windows if w is not None})
+        if sliding:
+            layers = [str(i) for i, w in enumerate(self.windows) if w is not None]
+            out.append(f"sliding-window attention ({', '.join(map(str, sliding))} tokens, layers {', '.join(layers)})")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `model.architecture` record of evidence.json."""
+        return {"name": self.name, "positions": self.positions, "rotary_dim": self.rotary_dim,
+                "n_key_value_heads": self.n_kv_heads, "norm": self.norm, "gated_mlp": self.gated_mlp,
+                "parallel_blocks": self.parallel, "post_norms": self.post_norms,
+                "attn_softcap": self.attn_softcap, "logit_softcap": self.logit_softcap,
+                "sliding_windows": list(self.windows), "features": self.features()}
+
+
+def _hf_config(bridge: Any) -> Any | None:
+    model = getattr(bridge, "original_model", None)
+    cfg = getattr(model, "config", None)
+    return cfg if cfg is not None and hasattr(cfg, "model_type") else None
+
+
+def _positive(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
+
+
+def _rope_fraction(hf: Any) -> float:
+    """The fraction of each head's dimensions that rotate (Pythia: rotary_pct 0.25)."""
+    for holder in (getattr(hf, "rope_parameters", None), getattr(hf, "rope_scaling", None)):
+        if isinstance(holder, dict) and isinstance(holder.get("partial_rotary_factor"), int | float):
+            return float(holder["partial_rotary_factor"])
+    for key in ("partial_rotary_factor", "rotary_pct"):
+        v = getattr(hf, key, None)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return float(v)
+    return 1.0
+
+
+def _attention_module(bridge: Any, layer: int) -> Any:
+    attn = bridge.blocks[layer].attn
+    return getattr(attn, "original_component", None) or getattr(attn, "_original_component", None)
+
+
+def describe(bridge: Any) -> Architecture:
+    """The architecture of a TransformerBridge (native or Hugging Face)."""
+    import math
+
+    cfg = bridge.cfg
+    hf = _hf_config(bridge)
+    L, H, dh = int(cfg.n_layers), int(cfg.n_heads), int(cfg.d_head)
+    n_kv = int(getattr(cfg, "n_key_value_heads", None) or H)
+    kind = str(getattr(cfg, "positional_embedding_type", "standard") or "standard")
+    positions = {"standard": "learned", "rotary": "rotary"}.get(kind, kind)
+    if hf is not None and positions == "learned" and not hasattr(bridge, "pos_embed"):
+        positions = "none"
+    rotary_dim = 0
+    if positions == "rotary":
+        given = getattr(cfg, "rotary_dim", None)
+        rotary_dim = int(given) if given else int(dh * _rope_fraction(hf)) if hf is not None else dh
+    norm_type = str(getattr(cfg, "normalization_type", None) or "none")
+    norm = "RMS" if norm_type.startswith("RMS") else "LN" if norm_type.startswith("LN") else "none"
+    block0 = bridge.blocks[0]
+    scales, windows = [], []
+    qk_norm = False
+    for layer in range(L):
+        module = _attention_module(bridge, layer) if hf is not None else None
+        qk_norm = qk_norm or any(getattr(module, n, None) is not None for n in ("q_norm", "k_norm"))
+        scale = getattr(module, "scaling", None) if module is not None else None
+        if scale is None:
+            use = getattr(cfg, "use_attn_scale", True)
+            a = float(getattr(cfg, "attn_scale", -1.0) or -1.0)
+            scale = (1.0 / a if a > 0 else 1.0 / math.sqrt(dh)) if use else 1.0
+        scales.append(float(scale))
+        window = None
+        if module is not None and hasattr(module, "sliding_window"):
+            window = module.sliding_window
+        elif hf is not None and getattr(hf, "layer_types", None) is None:
+            window = getattr(hf, "sliding_window", None)  # Mistral: every layer slides when it is set
+        elif hf is None and getattr(cfg, "use_local_attn", False):
+            types = getattr(cfg, "attn_types", None) or []
+            window = getattr(cfg, "window_size", None) if layer < len(types) and types[layer] == "local" else None
+        windows.append(int(window) if isinstance(window, int) and not isinstance(window, bool) else None)
+    attn_cap = _positive(getattr(hf, "attn_logit_softcapping", None)) if hf is not None else None
+    logit_cap = _positive(getattr(hf, "final_logit_softcapping", None)) if hf is not None else None
+    attn_cap = attn_cap or _positive(getattr(cfg, "attn_scores_soft_cap", None))
+    logit_cap = logit_cap or _positive(getattr(cfg, "output_logits_soft_cap", None))
+    name = "TransformerLensNative"
+    if hf is not None:
+        archs = getattr(hf, "architectures", None) or [type(bridge.original_model).__name__]
+        name = str(archs[0])
+    return Architecture(
+        name=name, n_layers=L, n_heads=H, n_kv_heads=n_kv, d_head=dh, d_model=int(cfg.d_model),
+        positions=positions, rotary_dim=rotary_dim, norm=norm, gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
+        parallel=bool(getattr(cfg, "parallel_attn_mlp", False)), post_norms=hasattr(block0, "ln1_post"),
+        has_mlp=not bool(getattr(cfg, "attn_only", False)), scales=tuple(scales), windows=tuple(windows),
+        attn_softcap=attn_cap, logit_softcap=logit_cap, qk_norm=qk_norm)
+
+
+def check_supported(arch: Architecture, rotary_adjacent_pairs: bool = False) -> None:
+    """Raise UnsupportedError naming the first feature harness cannot reproduce exactly."""
+    if arch.positions not in POSITIONS:
+        raise UnsupportedError(f"{arch.name}: positional embedding type {arch.positions!r} is not supported "
+                               f"(harness reproduces {', '.join(POSITIONS)} positions)")
+    if rotary_adjacent_pairs:
+        raise UnsupportedError(f"{arch.name}: rotary positions on adjacent pairs of dimensions (GPT-J style) are not "
+                               "supported (harness rotates the two halves of each head, as Llama and GPT-NeoX do)")
+    if arch.qk_norm:
+        raise UnsupportedError(f"{arch.name}: norms on each head's queries and keys (q_norm, k_norm) are not "
+                               "supported (harness's attention by hand does not apply them)")
+    if arch.n_heads % arch.n_kv_heads:
+        raise UnsupportedError(f"{arch.name}: {arch.n_heads} query heads cannot be grouped over "
+                               f"{arch.n_kv_heads} key/value heads")
+    if arch.rotary and not 0 < arch.rotary_dim <= arch.d_head or arch.rotary_dim % 2:
+        raise UnsupportedError(f"{arch.name}: rotary dimension {arch.rotary_dim} of a {arch.d_head}-dimensional "
+                               "head is not supported (an even number of at most d_head)")
+
+
+_KNOWN: weakref.WeakKeyDictionary[Any, Architecture] = weakref.WeakKeyDictionary()
+
+
+def of(bridge: Any) -> Architecture:
+    """describe(bridge), computed once per bridge (held beside it, the bridge untouched) and
+    checked (check_supported)."""
+    arch = _KNOWN.get(bridge)
+    if arch is None:
+        arch = describe(bridge)
+        check_supported(arch, bool(getattr(bridge.cfg, "rotary_adjacent_pairs", False)) and arch.rotary)
+        _KNOWN[bridge] = arch
+    return arch

@@ -1,0 +1,355 @@
+"""Exact patching on every architecture family harness supports, held to an independent
+float64 reference forward (tests/family_oracle.py) of Llama, Mistral, Qwen2, Gemma 2,
+GPT-NeoX (Pythia) and GPT-2 models built here with random weights (tests/family_models.py).
+
+The harness model is loaded in float64 and run inside `Float64` (transformers computes
+RMSNorm, rotary frequencies and the softmax in float32 even in a float64 model; the mode
+makes those float64 too), so its unpatched logits equal the oracle's to ~1e-15 and every
+patched quantity must equal the oracle's to 1e-9 of the logits' scale: fast path (the
+model's own q/k/v hooks, or the receiver's z by hand for a shared key/value head), slow
+path (the receiver's whole attention by hand), paths, ablations and the batched sweep.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.errors import UnsupportedError
+from harness.mech import attention, hooks, paths, writes
+from harness.mech import patching as P
+from harness.model import architecture
+from harness.spec import names
+
+from . import family_models
+from .family_oracle import Oracle
+from .test_family_oracle import Float64
+
+REL = 1e-9
+SEQ = 13
+
+
+def tokens(seed: int, n: int = 3) -> torch.Tensor:
+    return torch.randint(1, family_models.VOCAB, (n, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+BASE, SOURCE = tokens(1), tokens(2)
+
+
+class Family:
+    """A built model, loaded by harness in exact float64, its oracle, and cached base/source runs."""
+
+    def __init__(self, name: str, folder: Path):
+        import harness
+
+        self.name, self.folder = name, folder
+        self.model = harness.load_model(folder, device="cpu", dtype=torch.float64)
+        self.bridge = self.model.bridge
+        hf = self.bridge.original_model
+        for _, mod in list(hf.named_modules()):  # float64 rotary frequencies (the buffer stays float32 otherwise)
+            if type(mod).__name__.endswith("RotaryEmbedding"):
+                with Float64():
+                    fresh = type(mod)(hf.config)
+                for key, value in fresh.named_buffers():
+                    getattr(mod, key).data = value
+        self.oracle = Oracle(folder)
+        self.arch = architecture.of(self.bridge)
+
+    def cache(self, toks: torch.Tensor, wanted: list[str]) -> dict:
+        with Float64():
+            return hooks.cache_hooks(self.bridge, toks, wanted)
+
+    def scale(self) -> float:
+        return float(self.oracle.run(BASE)["logits"].abs().max())
+
+
+@pytest.fixture(scope="module", params=family_models.FAMILIES)
+def fam(request, tmp_path_factory) -> Family:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        folder = family_models.build(request.param, tmp_path_factory.mktemp(request.param) / "model")
+        yield Family(request.param, folder)
+    finally:
+        torch.set_num_threads(before)
+
+
+def oracle_node(node) -> tuple:
+    if isinstance(node, names.Head):
+        return ("head", node.layer, node.head)
+    if isinstance(node, names.Embed):
+        return ("embed",)
+    if isinstance(node, names.Mlp):
+        return ("mlp", node.layer)
+    if isinstance(node, names.HeadInput):
+        return (node.which, node.head.layer, node.head.head)
+    return ("logits",)
+
+
+def oracle_route(route) -> list:
+    path = paths.as_path(route)
+    sender = path.sender
+    first = ([oracle_node(m) for m in names.members(sender)] if isinstance(sender, names.Group)
+             else oracle_node(sender))
+    return [first, *[oracle_node(h) for h in path.hops]]
+
+
+def close(a: torch.Tensor, b: torch.Tensor, scale: float) -> bool:
+    return float((a.double() - b.double()).abs().max()) <= REL * scale
+
+
+def test_unpatched_logits_equal_the_oracle(fam):
+    with Float64(), torch.no_grad():
+        logits = fam.bridge(BASE).double()
+    assert close(logits, fam.oracle.run(BASE)["logits"], fam.scale())
+
+
+def test_hand_attention_reproduces_every_layer(fam):
+    """mech.attention recomputes every head's z from the cached residual, as the model does."""
+    cache = fam.cache(BASE, [n for L in range(fam.arch.n_layers) for n in (names.hook_resid_pre(L), names.hook_z(L))])
+    with Float64():
+        for L in range(fam.arch.n_layers):
+            resid = cache[names.hook_resid_pre(L)]
+            for h in range(fam.arch.n_heads):
+                z = attention.head_z(fam.bridge, names.Head(L, h), dict.fromkeys("qkv", resid), cache)
+                assert torch.allclose(z, cache[names.hook_z(L)][:, :, h].double(), atol=1e-10, rtol=0)
+
+
+def edges_of(fam: Family) -> list[str]:
+    return ["L0H1 -> L1H2.q", "L0H1 -> L1H2.k", "L0H3 -> L1H1.v", "L0H0 -> L1H3.k", "embed -> L1H0.k",
+            "embed -> L0H2.q", "L0H2 -> logits", "L1H3 -> logits", "embed -> logits"]
+
+
+@pytest.mark.parametrize("replacement", ["resample", "zero", "mean"])
+def test_edges_fast_slow_and_oracle_agree(fam, replacement):
+    scale = fam.scale()
+    edges = [names.parse_edge(e) for e in edges_of(fam)]
+    wanted = P.cache_names(edges, fam.arch.n_layers)
+    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
+    for e in edges:
+        means = ({m: writes.activation(fam.bridge, source, m).mean(0, keepdim=True) for m in writes.members(e.sender)}
+                 if replacement == "mean" else None)
+        with Float64():
+            patch = P.prepare(fam.bridge, e, base, source, replacement, means)
+            fast = P.fast_logits(fam.bridge, BASE, patch, base=base)
+            slow = P.slow_logits(fam.bridge, BASE, patch, base)
+        mean = (fam.oracle.mean_values(SOURCE, [oracle_node(e.sender)])[oracle_node(e.sender)]
+                if replacement == "mean" else None)
+        want = fam.oracle.patched_logits(BASE, SOURCE, oracle_route(e), replacement, mean)
+        assert close(fast, want, scale), (fam.name, str(e), float((fast.double() - want).abs().max()))
+        assert close(slow, want, scale), (fam.name, str(e))
+        unpatched = fam.oracle.run(BASE)["logits"]
+        assert float((want - unpatched).abs().max()) > 1e-4 * scale, str(e)  # the patch changes the logits
+
+
+def routes_of(fam: Family) -> list[str]:
+    out = ["L0.mlp -> L1H2.v", "L0H1 -> L1.mlp", "L0H1 -> L1H2.k -> logits", "L0H0 + L0H3 -> L1H1.k",
+           "embed -> L0.mlp -> L1H3.q -> logits", "L1.mlp -> logits"]
+    if not fam.arch.parallel:
+        out.append("L1H0 -> L1.mlp")  # a head feeds its own layer's MLP only in sequential blocks
+    return out
+
+
+def test_paths_and_mlp_ends_equal_the_oracle(fam):
+    scale = fam.scale()
+    routes = [names.parse_path(r) for r in routes_of(fam)]
+    wanted = list(dict.fromkeys(n for r in routes for n in paths.cache_names(r, fam.arch.n_layers)))
+    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
+    for r in routes:
+        with Float64():
+            got = hooks.run_plan(fam.bridge, BASE, paths.plan(fam.bridge, r, base, source, "resample"))
+        want = fam.oracle.patched_logits(BASE, SOURCE, oracle_route(r))
+        assert close(got, want, scale), (fam.name, str(r), float((got.double() - want).abs().max()))
+
+
+def test_parallel_blocks_refuse_a_head_into_its_own_mlp(fam):
+    if not fam.arch.parallel:
+        pytest.skip("sequential blocks: a head does feed its own layer's MLP")
+    r = names.parse_path("L1H0 -> L1.mlp")
+    base = fam.cache(BASE, paths.cache_names(r, fam.arch.n_layers))
+    with pytest.raises(UnsupportedError, match="parallel"):
+        paths.plan(fam.bridge, r, base, base, "resample")
+
+
+def test_head_ablation_equals_the_oracle(fam):
+    scale = fam.scale()
+    heads = [names.Head(0, 1), names.Head(1, 3)]
+    with Float64():
+        got = hooks.run_plan(fam.bridge, BASE, hooks.ablation_plan(heads, "zero", {}, {}))
+    want = fam.oracle.ablated_logits(BASE, [(h.layer, h.head) for h in heads])
+    assert close(got, want, scale)
+
+
+def test_identity_patches_change_nothing(fam):
+    """The sanity check every run makes: patching the base run into itself reproduces it."""
+    edges = [names.parse_edge(e) for e in edges_of(fam)]
+    base = fam.cache(BASE, P.cache_names(edges, fam.arch.n_layers))
+    for e in edges:
+        with Float64():
+            got = P.fast_logits(fam.bridge, BASE, P.prepare(fam.bridge, e, base, base, "resample"), base=base)
+        assert close(got, base["logits"], fam.scale()), str(e)
+
+
+def test_grouped_keys_reach_only_their_query_head(fam):
+    """L1H1.k under grouped-query attention: query head 1's z changes, its group partner's does not."""
+    if not fam.arch.grouped:
+        pytest.skip("one key/value head per query head")
+    e = names.parse_edge("L0H2 -> L1H1.k")
+    wanted = P.cache_names([e], fam.arch.n_layers)
+    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
+    partner = 0 if fam.arch.kv_head(0) == fam.arch.kv_head(1) else 2
+    seen = {}
+    with Float64():
+        plan = P.fast_plan(fam.bridge, P.prepare(fam.bridge, e, base, source, "resample"), base)
+        plan.add(names.hook_z(1), lambda z, hook: seen.setdefault("z", z.detach().clone()))
+        hooks.run_plan(fam.bridge, BASE, plan)
+    z0 = base[names.hook_z(1)]
+    assert not torch.allclose(seen["z"][:, :, 1], z0[:, :, 1], atol=1e-6)
+    assert torch.allclose(seen["z"][:, :, partner], z0[:, :, partner], atol=1e-12, rtol=0)
+
+
+def test_a_misread_architecture_is_refused(fam, monkeypatch):
+    """The check of the hand attention fails, naming the features, if harness misreads one."""
+    from dataclasses import replace
+
+    wrong = replace(fam.arch, scales=tuple(s * 1.5 for s in fam.arch.scales))
+    monkeypatch.setitem(architecture._KNOWN, fam.bridge, wrong)
+    monkeypatch.setattr(attention, "_CHECKED", type(attention._CHECKED)())
+    base = fam.cache(BASE, [names.hook_resid_pre(1), names.hook_z(1)])
+    with pytest.raises(UnsupportedError, match="recomputed by hand differs"):
+        with Float64():
+            attention.check(fam.bridge, base, 1)
+
+
+@pytest.mark.parametrize("replacement", ["resample", "zero"])
+@pytest.mark.parametrize("budget", [1, 2**30])  # one edge per chunk vs everything at once
+def test_batched_sweep_equals_the_per_edge_path(fam, replacement, budget):
+    """Every edge of the model through mech.batched_edges (its own arithmetic: rotary, grouped
+    keys, gated and parallel MLPs, post norms, soft caps, windows) equals the per-edge path."""
+    import numpy as np
+
+    from harness.mech import batched_edges
+    from harness.model import metrics
+
+    arch = fam.arch
+    edges = batched_edges.all_edges(arch.n_layers, arch.n_heads)
+    n, s = BASE.shape
+    positions = torch.arange(4, s - 1).expand(n, -1).contiguous()
+    answers = BASE.gather(1, positions + 1)
+    wanted = batched_edges.cache_names(arch.n_layers)
+    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
+
+    def mf(logits, pos):
+        return metrics.per_prompt(logits, pos, answers.repeat(logits.shape[0] // n, 1), "logprob")
+
+    with Float64():
+        got = batched_edges.batched_metrics(fam.bridge, edges, base, source, base, positions, mf, replacement, budget)
+        want = np.stack([metrics.per_prompt(P.fast_logits(fam.bridge, BASE, P.prepare(fam.bridge, e, base, source,
+                                                                                       replacement), base=base),
+                                            positions, answers, "logprob").double().numpy() for e in edges])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+    assert np.abs(want - want[:1]).max() > 1e-3  # the edges differ: the comparison is not of constants
+
+
+def folded_from_oracle(fam: Family, layer: int, head: int) -> dict[str, torch.Tensor]:
+    """The folded per-head matrices built from the oracle's own reading of the weights file:
+    readers diag(w1) W (RMS, or Gemma's 1 + w; LN also centred), writers W_O diag(w_post) for
+    a norm after the attention (Gemma 2), then centred for LN; the key/value head's W_K, W_V."""
+    o = fam.oracle
+    lay = o.layers[layer]
+    w1 = lay.norm1[0] + 1.0 if o.norm_kind == "rms_1p" else lay.norm1[0]
+    g = int(o.kv_of[head])
+    d = o.d_model
+    P = torch.eye(d, dtype=torch.float64) - (1.0 / d if o.norm_kind == "layer" else 0.0)
+    out = {"W_Q": P @ (w1[:, None] * lay.W_Q[head]), "W_K": P @ (w1[:, None] * lay.W_K[g]),
+           "W_V": P @ (w1[:, None] * lay.W_V[g])}
+    W_O = lay.W_O[head]
+    if lay.post1 is not None:
+        wp = lay.post1[0] + 1.0 if o.norm_kind == "rms_1p" else lay.post1[0]
+        W_O = W_O * wp
+    out["W_O"] = W_O @ P
+    return out
+
+
+def test_composition_scores_follow_the_architecture(fam):
+    """C for L0H1 -> L1H2.{q,k,v} from the harness's Composition equals ||X Y|| / (||X|| ||Y||)
+    built by hand from the oracle's weights: one-sided Y = W_Q / W_K under rotary positions
+    (offset-free), W_Q W_K^T otherwise; grouped keys and values from the key/value head."""
+    from harness.mech.factored import Composition
+    from harness.mech.weights import head_weights
+
+    comp = Composition(head_weights(fam.bridge, "folded"), seed=0)
+    A, B = folded_from_oracle(fam, 0, 1), folded_from_oracle(fam, 1, 2)
+    X = A["W_V"] @ A["W_O"]
+    Ys = {"q": B["W_Q"] if fam.arch.rotary else B["W_Q"] @ B["W_K"].T,
+          "k": B["W_K"] if fam.arch.rotary else B["W_K"] @ B["W_Q"].T,
+          "v": B["W_V"] @ B["W_O"]}
+    for mode, Y in Ys.items():
+        want = float(torch.linalg.norm(X @ Y) / (torch.linalg.norm(X) * torch.linalg.norm(Y)))
+        got = comp.score(names.Head(0, 1), names.HeadInput(names.Head(1, 2), mode))
+        assert got == pytest.approx(want, abs=1e-10), (fam.name, mode)
+
+
+def test_offset_free_score_is_invariant_to_the_rotation(fam):
+    """The one-sided score does not change when the receiver's queries are rotated by any offset
+    (R orthogonal), while the two-sided W_Q R W_K^T form does."""
+    if not fam.arch.rotary:
+        pytest.skip("learned positions: the bilinear QK form has no offset")
+    A, B = folded_from_oracle(fam, 0, 1), folded_from_oracle(fam, 1, 2)
+    X = A["W_V"] @ A["W_O"]
+    r, dh = fam.arch.rotary_dim, fam.arch.d_head
+
+    def R(offset: float) -> torch.Tensor:
+        theta = offset / 10000.0 ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
+        c, s = torch.cos(theta), torch.sin(theta)
+        M = torch.eye(dh, dtype=torch.float64)
+        half = r // 2
+        idx = torch.arange(half)
+        M[idx, idx], M[idx + half, idx + half] = c, c
+        M[idx, idx + half], M[idx + half, idx] = s, -s
+        return M
+
+    def C(Y: torch.Tensor) -> float:
+        return float(torch.linalg.norm(X @ Y) / (torch.linalg.norm(X) * torch.linalg.norm(Y)))
+
+    one = [C(B["W_Q"] @ R(o)) for o in (0.0, 3.0, 17.0)]
+    two = [C(B["W_Q"] @ R(o) @ B["W_K"].T) for o in (0.0, 3.0, 17.0)]
+    assert max(one) - min(one) < 1e-12
+    assert max(two) - min(two) > 1e-4
+
+
+def test_copying_score_reads_the_folded_unembedding(fam):
+    """Copying of L1H0 equals the eigenvalue positivity of W_E OV W_U built from the oracle's
+    weights (final norm folded into W_U, Gemma's 1 + w, LN centring)."""
+    import numpy as np
+
+    from harness.mech.weights import copying_score, head_weights
+
+    o = fam.oracle
+    hw = head_weights(fam.bridge, "folded")
+    B = folded_from_oracle(fam, 1, 0)
+    wf = o.norm_f[0] + 1.0 if o.norm_kind == "rms_1p" else o.norm_f[0]
+    d = o.d_model
+    P = torch.eye(d, dtype=torch.float64) - (1.0 / d if o.norm_kind == "layer" else 0.0)
+    W_E = o.W_E @ P
+    W_U = P @ (wf[:, None] * o.W_U)
+    lam = np.linalg.eigvals((W_E @ B["W_V"] @ B["W_O"] @ W_U).numpy())
+    want = float(lam.sum().real / np.abs(lam).sum())
+    assert copying_score(hw, 1, 0).value == pytest.approx(want, abs=1e-8), fam.name
+
+
+def test_explain_reads_the_same_route(fam):
+    """`explain` decomposes the Y the score uses: its C equals the composition score, and a
+    rotary model's q/k route has no receiver-side token readouts."""
+    from harness.mech.explain import Explainer
+    from harness.mech.factored import Composition
+    from harness.mech.weights import head_weights
+
+    hw = head_weights(fam.bridge, "folded")
+    sender, receiver = names.Head(0, 1), names.HeadInput(names.Head(1, 2), "k")
+    ex = Explainer(hw, seed=0).explain(sender, receiver, draws=50)
+    assert ex.score == pytest.approx(Composition(hw, seed=0).score(sender, receiver), abs=1e-10)
+    has_far = all("receiver_reads" in r for r in ex.readouts)
+    assert has_far is (not fam.arch.rotary)

@@ -31,7 +31,7 @@ test-kernels: $(STAMP)
 	MKL_CBWR=COMPATIBLE HARNESS_THREADS=2 $(BIN)/python -m pytest -q -m stored_numbers
 
 lint: $(STAMP)
-	$(BIN)/ruff check harness tests fixtures
+	$(BIN)/ruff check harness tests fixtures benchmarks
 	$(BIN)/mypy
 
 validate: $(STAMP)

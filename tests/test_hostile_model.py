@@ -290,12 +290,11 @@ def test_non_finite_outputs_fail_every_sanity_check(tmp_path, capsys, monkeypatc
     from harness.claims.base import FrozenPatternsPath
 
     monkeypatch.setattr(sanity.patching, "freeze_patterns_plan", lambda patterns: None)
-    monkeypatch.setattr(sanity.hooks, "run_plan", lambda bridge, tokens, plan: "logits")
     for patched, m_clean in [(np.array([1.0, np.nan]), np.array([1.0, 2.0])),
                              (np.array([1.0, 2.0]), np.array([1.0, np.nan])),
                              (np.array([1.0, np.inf]), np.array([1.0, 2.0]))]:
         runs = SimpleNamespace(bridge=None, ds=SimpleNamespace(clean=None), clean=None, patterns=lambda c: {},
-                               metric=lambda logits, patched=patched: patched, m_clean=m_clean,
+                               run=lambda tokens, base, plan, patched=patched: patched, m_clean=m_clean,
                                m_corrupt=np.array([0.0, 0.0]))
         with pytest.raises(SanityCheckError, match="not finite"):
             sanity.identity_checks(runs, [FrozenPatternsPath()])

@@ -69,10 +69,12 @@ def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int) -> list[str]:
     and for a key or value receiver its attention pattern (where it reads: mech.change); and
     what the batched edge patching of its candidates reads (mech.batched_edges.cache_names)."""
     out = []
+    candidates = []
     for r in receivers(claims):
         out += [hook_z(layer) for layer in range(r.head.layer)] + [hook_resid_pre(r.head.layer)]
         out += [hook_pattern(r.head.layer)] if r.which in "kv" else []
-    return out + batched_edges.cache_names(n_layers) if out else out
+        candidates += [names.Edge(names.Head(layer, 0), r) for layer in range(r.head.layer)]  # each sender layer
+    return out + batched_edges.cache_names(n_layers, candidates) if out else out
 
 
 def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], tokens: Any) -> list[dict[str, Any]]:

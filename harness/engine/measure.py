@@ -31,6 +31,7 @@ from ..model import metrics
 from ..model.devices import of
 from ..progress import progress, stage
 from ..spec.fields import ClaimSpec
+from ..spec.names import HOOK_EMBED, HOOK_POS_EMBED
 from ..spec.settings import Stats
 from . import figure_data, ladder, sanity
 
@@ -55,6 +56,10 @@ def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int, figures: bool = Tru
 
 def interventions(claims: Sequence[ClaimSpec], n_layers: int, n_heads: int) -> list[InterventionPath]:
     return [p for c in claims for p in kind_of(c).interventions(c, n_layers, n_heads)]
+
+
+EMBED_HOOKS = (HOOK_EMBED, HOOK_POS_EMBED)
+KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)
 
 
 def by_kind(claims: Sequence[ClaimSpec]) -> dict[ClaimKind[Any, Any], list[tuple[int, ClaimSpec]]]:
@@ -89,14 +94,20 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
     def reference() -> Reference:
         if ds.reference is None:  # the clean prompts themselves, each prompt's mean leaving it out
             return Reference(clean, loo=True)
-        return Reference(hooks.cache_hooks(bridge, ds.reference, names_, ref_positions), loo=False)
+        # means are taken of activations only: z, MLP outputs, the embedding
+        wanted = [n for n in names_ if n.endswith((".attn.hook_z", ".hook_mlp_out")) or n in EMBED_HOOKS]
+        cache = hooks.cache_hooks(bridge, ds.reference, wanted or names_, ref_positions)
+        cache.pop("logits_at", None)  # a large vocabulary makes these the biggest tensors, and no mean reads them
+        return Reference(cache, loo=False)
 
     ref_positions = None if ds.reference is None else ds.positions[:1].expand(ds.reference.shape[0], -1)
     m_clean = metric_at(clean["logits_at"])
+    clean["logits_at"] = clean["logits_at"][:KEEP_LOGITS].clone()  # the metric is taken; run_from's check reads these
     corruptions = {}
     for name, tokens in ds.corruptions.items():
         cache = hooks.cache_hooks(bridge, tokens, names_, ds.positions)
         corruptions[name] = (cache, metric_at(cache["logits_at"]))
+        cache["logits_at"] = cache["logits_at"][:KEEP_LOGITS].clone()
     default = ds.default_corruption
     runs = Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
                 metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference))

@@ -56,8 +56,9 @@ def gap_check(gap: np.ndarray, st: Stats, unit: str, corruption: str | None = No
 
 def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityCheck]:
     """Patching a run's own activations into itself must change nothing, through
-    every path in `paths` (the interventions of the file's claims)."""
-    checks: list[tuple[str, Any, np.ndarray]] = []  # (path, logits, expected metric)
+    every path in `paths` (the interventions of the file's claims), each run the way the
+    claims' interventions run (Runs.run: from the first patched layer where it can)."""
+    checks: list[tuple[str, Any, np.ndarray]] = []  # (path, metric per prompt, expected metric)
     units = sorted({h for p in paths if isinstance(p, HeadAblationPath) for h in p.heads}, key=str)
     if units:
         heads = [h for h in units if isinstance(h, names.Head)]
@@ -65,7 +66,7 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
         plan = hooks.ablation_plan(heads, "resample", runs.z(runs.clean), {})
         plan.hooks += hooks.mlp_ablation_plan(mlps, "resample", {m.layer: runs.clean[hook_mlp_out(m.layer)]
                                                                  for m in mlps}, {}).hooks
-        checks.append(("head ablation", hooks.run_plan(runs.bridge, runs.ds.clean, plan), runs.m_clean))
+        checks.append(("head ablation", runs.run(runs.ds.clean, runs.clean, plan), runs.m_clean))
     for p in paths:
         if isinstance(p, EdgePatchPath):
             r = runs.with_corruption(p.corruption)
@@ -78,13 +79,13 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
                                           base)
             if p.freeze_patterns:
                 plan = hooks.Plan(plan.hooks + patching.freeze_patterns_plan(runs.patterns(base)).hooks)
-            checks.append((p.label, hooks.run_plan(runs.bridge, tokens, plan), m))
+            checks.append((p.label, runs.run(tokens, base, plan), m))
     if any(isinstance(p, FrozenPatternsPath) for p in paths):
         plan = patching.freeze_patterns_plan(runs.patterns(runs.clean))
-        checks.append(("frozen patterns", hooks.run_plan(runs.bridge, runs.ds.clean, plan), runs.m_clean))
+        checks.append(("frozen patterns", runs.run(runs.ds.clean, runs.clean, plan), runs.m_clean))
     if not checks:
         return []
-    diffs = {path: _max_abs(runs.metric(logits) - m) for path, logits, m in checks}
+    diffs = {path: _max_abs(got - m) for path, got, m in checks}
     # NaN sorts first as the worst: max() with a NaN key would pick an arbitrary path
     worst = max(diffs, key=lambda k: (not np.isfinite(diffs[k]), diffs[k] if np.isfinite(diffs[k]) else 0.0))
     scale = float(np.max([_max_abs(runs.m_clean), _max_abs(runs.m_corrupt)]))  # NaN if either is

@@ -61,16 +61,29 @@ def projection(bridge: Any, layer: int, head: int, which: str) -> tuple[Any, Any
     idx = head if which == "q" else arch.kv_head(head)
     key = (layer, idx, which)
     if key not in memo:
+        X = which.upper()
         with torch.no_grad():
-            W = wide(getattr(bridge, f"W_{which.upper()}")[layer, idx]).clone()
-            try:
-                b = getattr(bridge, f"b_{which.upper()}")
-            except AttributeError:  # a bias-free projection (Llama, Gemma)
-                b = None
-            bias = wide(b[layer, idx]).clone() if b is not None else torch.zeros(W.shape[-1], dtype=W.dtype,
-                                                                                  device=W.device)
+            W = wide(_layer_weight(bridge, layer, f"W_{X}")[idx]).clone()
+            b = _layer_weight(bridge, layer, f"b_{X}")
+            bias = wide(b[idx]).clone() if b is not None else torch.zeros(W.shape[-1], dtype=W.dtype, device=W.device)
         memo[key] = (W, bias)
     return memo[key]
+
+
+def _layer_weight(bridge: Any, layer: int, name: str) -> Any:
+    """One layer's W_Q / b_Q etc. ([heads, ...]; None for a bias the model does not have), read from
+    that layer's attention (the model-wide stacks would copy every layer's weights)."""
+    try:
+        value = getattr(bridge.blocks[layer].attn, name)
+    except AttributeError:
+        value = None
+    if value is not None:
+        return value
+    try:
+        stacked = getattr(bridge, name)
+    except AttributeError:
+        return None
+    return None if stacked is None else stacked[layer]
 
 
 def apply_norm(module: Any, x: Any, device: Any) -> Any:

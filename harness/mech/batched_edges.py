@@ -106,13 +106,24 @@ def all_edges(n_layers: int, n_heads: int, embed: bool = True, logits: bool = Tr
     return out
 
 
-def cache_names(n_layers: int) -> list[str]:
-    """Hooks the batched path reads from the base and source runs."""
+def cache_names(n_layers: int, edges: list[names.Edge] | None = None) -> list[str]:
+    """Hooks the batched path reads from the base and source runs for `edges` (None: every edge of
+    the model): every sender's activation, each receiver layer's q, k, v, z and attention output,
+    and every layer's residual (the downstream blocks are checked against them)."""
     out = [names.HOOK_EMBED, names.HOOK_POS_EMBED]
+    if edges is None:
+        receiving, sending = set(range(n_layers)), set(range(n_layers))
+    else:
+        receiving = {e.receiver.head.layer for e in edges if isinstance(e.receiver, names.HeadInput)}
+        sending = {m.layer for e in edges for m in names.members(e.sender) if isinstance(m, names.Head)}
     for layer in range(n_layers):
-        out += [hook_z(layer), hook_resid_pre(layer), hook_attn_out(layer)] + [hook_input(layer, x) for x in "qkv"]
+        out.append(hook_resid_pre(layer))
+        if layer in sending:
+            out.append(hook_z(layer))
+        if layer in receiving:
+            out += [hook_z(layer), hook_attn_out(layer)] + [hook_input(layer, x) for x in "qkv"]
     out.append(hook_resid_post(n_layers - 1))
-    return out
+    return list(dict.fromkeys(out))
 
 
 def bytes_per_edge(n: int, s: int, d: int, d_head: int, k: int, vocab: int, itemsize: int = 4,

@@ -26,7 +26,8 @@ their changes over the sum of their outputs); an MLP receiver reads every positi
 to the last scored one, or (last layer) the scored positions.  A path: the change
 its first hop reads.
 Head ablation (each ablated head h):  Δ = out_h(replacement) - out_h(clean),
-with out_h = z_h W_O[h] and the replacement of the ablation type (zero: -out_h),
+with out_h = z_h W_O[h] (inside the layer's post-attention norm where the model has one:
+mech.writes) and the replacement of the ablation type (zero: -out_h),
 over every position up to the last scored one (what any later reader may read),
 and, for the record, at the scored positions alone.  A change there that no
 reader's weights pick up is not detected here: it shows as an ablation type
@@ -43,7 +44,7 @@ import numpy as np
 from ..model.devices import wide
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_z
-from . import paths
+from . import paths, writes
 from .runs import PerPrompt, Runs
 
 UP_TO_LAST = "every position up to the last scored one"
@@ -158,7 +159,6 @@ def _head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges
                    if kind == "mean" else wide(runs.corrupt[hook_mlp_out(h.layer)]))
             delta = new - base
         else:
-            W_O = wide(runs.bridge.W_O[h.layer, h.head])
             z = wide(runs.clean[hook_z(h.layer)][:, :, h.head])
             if kind == "zero":
                 z_new = torch.zeros_like(z)
@@ -166,8 +166,8 @@ def _head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges
                 z_new = wide(means[h.layer][:, :, h.head]).expand_as(z)
             else:
                 z_new = wide(runs.corrupt[hook_z(h.layer)][:, :, h.head])
-            base = z @ W_O.to(z.device)
-            delta = z_new @ W_O.to(z.device) - base
+            base = writes.output(runs.bridge, runs.clean, h)  # z W_O, or inside a post-attention norm
+            delta = writes.change(runs.bridge, runs.clean, h, {h: z_new})
         per_head[h] = relative_change(delta, base, weights)
         deltas.append(delta)
         outs.append(base)

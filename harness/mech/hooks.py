@@ -208,6 +208,12 @@ def for_architecture(bridge: Any, wanted: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _shared(parts: list[Any], size: int) -> bool:
+    """Whether batch-chunk activations are one tensor broadcast over the prompts (first dim 1 while a
+    chunk held more prompts)."""
+    return size > 1 and all(p.shape[0] == 1 for p in parts)
+
+
 def output_transform(bridge: Any, logits: Any) -> Any:
     """The model's transform after the unembedding (Gemma 2's soft cap c tanh(x / c); the
     identity for most models), as the bridge's forward applies it."""
@@ -245,7 +251,9 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
             pos = positions[lo:lo + size].to(logits.device)
             logits_parts.append(logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])))
         del logits, cache
-    out = {name: torch.cat(parts[name]) if len(parts[name]) > 1 else parts[name][0] for name in names}
+    # an activation shared by every prompt of a batch (the rotation's cos and sin, [1, pos, r]) is kept once
+    out = {name: torch.cat(parts[name]) if len(parts[name]) > 1 and not _shared(parts[name], size) else parts[name][0]
+           for name in names}
     out["logits" if positions is None else "logits_at"] = (torch.cat(logits_parts) if len(logits_parts) > 1
                                                            else logits_parts[0])
     return out

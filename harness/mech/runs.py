@@ -247,7 +247,7 @@ class Runs:
                                   not in self.memo and not paths.needs_paths(e)))
         noising = direction == "noising"
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
-        wanted = hooks.for_architecture(self.bridge, batched_edges.cache_names(self.n_layers))
+        wanted = hooks.for_architecture(self.bridge, batched_edges.cache_names(self.n_layers, todo))
         if (len(todo) > 1 and replacement in ("resample", "zero") and self.metric_at is not None
                 and all(n in base and n in source for n in wanted)):
             metric_at = self.metric_at

@@ -265,19 +265,30 @@ class _Weights:
 
     bridge: Any
     arch: architecture.Architecture
-    st: dict[str, Any]
+    st: dict[str, Any]  # the unembedding: W_U, b_U
     norms: dict[str, _Norm | None]  # "ln1.L", "ln2.L", "ln1_post.L", "ln2_post.L", "ln_final"
     act: tuple[Callable, tuple[str, str]] | None
     dnn: bool
+    cast: Callable[[Any], Any]
+
+    def of(self, L: int, name: str) -> Any:
+        """Layer L's W_Q, b_O, W_in, ... (None where the model has none) from the layer itself, in the
+        activations' dtype and device: views of the model's parameters where the layout allows (the
+        model-wide stacks would copy every layer's weights at once)."""
+        part = self.bridge.blocks[L].mlp if name[2:] in ("in", "gate", "out") else self.bridge.blocks[L].attn
+        try:
+            value = getattr(part, name)
+        except (AttributeError, KeyError, IndexError, RuntimeError, TypeError, ValueError):
+            value = None
+        return self.cast(value)
 
     def has_mlp(self, L: int) -> bool:
         return self.arch.has_mlp and getattr(self.bridge.blocks[L], "mlp", None) is not None
 
     def mlp_in_torch(self, L: int) -> bool:
         """Whether MLP L can be written out: a known activation, its weights exposed."""
-        gate_ok = not self.arch.gated_mlp or self.st["W_gate"] is not None
-        return (self.act is not None and gate_ok and self.st["W_in"] is not None
-                and self.st["W_out"] is not None)
+        gate_ok = not self.arch.gated_mlp or self.of(L, "W_gate") is not None
+        return self.act is not None and gate_ok and self.of(L, "W_in") is not None and self.of(L, "W_out") is not None
 
 
 def _weights(bridge: Any, dtype: Any, device: Any) -> _Weights:
@@ -289,8 +300,7 @@ def _weights(bridge: Any, dtype: Any, device: Any) -> _Weights:
     def cast(t: Any) -> Any:
         return None if t is None else t.detach().to(dtype=dtype, device=device)
 
-    st = {x: cast(_stacked(bridge, x)) for x in ("W_Q", "b_Q", "W_K", "b_K", "W_V", "b_V", "W_O", "b_O", "W_in",
-                                                 "b_in", "W_gate", "b_gate", "W_out", "b_out", "W_U", "b_U")}
+    st = {x: cast(_stacked(bridge, x)) for x in ("W_U", "b_U")}
     norms = {"ln_final": _norm_of(getattr(bridge, "ln_final", None), cfg, cast)}
     for L in range(cfg.n_layers):
         block = bridge.blocks[L]
@@ -299,12 +309,12 @@ def _weights(bridge: Any, dtype: Any, device: Any) -> _Weights:
             if module is not None or name in ("ln1", "ln2"):
                 norms[f"{name}.{L}"] = _norm_of(module, cfg, cast)
     dnn = torch.device(device).type == "cpu" and _dnn_ok(dtype, None)
-    return _Weights(bridge, arch, st, norms, activation(getattr(cfg, "act_fn", None)), dnn)
+    return _Weights(bridge, arch, st, norms, activation(getattr(cfg, "act_fn", None)), dnn, cast)
 
 
-def _bias(st: dict[str, Any], name: str, L: int, shape: tuple[int, ...], like: Any) -> Any:
-    b = st.get(name)
-    return b[L].reshape(shape) if b is not None else like.new_zeros(shape)
+def _bias(w: _Weights, name: str, L: int, shape: tuple[int, ...], like: Any) -> Any:
+    b = w.of(L, name)
+    return b.reshape(shape) if b is not None else like.new_zeros(shape)
 
 
 def _post(w: _Weights, name: str, L: int, block: Any, in_torch: bool) -> Callable | None:
@@ -320,14 +330,14 @@ def _layer(w: _Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = True) 
     for, else the model's modules."""
     import torch
 
-    arch, st, block = w.arch, w.st, w.bridge.blocks[L]
+    arch, block = w.arch, w.bridge.blocks[L]
     H, Hkv, dh, d = arch.n_heads, arch.n_kv_heads, arch.d_head, arch.d_model
     scale = arch.scales[L]
     norm1 = w.norms[f"ln1.{L}"] if torch_ln1 else None
-    W_Q = st["W_Q"][L].permute(1, 0, 2).reshape(d, H * dh) * scale
-    b_Q = _bias(st, "b_Q", L, (H * dh,), W_Q) * scale
-    W_K, W_V = (st[f"W_{x}"][L].permute(1, 0, 2).reshape(d, Hkv * dh) for x in "KV")
-    b_K, b_V = (_bias(st, f"b_{x}", L, (Hkv * dh,), W_K) for x in "KV")
+    W_Q = w.of(L, "W_Q").permute(1, 0, 2).reshape(d, H * dh) * scale
+    b_Q = _bias(w, "b_Q", L, (H * dh,), W_Q) * scale
+    W_K, W_V = (w.of(L, f"W_{x}").permute(1, 0, 2).reshape(d, Hkv * dh) for x in "KV")
+    b_K, b_V = (_bias(w, f"b_{x}", L, (Hkv * dh,), W_K) for x in "KV")
     qkv = Dense(*_fold(norm1, torch.cat([W_Q, W_K, W_V], 1), torch.cat([b_Q, b_K, b_V])), w.dnn)
     hq, hk = H * dh, Hkv * dh
     proj = {"qkv": qkv, "q": qkv.outputs(0, hq), "k": qkv.outputs(hq, hq + hk),
@@ -338,19 +348,18 @@ def _layer(w: _Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = True) 
     if w.has_mlp(L):
         norm2 = w.norms[f"ln2.{L}"]
         if torch_mlp and norm2 is not None and w.mlp_in_torch(L):
-            fc_out = Dense(st["W_out"][L], st["b_out"][L] if st["b_out"] is not None else None, w.dnn)
-            b_in = st["b_in"][L] if st["b_in"] is not None else None
+            fc_out = Dense(w.of(L, "W_out"), w.of(L, "b_out"), w.dnn)
+            b_in = w.of(L, "b_in")
             inner: Callable
             if arch.gated_mlp:
-                b_gate = st["b_gate"][L] if st["b_gate"] is not None else None
-                gate = Dense(*_fold(norm2, st["W_gate"][L], b_gate), w.dnn, w.act)
-                up = Dense(*_fold(norm2, st["W_in"][L], b_in), w.dnn)
+                gate = Dense(*_fold(norm2, w.of(L, "W_gate"), w.of(L, "b_gate")), w.dnn, w.act)
+                up = Dense(*_fold(norm2, w.of(L, "W_in"), b_in), w.dnn)
 
                 def gated(h: Any, gate: Dense = gate, up: Dense = up, fc_out: Dense = fc_out) -> Any:
                     return fc_out(gate(h).mul_(up(h)))
                 inner = gated
             else:
-                fc_in = Dense(*_fold(norm2, st["W_in"][L], b_in), w.dnn, w.act)
+                fc_in = Dense(*_fold(norm2, w.of(L, "W_in"), b_in), w.dnn, w.act)
 
                 def plain(h: Any, fc_in: Dense = fc_in, fc_out: Dense = fc_out) -> Any:
                     return fc_out(fc_in(h))
@@ -365,9 +374,9 @@ def _layer(w: _Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = True) 
             def mlp(x: Any, ln2: Callable = ln2, module: Callable = module, post2: Callable | None = post2) -> Any:
                 y = module(ln2(x))
                 return y if post2 is None else post2(y)
-    b_O = st["b_O"][L] if st["b_O"] is not None else None
-    out = Dense(st["W_O"][L].reshape(H * dh, d), b_O, w.dnn)
-    return Layer(ln1, proj, st["W_O"][L], out, _post(w, "ln1_post", L, block, torch_ln1), mlp, arch.parallel, Hkv,
+    W_O = w.of(L, "W_O")
+    out = Dense(W_O.reshape(H * dh, d), w.of(L, "b_O"), w.dnn)
+    return Layer(ln1, proj, W_O, out, _post(w, "ln1_post", L, block, torch_ln1), mlp, arch.parallel, Hkv,
                  arch.attn_softcap, arch.windows[L])
 
 
@@ -421,32 +430,39 @@ def check(model: Model, w: _Weights, base: dict, tol: float) -> None:
     """Hold the torch arithmetic to the model on the first prompts of the base run.
 
     norm1, the MLP (with norm2 and post2) and ln_final + unembed are compared with the model's
-    modules and replaced by them where they differ; q/k/v, z and attn_out of every layer, each
-    block's output and the logits are compared with the cache (UnsupportedError where they differ)."""
+    modules and replaced by them where they differ; q/k/v, z and attn_out of every layer whose
+    attention the base run cached, each block's output and the logits are compared with the
+    cache (UnsupportedError where they differ); a layer cached only by its residual is checked
+    as a whole block (its output from its input)."""
     m = CHECK_PROMPTS
     bridge, arch = w.bridge, w.arch
     L_last = len(model.layers) - 1
     for L in range(len(model.layers)):
-        block, lay = bridge.blocks[L], model.layers[L]
+        own, lay = bridge.blocks[L], model.layers[L]
         pre = base[hook_resid_pre(L)][:m]
-        reads = pre if arch.parallel else pre + base[hook_attn_out(L)][:m]
+        detailed = all(k in base for k in (hook_attn_out(L), hook_z(L), *(hook_input(L, x) for x in "qkv")))
+        probe = base[hook_attn_out(L)][:m] if detailed else pre
+        reads = pre if arch.parallel or not detailed else pre + probe
         norm1 = w.norms[f"ln1.{L}"]
-        torch_ln1 = norm1 is not None and _off(norm1(pre), _through(block.ln1)(pre), tol) is None
+        torch_ln1 = norm1 is not None and _off(norm1(pre), _through(own.ln1)(pre), tol) is None
         if torch_ln1 and lay.post1 is not None:
-            probe = base[hook_attn_out(L)][:m]
-            torch_ln1 = _off(lay.post1(probe), _through(block.ln1_post)(probe), tol) is None
+            torch_ln1 = _off(lay.post1(probe), _through(own.ln1_post)(probe), tol) is None
         module_mlp = None
         if lay.mlp is not None:
-            module_mlp = _through(block.mlp)(_through(block.ln2)(reads))
-            if getattr(block, "ln2_post", None) is not None:
-                module_mlp = _through(block.ln2_post)(module_mlp)
+            module_mlp = _through(own.mlp)(_through(own.ln2)(reads))
+            if getattr(own, "ln2_post", None) is not None:
+                module_mlp = _through(own.ln2_post)(module_mlp)
         torch_mlp = lay.mlp is None or _off(lay.mlp(reads), module_mlp, tol) is None
         if not (torch_ln1 and torch_mlp):
             model.layers[L] = lay = _layer(w, L, torch_ln1, torch_mlp)
+        nxt = hook_resid_pre(L + 1) if L < L_last else hook_resid_post(L)
+        if not detailed:
+            whole = block(model, lay, pre, mask(pre.shape[1], lay.window, pre))
+            _require(_off(whole, base[nxt][:m], tol), f"{nxt} (block {L} as a whole from its input)", arch)
+            continue
         z = _check_attention(model, lay, L, pre, base, tol, arch)
         attn_out = lay.attn_out(lay.out(z.reshape(*z.shape[:-2], -1)))
         _require(_off(attn_out, base[hook_attn_out(L)][:m], tol), hook_attn_out(L), arch)
-        nxt = hook_resid_pre(L + 1) if L < L_last else hook_resid_post(L)
         _require(_off(lay.finish(pre, base[hook_attn_out(L)][:m]), base[nxt][:m], tol), f"{nxt} (the block's output)",
                  arch)
     final = base[hook_resid_post(L_last)][:m]

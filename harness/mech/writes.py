@@ -30,6 +30,7 @@ activations' device.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..model import architecture
@@ -37,7 +38,7 @@ from ..model.devices import of, wide
 from ..spec import names
 from ..spec.names import HOOK_EMBED, HOOK_POS_EMBED, hook_attn_sum, hook_mlp_out, hook_z
 from ..spec.vocabulary import REPLACEMENTS
-from .attention import apply_norm
+from .attention import _layer_weight, apply_norm
 
 if TYPE_CHECKING:
     from jaxtyping import Float
@@ -78,8 +79,16 @@ def activation(bridge: Any, cache: Cache, member: Member) -> Any:
     return emb + wide(cache[HOOK_POS_EMBED]).to(emb.device) if HOOK_POS_EMBED in cache else emb
 
 
+_W_O_MEMO: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Any]] = weakref.WeakKeyDictionary()
+
+
 def _W_O(bridge: Any, head: names.Head, device: Any) -> Any:
-    return wide(bridge.W_O[head.layer, head.head]).to(device)
+    """The head's W_O [d_head, d_model] in float64 (read from its layer once per bridge and head)."""
+    memo = _W_O_MEMO.setdefault(bridge, {})
+    key = (head.layer, head.head)
+    if key not in memo:
+        memo[key] = wide(_layer_weight(bridge, head.layer, "W_O")[head.head]).clone()
+    return memo[key].to(device)
 
 
 def change(bridge: Any, base: Cache, sender: names.Sender, new: dict[Member, Any]) -> Residual:

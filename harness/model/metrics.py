@@ -24,12 +24,26 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
+CHUNK_ELEMENTS = 2**22  # float64 values of the vocabulary-wide work held at once (32 MiB)
+
+
 def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k"], answers: Int[Tensor, "n k"],
                metric: str, wrong: Int[Tensor, "n k"] | None = None) -> Float[Tensor, " n"]:
-    """logits [n, seq, vocab] -> metric per prompt [n] (float64)."""
+    """logits [n, seq, vocab] -> metric per prompt [n] (float64).  The float64 log-softmax runs over
+    chunks of prompts (CHUNK_ELEMENTS at a time), so a large vocabulary never holds n x k x vocab
+    float64 values at once."""
     import torch
 
-    idx = positions.to(logits.device).unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    if metric not in METRICS:
+        raise DataError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
+    n, k = positions.shape
+    vocab = logits.shape[-1]
+    size = max(1, CHUNK_ELEMENTS // max(1, k * vocab))
+    if n > size:
+        parts = [per_prompt(logits[i:i + size], positions[i:i + size], answers[i:i + size], metric,
+                            None if wrong is None else wrong[i:i + size]) for i in range(0, n, size)]
+        return torch.cat(parts)
+    idx = positions.to(logits.device).unsqueeze(-1).expand(-1, -1, vocab)
     at = wide(logits.gather(1, idx))  # [n, k, vocab]
     answers = answers.to(at.device)
     wrong = None if wrong is None else wrong.to(at.device)

@@ -202,7 +202,7 @@ def _tl_values(res: Any, edges: list, idx: list[int]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------- scale
 
 def five_claim_file(model: Path, n_layers: int, n_heads: int, out: Path) -> Path:
-    """The scale benchmark's five-claim file (harness.tools.scale_files.five_claim) for this shape."""
+    """The scale benchmark's five-claim file (benchmarks/scale_files.py: five_claim) for this shape."""
     import yaml
 
     a = min(4, n_layers - 2)

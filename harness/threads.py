@@ -1,22 +1,18 @@
 """How many threads torch uses, chosen on purpose.
 
-Two rules, measured on a 2-core machine while another 2-thread torch process ran
-(benchmark: `python -m harness.tools.threads_bench`):
+Two rules (`benchmarks/threads_bench.py` measures them; docs/performance.md has the
+numbers):
 
 * Small linear algebra (the composition null's Cholesky factors and triangular
   solves, eigenvalues of d_head-sized matrices, QR of small matrices) always runs
-  on one thread (`single_threaded()`): with two threads competing with another
-  job, 200 QRs of 120 x 48 matrices took 27 s against 0.06 s on one thread
-  (OpenMP workers spin-waiting for a core), and one thread is never slower
-  for matrices this small.
+  on one thread (`single_threaded()`): on a machine shared with another job, extra
+  OpenMP workers spin-wait for a core, and one thread is never slower for matrices
+  this small.
 * Forward passes and batched patching use `chosen()`'s count: `--threads N`, else
   $HARNESS_THREADS, else by model size: one thread for models with d_model below
   LARGE_D_MODEL, the cores this process may run on (os.sched_getaffinity) above.
   Small models are dominated by small operations, where a second thread only adds
-  spin-waiting on a busy machine (the fixture's 200-prompt forward: 0.12 s on one
-  thread, 0.84 s on two, with two other jobs running); large matrix products do gain
-  from more threads even on a busy machine (a 2050 x 768 by 768 x 3072 product: 2.7 s
-  on one thread, 2.0 s on two, with the competing job).
+  spin-waiting on a busy machine; large matrix products gain from more threads.
 """
 
 from __future__ import annotations

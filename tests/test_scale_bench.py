@@ -1,4 +1,4 @@
-"""The scale benchmark's pieces on tiny models (seconds): the hypothesis files it writes
+"""The scale benchmark's (benchmarks/scale_bench.py) pieces on tiny models (seconds): the hypothesis files it writes
 are valid, `measure` reports time, memory and timeouts, and one benchmark pass over two
 tiny sizes (its subprocesses run in-process here) fills every row of the table with
 positive numbers.  The full benchmark (minutes) is not run here."""
@@ -13,8 +13,12 @@ import time
 import pytest
 
 from harness.hypothesis.loading import load
-from harness.tools import scale_bench as sb
-from harness.tools import scale_files as sf
+
+from .conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks are scripts beside the package, not in it
+import scale_bench as sb
+import scale_files as sf
 
 pytest.importorskip("transformers")
 
@@ -78,8 +82,8 @@ def test_parse_layers_and_fit():
 def in_process(cmd, timeout, logs, cwd=None):
     """`measure` without a subprocess: the same command's main() in this process (its
     imports are already paid), timed, with this process's peak RSS."""
-    if cmd[1:3] == ["-m", "harness.tools.scale_bench"]:
-        main, argv = sb.main, cmd[3:]
+    if cmd[1:2] == [sb.__file__]:
+        main, argv = sb.main, cmd[2:]
     elif cmd[1:3] == ["-m", "harness"]:
         from harness.cli import main
         argv = cmd[3:]

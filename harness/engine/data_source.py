@@ -1,6 +1,6 @@
 """A `data:` mapping (generator, token-id or text file, template, list of text prompts)
 made into the Dataset a model runs on.  `harness run` gives it the hypothesis file's
-mapping; `harness scan` and `harness roles` a data file's (hypothesis.data_file) or a
+mapping; `harness scan` and `harness roles` a data file's (hypothesis.loading.load_data_file) or a
 prompt file's.  Problems name the field through the source's `where`
 (`h.yaml:5: data.template: ...`)."""
 

@@ -38,14 +38,13 @@ linear map, so their affine parts are folded into it:
     norm(x) W + b = standardize(x) (diag(w_norm) W) + (b_norm W + b)
 (LN1 into the fused [W_Q/scale | W_K | W_V], LN2 into W_in; not ln_final, so that
 W_U, often the tied embedding, is used without a copy).  On the CPU in float32
-the matrix products use oneDNN's linear, with the MLP's activation fused (torch's
-own float32 matmul calls MKL, whose kernels on AMD CPUs are AVX2 ones).  Before
+the matrix products use oneDNN's linear, with the MLP's activation fused.  Before
 the sweep the arithmetic (mech.torch_blocks) is checked on two prompts of the base run: a norm, MLP
 or unembedding that does not reproduce the model's own module (an unfamiliar
-activation, a gated MLP, a norm computed in another precision) falls back to
+activation, a norm computed in another precision) falls back to
 calling that module; attention or a block that does not reproduce the cached
-activations (rotary positions, parallel attention and MLP, soft caps) raises
-UnsupportedError instead of giving wrong numbers.
+activations raises UnsupportedError instead of giving wrong numbers (the per-edge
+path then runs instead).
 
 Edges are stacked along the batch dimension in chunks whose size follows a
 memory budget (bytes per edge estimated from the shapes, `bytes_per_edge`, and
@@ -54,15 +53,8 @@ peak memory is bounded by the budget (or one edge's working set, if larger), not
 by the number of edges.  Per-layer constants (the base banks, resid_mid) are the
 size of a few cached activations.
 
-Measured (`python -m harness.tools.bench [--layers 6]`: GPT-2 architecture,
-8 heads, d_model 64, 50 prompts of 41 tokens, every head -> later head q/k/v edge,
-one thread, on this project's shared 2-core AMD machine): 2 layers, 192 edges:
-1.04 ms per edge = 0.070 of one plain forward of the prompt batch, 28x
-TransformerLens's get_act_patch_direct_path_all_sources; 6 layers, 2880 edges:
-0.106 of a forward per edge, 19.5x.  On the 2-layer model about a third of the
-per-edge cost is the metric (metrics.per_prompt: a gather and a float64
-log-softmax over the vocabulary), the rest mostly the MLP and unembedding
-products; with more layers, the later blocks' attention at every position.
+`benchmarks/edge_sweep.py` measures the sweep against TransformerLens and against
+the per-edge path on the same model and prompts (docs/performance.md has the numbers).
 
 Devices: every tensor made here is made on the device of the cached
 activations (the model's), including index tensors; `positions` are moved there;

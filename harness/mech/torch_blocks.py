@@ -102,9 +102,8 @@ class Dense:
     """y = act(x W + b) for a fixed W [in, out], b [out] (or None), act (or None).
 
     On the CPU in float32, when this torch has it and it agrees with addmm, by oneDNN's
-    linear with the activation fused (W kept only as oneDNN's layout W^T [out, in]):
-    torch's own float32 matmul calls MKL, whose kernels on AMD CPUs are AVX2 ones, about
-    half the speed of oneDNN's AVX-512 ones there."""
+    linear with the activation fused (W kept only as oneDNN's layout W^T [out, in]), which
+    on some CPUs runs faster kernels than torch's own float32 matmul (docs/performance.md)."""
 
     def __init__(self, W: Any, b: Any, dnn: bool, act: tuple[Callable, tuple[str, str]] | None = None):
         self.b, self.act = b, act

@@ -1,4 +1,4 @@
-"""The in-process timings of `python -m harness.tools.scale_bench`, each run in its own
+"""The in-process timings of `.venv/bin/python benchmarks/scale_bench.py`, each run in its own
 subprocess (`--child KIND`) so that its wall time and peak memory are its own:
 
 * `scores` / `tl-scores`: harness composition scores (head_weights + mech.factored, every
@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..mech import batched_edges, weights
-from ..mech.factored import Composition
-from ..mech.hooks import cache_hooks
-from ..model import data, metrics
-from ..model.loading import load_model
-from ..spec import names
-from ..threads import configure
+from harness.errors import UserError
+from harness.mech import batched_edges, weights
+from harness.mech.factored import Composition
+from harness.mech.hooks import cache_hooks
+from harness.model import data, metrics
+from harness.model.loading import load_model
+from harness.spec import names
+from harness.threads import configure
 
 
 def _load(model: str) -> Any:

@@ -2,7 +2,7 @@
 product on one thread and on every available core, on an idle machine and
 while a competing torch process (two threads of small QRs) runs.
 
-    python -m harness.tools.threads_bench [--seconds 40]
+    .venv/bin/python benchmarks/threads_bench.py [--seconds 40]
 
 Prints one line per (load, threads) with the times of 200 QRs of 120 x 48
 matrices (what the old composition null did), 500 Cholesky factorisations of
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from ..threads import available_cores
+from harness.threads import available_cores
 
 _WORK = """
 import sys, time, torch

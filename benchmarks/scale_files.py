@@ -1,4 +1,4 @@
-"""The models and hypothesis files of `python -m harness.tools.scale_bench`: GPT-2
+"""The models and hypothesis files of `.venv/bin/python benchmarks/scale_bench.py`: GPT-2
 shapes, random-weight GPT-2 directories (seed 0, built once per shape), and the
 five-claim, realistic (20 claims) and 123-claim hypothesis files written for them."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from harness.errors import UserError
 
 N_PROMPTS, SEGMENT = 50, 20
 DATA = {"generator": "repeated_tokens", "n_prompts": N_PROMPTS, "segment_length": SEGMENT}

@@ -1,6 +1,6 @@
 """Benchmark: all-edges exact edge patching, harness vs TransformerLens.
 
-    python -m harness.tools.bench [--layers N] [--prompts N] [--repeats R] [--tl-repeats R]
+    .venv/bin/python benchmarks/edge_sweep.py [--layers N] [--prompts N] [--repeats R] [--tl-repeats R]
 
 In one run, on one model and one prompt batch: a Hugging Face GPT-2-architecture
 model (N layers, default 2, x 8 heads, d_model 64, random weights, saved to a
@@ -217,7 +217,7 @@ def _runs(values: list[float]) -> str:
 
 def _memory_lines(n_layers: int) -> None:
     for budget, repeat in ((16, 1), (16, 4), (128, 1), (128, 4)):
-        out = subprocess.run([sys.executable, "-m", "harness.tools.bench", "--memory-probe", str(budget), "--repeat",
+        out = subprocess.run([sys.executable, __file__, "--memory-probe", str(budget), "--repeat",
                               str(repeat), "--prompts", "400", "--layers", str(n_layers)],
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -226,7 +226,7 @@ def _memory_lines(n_layers: int) -> None:
 
 
 def _startup_line() -> None:
-    hyp = Path(__file__).resolve().parents[2] / "hypotheses" / "induction.yaml"
+    hyp = Path(__file__).resolve().parents[1] / "hypotheses" / "induction.yaml"
     exe = [sys.executable, "-m", "harness"]
     t_import = timed([sys.executable, "-c", "import transformer_lens"])
     t_validate = timed(exe + ["validate", str(hyp)])

@@ -1,7 +1,7 @@
 """Scale benchmark: what a hypothesis run, the weights table and the edge sweep cost
 as a GPT-2-shaped model grows from 2 to 12 layers, beside TransformerLens.
 
-    python -m harness.tools.scale_bench [--layers 2,6,12] [--keep DIR] [--json FILE]
+    .venv/bin/python benchmarks/scale_bench.py [--layers 2,6,12] [--keep DIR] [--json FILE]
                                         [--timeout SECONDS] [--threads N]
 
 Models.  Random-weight Hugging Face GPT-2 architectures built locally (no
@@ -17,7 +17,7 @@ and |S| = 20 (41 tokens), except the 123-claim file, which keeps every default
 (200 prompts).
 
 Rows of the results table, per model size (the hypothesis files are written by
-`five_claim`, `realistic` and `many_claims` in harness/tools/scale_files.py, into the work directory):
+`five_claim`, `realistic` and `many_claims` in benchmarks/scale_files.py, into the work directory):
 
 * `five-claim run`: `harness run` on five claims: an induction role claim on
   L{L/2}H1, a mean ablation of the route's two heads, the composition
@@ -102,10 +102,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..threads import available_cores, chosen, configure
-from .scale_children import run_child
-from .scale_files import (
+from scale_children import run_child
+from scale_files import (
     N_PROMPTS,
     SEGMENT,
     Shape,
@@ -117,6 +115,9 @@ from .scale_files import (
     small_shape,
     write_hypothesis,
 )
+
+from harness.errors import UserError
+from harness.threads import available_cores, chosen, configure
 
 DEFAULT_TIMEOUT = 900.0
 TARGETS_LAYERS = 12
@@ -230,7 +231,7 @@ class Bench:
         """Run an in-process timing in a fresh subprocess; its JSON, or None if it failed."""
         out = self.work / "logs" / f"{name.replace(' ', '_')}.json"
         out.unlink(missing_ok=True)
-        got = self.run(name, [sys.executable, "-m", "harness.tools.scale_bench", "--child", kind, "--model",
+        got = self.run(name, [sys.executable, __file__, "--child", kind, "--model",
                               str(model), "--out", str(out)])
         if got.status() != "ok" or not out.is_file():
             return got, None
@@ -508,9 +509,9 @@ def benchmark(layers: list[int], work: Path, timeout: float, tiny: bool = False,
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness.tools.scale_bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="benchmarks/scale_bench.py", description=__doc__.split("\n\n")[0],
                                 epilog="What each row measures: see the module docstring (pydoc "
-                                       "harness.tools.scale_bench).")
+                                       "benchmarks/scale_bench.py).")
     p.add_argument("--layers", default="2,6,12", help="model sizes in layers (default 2,6,12)")
     p.add_argument("--keep", type=Path, metavar="DIR", help="build models and write files here (reused next time)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the numbers as JSON")

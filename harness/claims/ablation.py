@@ -34,7 +34,7 @@ from ..mech.runs import Runs
 from ..spec.fields import BoundedCausalClaim, UnitList
 from ..spec.names import hook_pattern, hook_resid_pre, unit_hook
 from ..spec.settings import Stats
-from ..spec.vocabulary import Ablation, Normalization
+from ..spec.vocabulary import Ablation, LadderStatus, Normalization, Rung
 from . import effects
 from .base import (
     ClaimKind,
@@ -58,9 +58,9 @@ class AblationClaim(BoundedCausalClaim):
 
     kind: Literal["ablation"]
     heads: UnitList  # heads and MLPs (L1.mlp)
-    ablation: Ablation = "mean"
+    ablation: Ablation = Ablation.MEAN
     measure: Literal["normalized", "delta"] = "normalized"
-    normalize: Normalization = "corrupted"
+    normalize: Normalization = Normalization.CORRUPTED
     freeze_patterns: StrictBool = False
     sensitivity: StrictBool = False
 
@@ -99,9 +99,9 @@ def ablate(runs: Runs, claim: AblationClaim, kind: str, st: Stats) -> Ablated:
     heads = list(claim.heads)
     m = runs.ablated(heads, kind, claim.freeze_patterns)
     jack: list[np.ndarray] = []
-    if kind == "mean" and claim.freeze_patterns:
+    if kind == Ablation.MEAN and claim.freeze_patterns:
         jack = [runs.ablated(heads, kind, True, drop=k) for k in range(runs.reference.groups)]
-    elif kind == "mean":
+    elif kind == Ablation.MEAN:
         groups: list[int | None] = list(range(runs.reference.groups))
         jack = runs.ablated_many([heads] * len(groups), kind, groups)
     return Ablated(m, jack, effects.head_change(runs, heads, kind, st))
@@ -128,9 +128,9 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
         mechanism, type_ = heads_mechanism(claim.heads)
         status = bounded_status(claim, result)
         if d.intervention_change is not None and d.intervention_change.vacuous:
-            status = "untested"
+            status = LadderStatus.UNTESTED
         note = f"{claim.ablation}-ablated: {result.unit} {fmt(result.value)}"
-        return ([LadderEntry(mechanism, type_, "necessity", status, note, d.corruption)]
+        return ([LadderEntry(mechanism, type_, Rung.NECESSITY, status, note, d.corruption)]
                 + sensitivity_entry(mechanism, type_, d.sensitivity, supporting(claim)))
 
     def measure(self, claims: Sequence[Indexed[AblationClaim]], ctx: Context) -> dict[int, ClaimResult]:

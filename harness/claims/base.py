@@ -38,6 +38,7 @@ from ..model.tokenizer import bridge_tokenizer
 from ..spec import names
 from ..spec.fields import BoundedClaim, ClaimSpec
 from ..spec.settings import Stats
+from ..spec.vocabulary import Direction, LadderStatus, Rung
 from ..streams import Stream, derive_seed
 
 S = TypeVar("S", bound=ClaimSpec)
@@ -65,7 +66,7 @@ class EdgePatchPath:
 
     @property
     def label(self) -> str:
-        where = f", {self.corruption}" if self.direction == "denoising" and self.corruption else ""
+        where = f", {self.corruption}" if self.direction == Direction.DENOISING and self.corruption else ""
         return f"edge {self.edge} ({self.direction}{where}{', frozen patterns' if self.freeze_patterns else ''})"
 
 
@@ -84,18 +85,19 @@ class LadderEntry:
 
     mechanism: str  # "L0H7", "L1H0+L1H1", "L0H7 -> L1H5.k"
     type: str  # head, heads or edge
-    rung: str  # one of evidence.details.RUNGS
-    status: str  # supports, against, inconclusive or untested
+    rung: Rung
+    status: LadderStatus
     note: str = ""
     corruption: str | None = None  # for robustness across corruptions
 
 
-def bounded_status(claim: BoundedClaim, result: ClaimResult) -> str:
+def bounded_status(claim: BoundedClaim, result: ClaimResult) -> LadderStatus:
     """supports / against / inconclusive for a claim with a bound: `at_least` asserts the
     mechanism (PASS supports it), `at_most` asserts its absence (PASS is against it)."""
     if result.verdict == Verdict.INCONCLUSIVE:
-        return "inconclusive"
-    return "supports" if (result.verdict == Verdict.PASS) == (claim.at_least is not None) else "against"
+        return LadderStatus.INCONCLUSIVE
+    supports = (result.verdict == Verdict.PASS) == (claim.at_least is not None)
+    return LadderStatus.SUPPORTS if supports else LadderStatus.AGAINST
 
 
 def supporting(claim: BoundedClaim) -> Verdict:
@@ -116,11 +118,13 @@ def sensitivity_entry(mechanism: str, type_: str, sens: Sensitivity | None,
     cells = ", ".join(f"{k} {v.verdict}" for k, v in sens.by_type.items())
     decided = [v.verdict for v in sens.by_type.values() if v.verdict != Verdict.INCONCLUSIVE]
     if len(set(decided)) > 1:
-        return [LadderEntry(mechanism, type_, "robustness", "against", f"the verdict depends on the type: {cells}")]
+        return [LadderEntry(mechanism, type_, Rung.ROBUSTNESS, LadderStatus.AGAINST,
+                            f"the verdict depends on the type: {cells}")]
     if len(decided) > 1:
-        return ([LadderEntry(mechanism, type_, "robustness", "supports", f"the same verdict under {cells}")]
-                if decided[0] == supporting else [])
-    return [LadderEntry(mechanism, type_, "robustness", "inconclusive", f"fewer than two types decide: {cells}")]
+        return ([LadderEntry(mechanism, type_, Rung.ROBUSTNESS, LadderStatus.SUPPORTS,
+                             f"the same verdict under {cells}")] if decided[0] == supporting else [])
+    return [LadderEntry(mechanism, type_, Rung.ROBUSTNESS, LadderStatus.INCONCLUSIVE,
+                        f"fewer than two types decide: {cells}")]
 
 
 def heads_mechanism(heads: Sequence[names.Unit]) -> tuple[str, str]:

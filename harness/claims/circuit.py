@@ -38,7 +38,7 @@ from ..spec import names
 from ..spec.fields import BoundedCausalClaim, UnitList
 from ..spec.names import hook_mlp_out, hook_resid_pre, hook_z
 from ..spec.settings import Stats
-from ..spec.vocabulary import Ablation
+from ..spec.vocabulary import Ablation, LadderStatus, Rung
 from . import effects
 from .base import (
     ClaimKind,
@@ -61,7 +61,7 @@ class CircuitClaim(BoundedCausalClaim):
 
     kind: Literal["circuit"]
     heads: UnitList  # heads and MLPs (L1.mlp)
-    ablation: Ablation = "resample"
+    ablation: Ablation = Ablation.RESAMPLE
     random_circuits: int = Field(100, ge=20, le=100_000)
     beat_rate: float = Field(0.5, ge=0.0, lt=1.0)
     sensitivity: StrictBool = False
@@ -147,9 +147,9 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         d = self.details_of(result)
         status = bounded_status(claim, result)
         if d.intervention_change is not None and d.intervention_change.vacuous_heads:
-            status = "untested" if status == "inconclusive" else status
+            status = LadderStatus.UNTESTED if status == LadderStatus.INCONCLUSIVE else status
         mechanism = f"circuit {heads_mechanism(claim.heads)[0]}"
-        return ([LadderEntry(mechanism, "heads", "sufficiency", status,
+        return ([LadderEntry(mechanism, "heads", Rung.SUFFICIENCY, status,
                              f"faithfulness {fmt(result.value)} with the rest {claim.ablation}-ablated", d.corruption)]
                 + sensitivity_entry(mechanism, "heads", d.sensitivity, supporting(claim)))
 
@@ -168,9 +168,9 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
                 random_f = random_faithfulness(runs, c, m_empty, kept, seed)
             change = effects.head_change(runs, rest, c.ablation, st) if rest else None
             jack = None
-            if c.ablation == "mean":
+            if c.ablation == Ablation.MEAN:
                 groups = list(range(runs.reference.groups))
-                both = runs.ablated_many([rest] * len(groups) + [every] * len(groups), "mean", groups + groups)
+                both = runs.ablated_many([rest] * len(groups) + [every] * len(groups), Ablation.MEAN, groups + groups)
                 jack = list(zip(both[:len(groups)], both[len(groups):], strict=True))
             result = self.evaluate(c, runs.m_clean, m_circuit, m_empty, random_f, st, seed, ctx.unit, change,
                                    runs.corruption, jack=jack)

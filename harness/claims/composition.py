@@ -30,6 +30,7 @@ from ..mech.factored import Composition
 from ..spec import names
 from ..spec.fields import ClaimSpec, HeadRouteName
 from ..spec.settings import Stats
+from ..spec.vocabulary import LadderStatus, Rung
 from . import explain_text
 from .base import ClaimKind, Context, Indexed, LadderEntry
 
@@ -104,7 +105,8 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
     def ladder(self, claim: CompositionClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
         composes = d.p_adjusted < d.alpha
-        return [LadderEntry(str(claim.edge), "edge", "weights", "supports" if composes else "against",
+        status = LadderStatus.SUPPORTS if composes else LadderStatus.AGAINST
+        return [LadderEntry(str(claim.edge), "edge", Rung.WEIGHTS, status,
                             f"{'composes' if composes else 'does not compose'} (p_adj {fmt_p(d.p_adjusted)})")]
 
     def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> dict[int, ClaimResult]:

@@ -51,14 +51,15 @@ from ..spec import names
 from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.names import hook_pattern
 from ..spec.settings import Stats
-from ..spec.vocabulary import Direction, Normalization, Replacement
+from ..spec.vocabulary import Direction, LadderStatus, Normalization, Replacement, Rung, UseStatus
 from . import effects
 from .base import ClaimKind, Context, EdgePatchPath, Indexed, InterventionPath, LadderEntry, sensitivity_entry
 from .composition import route_evidence
 
 FRACTION = "fraction of gap"
 CORRECTION = "Benjamini-Hochberg over the file's edge claims (structurally zero edges left out)"
-USED, OPPOSITE, UNUSED, UNDETERMINED, UNTESTED = "used", "used (opposite sign)", "unused", "undetermined", "untested"
+USED, OPPOSITE, UNUSED, UNDETERMINED, UNTESTED = (UseStatus.USED, UseStatus.OPPOSITE, UseStatus.UNUSED,
+                                                  UseStatus.UNDETERMINED, UseStatus.UNTESTED)
 USE_PRECEDENCE = (USED, OPPOSITE, UNUSED, UNDETERMINED)
 WEIGHTS_VS_USE = {
     (True, USED): "route used",
@@ -78,9 +79,9 @@ class RouteClaim(CorruptionChoice):
     """What edge and path claims share: patching a route moves the metric (used) or not."""
 
     expect: Literal["used", "unused"] = "used"
-    direction: Direction = "noising"
-    replacement: Replacement = "resample"
-    normalize: Normalization = "corrupted"
+    direction: Direction = Direction.NOISING
+    replacement: Replacement = Replacement.RESAMPLE
+    normalize: Normalization = Normalization.CORRUPTED
     min_effect: float | None = Field(None, gt=0.0)
     tolerance: float | None = Field(None, gt=0.0)
     freeze_patterns: StrictBool = False
@@ -100,10 +101,10 @@ class RouteClaim(CorruptionChoice):
         if self.min_effect is not None and self.tolerance is not None and self.tolerance >= self.min_effect:
             raise ValueError(f"tolerance {self.tolerance:g} must be below min_effect {self.min_effect:g}, "
                              "or 'used' and 'unused' overlap")
-        if self.direction == "denoising" and (self.replacement != "resample" or self.sensitivity):
+        if self.direction == Direction.DENOISING and (self.replacement != Replacement.RESAMPLE or self.sensitivity):
             raise ValueError("denoising patches the clean run's output into the corrupted run: "
                              "replacement must be resample (and sensitivity, which varies it, is off)")
-        if self.direction == "denoising" and self.normalize == "baseline":
+        if self.direction == Direction.DENOISING and self.normalize == "baseline":
             raise ValueError("normalize: baseline divides a noising effect by the gap to a guess with no "
                              "information; a denoising effect is measured from the corrupted run")
         return self
@@ -154,7 +155,7 @@ class EdgeDetails(effects.NormalizedFields):
     tolerance: float
     min_raw_change: float | None = optional()
     correction: str
-    use: Literal["used", "used (opposite sign)", "unused", "undetermined", "untested"]
+    use: UseStatus
     structurally_zero: bool | None = optional()  # every d_n is 0: left out of the BH family
     corruption: str | None = optional()
     intervention_change: effects.InterventionChange | None = optional()
@@ -183,7 +184,7 @@ def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, repla
                 seed: int, unit: str, baseline: float | None = None, normalize: str = "corrupted") -> EdgeEffect:
     """Patch `edge` (runs: mech.runs.Runs) and measure its effect."""
     m_clean, m_corrupt = runs.m_clean, runs.m_corrupt
-    noising = direction == "noising"
+    noising = direction == Direction.NOISING
 
     def change_of(m_patched: np.ndarray) -> np.ndarray:
         d = m_clean - m_patched if noising else m_patched - m_corrupt
@@ -192,7 +193,7 @@ def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, repla
     m_patched = runs.patched(edge, direction, replacement, freeze)
     d = change_of(m_patched)
     jack = ([change_of(runs.patched(edge, direction, replacement, freeze, drop=k))
-             for k in range(runs.reference.groups)] if replacement == "mean" else [])
+             for k in range(runs.reference.groups)] if replacement == Replacement.MEAN else [])
     norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack)
     base = (effects.normalized_effect(d, m_clean - baseline, st, seed, unit, jack, "clean-baseline")
             if noising and baseline is not None else None)
@@ -206,7 +207,7 @@ def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, repla
 
 
 def measured_use(vacuous: bool, interval: stats.Interval | None, p_adj: float, min_effect: float,
-                 tolerance: float, st: Stats, raw_change: float) -> str:
+                 tolerance: float, st: Stats, raw_change: float) -> UseStatus:
     """The use status of a measured effect: untested (a vacuous patch), undetermined (an
     undefined effect), else `use_status` of its interval."""
     if vacuous:
@@ -235,7 +236,7 @@ def use_reason(use: str, lo: float, hi: float, p_adj: float, min_effect: float, 
 
 
 def use_status(lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, alpha: float,
-               raw_change: float = 0.0, min_raw_change: float = 0.0) -> str:
+               raw_change: float = 0.0, min_raw_change: float = 0.0) -> UseStatus:
     """The use status of a non-vacuous test from the effect's CI, adjusted p-value and
     mean raw change (module docstring)."""
     if lo > min_effect and p_adj < alpha and raw_change >= min_raw_change:
@@ -247,7 +248,7 @@ def use_status(lo: float, hi: float, p_adj: float, min_effect: float, tolerance:
     return UNDETERMINED
 
 
-def edge_verdict(expect: str, use: str, lo: float, hi: float, min_effect: float, tolerance: float) -> Verdict:
+def edge_verdict(expect: str, use: UseStatus, lo: float, hi: float, min_effect: float, tolerance: float) -> Verdict:
     """The verdict of an `expect` claim given its use status and CI (module docstring)."""
     if use == UNTESTED:
         return INCONCLUSIVE
@@ -256,7 +257,7 @@ def edge_verdict(expect: str, use: str, lo: float, hi: float, min_effect: float,
     return PASS if use == UNUSED else FAIL if use in (USED, OPPOSITE) else INCONCLUSIVE
 
 
-def classify(composes: bool | None, use: str) -> str:
+def classify(composes: bool | None, use: UseStatus) -> str:
     """The weights-vs-use class of an edge (composes None: an MLP end, no composition score)."""
     if composes is None:
         return f"{use} (no composition score: MLP end)"
@@ -308,12 +309,12 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
 
     def ladder(self, claim: RouteClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
-        status = {USED: "supports", UNUSED: "against", OPPOSITE: "against", UNDETERMINED: "inconclusive",
-                  UNTESTED: "untested"}[d.use]
+        status = {USED: LadderStatus.SUPPORTS, UNUSED: LadderStatus.AGAINST, OPPOSITE: LadderStatus.AGAINST,
+                  UNDETERMINED: LadderStatus.INCONCLUSIVE, UNTESTED: LadderStatus.UNTESTED}[d.use]
         note = f"{d.use} ({claim.replacement}{', ' + d.corruption if d.corruption else ''})"
         if d.use == OPPOSITE:
             note += ": it works against the claimed direction"
-        rung = "edge necessity" if claim.direction == "noising" else "sufficiency"
+        rung = Rung.EDGE_NECESSITY if claim.direction == Direction.NOISING else Rung.SUFFICIENCY
         route = claim.route  # head -> head-input edges have a weights rung; other routes do not
         kind = "edge" if isinstance(route, names.Edge) and names.is_head_route(route) else "route"
         return ([LadderEntry(str(claim.route), kind, rung, status, note, d.corruption)]
@@ -327,12 +328,12 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
             return edge_effect(ctx.runs_for(c.corruption), c.route, c.direction, replacement, c.freeze_patterns, st,
                                seed, ctx.unit, ctx.baseline, c.normalize)
 
-        batchable = ("resample", "zero")
-        groups: dict[tuple[str | None, str, str], list[names.Edge]] = {}
+        batchable = (Replacement.RESAMPLE, Replacement.ZERO)
+        groups: dict[tuple[str | None, Direction, Replacement], list[names.Edge]] = {}
         for _, c in claims:  # the claims' patches through the batched path, in one pass per group
             if not c.freeze_patterns:
-                varied = c.sensitivity and c.direction == "noising"
-                kinds = {c.replacement} | ({"zero", "resample"} if varied else set())
+                varied = c.sensitivity and c.direction == Direction.NOISING
+                kinds = {c.replacement} | ({Replacement.ZERO, Replacement.RESAMPLE} if varied else set())
                 for kind in sorted(kinds & set(batchable)):
                     if isinstance(c.route, names.Edge):
                         groups.setdefault((c.corruption, c.direction, kind), []).append(c.route)
@@ -382,7 +383,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
         raw = f"raw change {raw_change:.3f} {unit}"
         first = paths.first_edge(claim.route)
         if effect.read.vacuous:
-            fix = ("a corruption that changes it there, or replacement: zero" if claim.replacement != "zero"
+            fix = ("a corruption that changes it there, or replacement: zero" if claim.replacement != Replacement.ZERO
                    else "an edge whose sender writes something")
             estimate = "undefined" if niv is None else f"{niv.estimate:.3f}"
             return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE,

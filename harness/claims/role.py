@@ -24,7 +24,7 @@ from ..mech import roles
 from ..spec import names
 from ..spec.fields import BoundedClaim, HeadName
 from ..spec.names import hook_pattern
-from ..spec.vocabulary import AttentionRole
+from ..spec.vocabulary import AttentionRole, Rung
 from .base import ClaimKind, Context, Indexed, LadderEntry, bounded_status
 
 
@@ -70,7 +70,7 @@ class RoleKind(ClaimKind[RoleClaim, RoleDetails]):
         return [claim.head]
 
     def ladder(self, claim: RoleClaim, result: ClaimResult) -> list[LadderEntry]:
-        return [LadderEntry(str(claim.head), "head", "observation", bounded_status(claim, result),
+        return [LadderEntry(str(claim.head), "head", Rung.OBSERVATION, bounded_status(claim, result),
                             f"{claim.role} score {fmt(result.value)}")]
 
     def measure(self, claims: Sequence[Indexed[RoleClaim]], ctx: Context) -> dict[int, ClaimResult]:

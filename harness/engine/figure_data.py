@@ -37,6 +37,7 @@ from ..spec import names
 from ..spec.fields import ClaimSpec
 from ..spec.names import hook_pattern, hook_resid_pre, hook_z
 from ..spec.settings import Stats
+from ..spec.vocabulary import Direction, Replacement
 from ..streams import Stream, derive_seed
 
 SIGNATURE_BUDGET = 4.0  # forward passes the signature plot's patches may cost (patch_cost)
@@ -126,8 +127,8 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
     chosen = patch_within_budget(candidates, [r.result.score for r in found], claimed, runs.n_layers)
     patched = [e for e in candidates if e in chosen]
-    runs.patched_many(patched, "noising", "resample")  # in batched passes
-    measured = {e: edge_effect(runs, e, "noising", "resample", False, st, effect_seed, unit)
+    runs.patched_many(patched, Direction.NOISING, Replacement.RESAMPLE)  # in batched passes
+    measured = {e: edge_effect(runs, e, Direction.NOISING, Replacement.RESAMPLE, False, st, effect_seed, unit)
                 for e in progress(patched, "signature edges")}
     family = [e for e in patched if not measured[e].structurally_zero]
     adjusted = dict(zip(family, stats.benjamini_hochberg([measured[e].p_value for e in family]), strict=True))

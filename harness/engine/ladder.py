@@ -28,16 +28,18 @@ from collections.abc import Sequence
 
 from ..claims.base import LadderEntry
 from ..claims.registry import kind_of
-from ..evidence.details import AS_CLAIMED, RUNGS, LadderRow, LadderStep, WeightsVsUseRow
+from ..evidence.details import AS_CLAIMED, LadderRow, LadderStep, WeightsVsUseRow
 from ..evidence.format import fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import Verdict
 from ..spec.fields import ClaimSpec
+from ..spec.vocabulary import LadderStatus, Rung
 
-APPLIES = {"head": ("weights", "observation", "necessity", "robustness"),
-           "heads": ("necessity", "sufficiency", "robustness"),
-           "edge": ("weights", "edge necessity", "sufficiency", "robustness"),
-           "route": ("edge necessity", "sufficiency", "robustness")}  # paths, MLP ends, groups: no weights rung
+SUPPORTS, AGAINST = LadderStatus.SUPPORTS, LadderStatus.AGAINST
+APPLIES = {"head": (Rung.WEIGHTS, Rung.OBSERVATION, Rung.NECESSITY, Rung.ROBUSTNESS),
+           "heads": (Rung.NECESSITY, Rung.SUFFICIENCY, Rung.ROBUSTNESS),
+           "edge": (Rung.WEIGHTS, Rung.EDGE_NECESSITY, Rung.SUFFICIENCY, Rung.ROBUSTNESS),
+           "route": (Rung.EDGE_NECESSITY, Rung.SUFFICIENCY, Rung.ROBUSTNESS)}  # paths, MLP ends, groups: no weights
 WEIGHTS_VS_USE = "(weights vs use)"
 
 
@@ -47,7 +49,7 @@ def entries(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult], rows: S
     for row in rows:  # the composition test of an edge that only edge claims name
         if row.composes is None or row.composition_p_adjusted is None:
             continue  # an MLP end: no composition score
-        out.append((WEIGHTS_VS_USE, LadderEntry(row.edge, "edge", "weights", "supports" if row.composes else "against",
+        out.append((WEIGHTS_VS_USE, LadderEntry(row.edge, "edge", Rung.WEIGHTS, SUPPORTS if row.composes else AGAINST,
                                                 f"composition {fmt_p(row.composition_p_adjusted)} (BH-adjusted p)")))
     return out
 
@@ -58,51 +60,51 @@ Steps = list[tuple[str, LadderEntry]]  # (claim id, entry)
 def _across_corruptions(mechanism: str, type_: str, found: Steps) -> Steps:
     """A robustness step for each rung tested under several corruptions."""
     out = []
-    for rung in ("necessity", "edge necessity", "sufficiency"):
-        by_corruption: dict[str, set[str]] = {}
+    for rung in (Rung.NECESSITY, Rung.EDGE_NECESSITY, Rung.SUFFICIENCY):
+        by_corruption: dict[str, set[LadderStatus]] = {}
         for _, e in found:
-            if e.rung == rung and e.corruption is not None and e.status in ("supports", "against"):
-                by_corruption.setdefault(e.corruption, set()).add(e.status)
+            if e.rung == rung and e.corruption is not None and e.status in (SUPPORTS, AGAINST):
+                by_corruption.setdefault(e.corruption, set()).add(LadderStatus(e.status))
         if len(by_corruption) < 2:
             continue
         statuses = set().union(*by_corruption.values())
         cells = ", ".join(f"{c} {'/'.join(sorted(s))}" for c, s in by_corruption.items())
-        if statuses == {"against"}:
+        if statuses == {AGAINST}:
             continue  # robustly against: the rung itself says so
-        if statuses == {"supports"}:
-            out.append(("(corruptions)", LadderEntry(mechanism, type_, "robustness", "supports",
+        if statuses == {SUPPORTS}:
+            out.append(("(corruptions)", LadderEntry(mechanism, type_, Rung.ROBUSTNESS, SUPPORTS,
                                                      f"{rung} agrees across corruptions: {cells}")))
         else:
-            out.append(("(corruptions)", LadderEntry(mechanism, type_, "robustness", "against",
+            out.append(("(corruptions)", LadderEntry(mechanism, type_, Rung.ROBUSTNESS, AGAINST,
                                                      f"{rung} depends on the corruption: {cells}")))
     return out
 
 
-def contradictions(rungs: dict[str, list[LadderStep]], passed: frozenset[str] = frozenset()) -> list[str]:
+def contradictions(rungs: dict[Rung, list[LadderStep]], passed: frozenset[str] = frozenset()) -> list[str]:
     """Disagreements within a rung and between rungs. When every step against the mechanism
     comes from a claim that PASSed (the file itself asserts the absence, e.g. a redundant head
     or a route present but unused) the contradiction is marked "(as the file claims)"."""
-    def claimed(*names: str) -> str:
-        against = [s.claim for r in names for s in rungs[r] if s.status == "against"]
+    def claimed(*names: Rung) -> str:
+        against = [s.claim for r in names for s in rungs[r] if s.status == AGAINST]
         return AS_CLAIMED if against and all(c in passed for c in against) else ""
 
     out = []
     for rung, steps in rungs.items():
         statuses = {s.status for s in steps}
-        if {"supports", "against"} <= statuses and rung != "robustness":
-            yes = ", ".join(s.claim for s in steps if s.status == "supports")
-            no = ", ".join(s.claim for s in steps if s.status == "against")
+        if {SUPPORTS, AGAINST} <= statuses and rung != Rung.ROBUSTNESS:
+            yes = ", ".join(s.claim for s in steps if s.status == SUPPORTS)
+            no = ", ".join(s.claim for s in steps if s.status == AGAINST)
             out.append(f"{rung}: for it {yes}; against it {no}{claimed(rung)}")
-    if any(s.status == "against" for s in rungs.get("robustness", [])):
-        out += [f"robustness: {s.note}" for s in rungs["robustness"] if s.status == "against"]
-    order = [r for r in RUNGS if r in rungs and r != "robustness"]
+    if any(s.status == AGAINST for s in rungs.get(Rung.ROBUSTNESS, [])):
+        out += [f"robustness: {s.note}" for s in rungs[Rung.ROBUSTNESS] if s.status == AGAINST]
+    order = [r for r in Rung if r in rungs and r != Rung.ROBUSTNESS]
     for i, low in enumerate(order):
         for high in order[i + 1:]:
             low_s = {s.status for s in rungs[low]}
             high_s = {s.status for s in rungs[high]}
-            if "supports" in low_s and "against" in high_s:
+            if SUPPORTS in low_s and AGAINST in high_s:
                 out.append(f"{low} supports it but {high} is against it{claimed(high)}")
-            elif "against" in low_s and "supports" in high_s:
+            elif AGAINST in low_s and SUPPORTS in high_s:
                 out.append(f"{low} is against it but {high} supports it{claimed(low)}")
     return out
 
@@ -117,11 +119,12 @@ def build(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult],
     out = []
     for (mechanism, type_), items in found.items():
         items = items + _across_corruptions(mechanism, type_, items)
-        rungs: dict[str, list[LadderStep]] = {}
+        rungs: dict[Rung, list[LadderStep]] = {}
         for claim_id, e in items:
-            rungs.setdefault(e.rung, []).append(LadderStep(claim=claim_id, status=e.status, note=e.note))
-        rungs = {r: rungs[r] for r in RUNGS if r in rungs}
-        supported = [r for r in RUNGS if any(s.status == "supports" for s in rungs.get(r, []))]
+            rungs.setdefault(Rung(e.rung), []).append(LadderStep(claim=claim_id, status=LadderStatus(e.status),
+                                                                 note=e.note))
+        rungs = {r: rungs[r] for r in Rung if r in rungs}
+        supported = [r for r in Rung if any(s.status == SUPPORTS for s in rungs.get(r, []))]
         out.append(LadderRow(mechanism=mechanism, type=type_, rungs=rungs,
                              highest=supported[-1] if supported else None,
                              missing=[r for r in APPLIES[type_] if r not in rungs],

@@ -30,6 +30,7 @@ from ..mech.runs import Runs
 from ..spec import names
 from ..spec.names import hook_mlp_out
 from ..spec.settings import Stats
+from ..spec.vocabulary import Direction, Replacement
 
 IDENTITY_TOL = NUMERICAL_TOL  # relative to the metric's magnitude (float32 models carry ~1e-7 relative error)
 
@@ -63,20 +64,20 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
     if units:
         heads = [h for h in units if isinstance(h, names.Head)]
         mlps = [m for m in units if isinstance(m, names.Mlp)]
-        plan = hooks.ablation_plan(heads, "resample", runs.z(runs.clean), {})
-        plan.hooks += hooks.mlp_ablation_plan(mlps, "resample", {m.layer: runs.clean[hook_mlp_out(m.layer)]
+        plan = hooks.ablation_plan(heads, Replacement.RESAMPLE, runs.z(runs.clean), {})
+        plan.hooks += hooks.mlp_ablation_plan(mlps, Replacement.RESAMPLE, {m.layer: runs.clean[hook_mlp_out(m.layer)]
                                                                  for m in mlps}, {}).hooks
         checks.append(("head ablation", runs.run(runs.ds.clean, runs.clean, plan), runs.m_clean))
     for p in paths:
         if isinstance(p, EdgePatchPath):
             r = runs.with_corruption(p.corruption)
-            base, tokens, m = ((r.clean, r.ds.clean, r.m_clean) if p.direction == "noising"
+            base, tokens, m = ((r.clean, r.ds.clean, r.m_clean) if p.direction == Direction.NOISING
                                else (r.corrupt, r.corrupted_tokens, r.m_corrupt))
             if routes.needs_paths(p.edge) or not isinstance(p.edge, names.Edge):
-                plan = routes.plan(runs.bridge, p.edge, base, base, "resample")
+                plan = routes.plan(runs.bridge, p.edge, base, base, Replacement.RESAMPLE)
             else:
-                plan = patching.fast_plan(runs.bridge, patching.prepare(runs.bridge, p.edge, base, base, "resample"),
-                                          base)
+                patch = patching.prepare(runs.bridge, p.edge, base, base, Replacement.RESAMPLE)
+                plan = patching.fast_plan(runs.bridge, patch, base)
             if p.freeze_patterns:
                 plan = hooks.Plan(plan.hooks + patching.freeze_patterns_plan(runs.patterns(base)).hooks)
             checks.append((p.label, runs.run(tokens, base, plan), m))

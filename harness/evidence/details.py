@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..spec.vocabulary import LadderStatus, Rung, UseStatus
 from .verdicts import Verdict
 
 Num = float | None
@@ -92,7 +93,7 @@ class EdgeTest(Record):
     claim: str
     replacement: str
     corruption: str | None
-    use: str  # used, used (opposite sign), unused, undetermined, or untested (a vacuous patch)
+    use: UseStatus  # used, used (opposite sign), unused, undetermined, or untested (a vacuous patch)
     effect: Num
 
 
@@ -154,13 +155,12 @@ class WeightsVsUseRow(Record):
     composes: bool | None
     effect: Num
     effect_ci: CI | None
-    use: str
+    use: UseStatus
     classification: str = Field(alias="class")
     tests: list[EdgeTest]
     explained: Explained | None = optional()  # head -> head-input edges (not groups): what flows
 
 
-RUNGS = ("weights", "observation", "necessity", "edge necessity", "sufficiency", "robustness")
 AS_CLAIMED = " (as the file claims)"  # ends a ladder contradiction the file itself asserts
 
 
@@ -168,7 +168,7 @@ class LadderStep(Record):
     """One claim's evidence on one rung of a mechanism's ladder."""
 
     claim: str
-    status: str  # supports, against, inconclusive or untested (an intervention that tests nothing)
+    status: LadderStatus  # supports, against, inconclusive or untested (an intervention that tests nothing)
     note: str = ""
 
 
@@ -177,7 +177,7 @@ class LadderRow(Record):
 
     mechanism: str
     type: str  # head, heads or edge
-    rungs: dict[str, list[LadderStep]]  # rung -> the claims that bear on it (only rungs with claims)
-    highest: str | None  # the highest rung some claim supports
-    missing: list[str]  # rungs that apply to this type of mechanism and no claim tested
+    rungs: dict[Rung, list[LadderStep]]  # rung -> the claims that bear on it (only rungs with claims)
+    highest: Rung | None  # the highest rung some claim supports
+    missing: list[Rung]  # rungs that apply to this type of mechanism and no claim tested
     contradictions: list[str]  # rungs whose evidence disagrees, in words

@@ -58,8 +58,8 @@ class Hypothesis(Strict):
     description: str = ""
     model: str = Field(min_length=1)
     data: Data
-    metric: Metric = "logprob"
-    weight_processing: Processing = "folded"
+    metric: Metric = Metric.LOGPROB
+    weight_processing: Processing = Processing.FOLDED
     seed: int = Field(0, ge=0)
     stats: Stats = Stats()
     claims: list[ClaimSpec] = Field(min_length=1)

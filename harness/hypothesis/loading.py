@@ -209,7 +209,7 @@ def _problems(exc: ValidationError, lines: dict[KeyPath, int], source: _Source) 
             msg = "unknown key; allowed keys: " + ", ".join(allowed) + did_you_mean(loc[-1], allowed)
         elif kind == "string_pattern_mismatch":
             msg = f"{PATTERN_TEXT.get(str(loc[-1]), msg)} (got {err.get('input')!r})"
-        elif kind == "literal_error":
+        elif kind in ("literal_error", "enum"):  # a word of the vocabulary (spec.vocabulary)
             expected = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
             msg = f"{msg} (got {err.get('input')!r})" + did_you_mean(err.get("input"), expected)
         elif kind == "claim_kind":

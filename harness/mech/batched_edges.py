@@ -73,7 +73,7 @@ from ..errors import UnsupportedError
 from ..model.devices import like
 from ..spec import names
 from ..spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
-from ..spec.vocabulary import REPLACEMENTS
+from ..spec.vocabulary import REPLACEMENTS, Replacement
 from . import torch_blocks as blocks
 from . import writes
 
@@ -188,7 +188,7 @@ class _Sweep:
 
 
 def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: dict, clean: dict,
-                    positions: Any, metric_fn: Callable, replacement: str = "resample",
+                    positions: Any, metric_fn: Callable, replacement: str = Replacement.RESAMPLE,
                     budget_bytes: int = 32 * 2**20, progress: Callable = lambda it, label: it) -> np.ndarray:
     """Per-edge, per-prompt metric of every patched variant: [len(edges), n_prompts].
 
@@ -274,7 +274,7 @@ def _deltas(bridge: Any, base: dict, source: dict, clean: dict, replacement: str
         key = str(x)
         if key not in memo:
             means = ({m: writes.activation(bridge, clean, m).mean(0, keepdim=True) for m in writes.members(x)}
-                     if replacement == "mean" else None)
+                     if replacement == Replacement.MEAN else None)
             memo[key] = like(writes.sender_change(bridge, base, source, x, replacement, means), ref)
         return memo[key]
 

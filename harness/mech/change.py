@@ -44,6 +44,7 @@ import numpy as np
 from ..model.devices import wide
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_z
+from ..spec.vocabulary import Ablation, Direction, Replacement
 from . import paths, writes
 from .runs import PerPrompt, Runs
 
@@ -113,10 +114,10 @@ def edge_change(runs: Runs, edge: names.Edge, direction: str, replacement: str) 
 
 
 def _edge_change(runs: Runs, edge: names.Edge, direction: str, replacement: str) -> tuple[PerPrompt, str]:
-    noising = direction == "noising"
+    noising = direction == Direction.NOISING
     base, source = (runs.clean, runs.corrupt) if noising else (runs.corrupt, runs.clean)
     out = paths.sender_output(runs.bridge, base, edge.sender)
-    means = runs.mean_activations(edge.sender) if replacement == "mean" else None
+    means = runs.mean_activations(edge.sender) if replacement == Replacement.MEAN else None
     delta = paths.first_change(runs.bridge, base, source, edge.sender, replacement, means)
     weights, where = read_weights(runs, edge.receiver, base)
     return relative_change(delta, out, weights), where
@@ -148,21 +149,21 @@ def _head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges
     weights, scored = up_to_last(runs), scored_positions(runs)
     only_heads = [h for h in heads if isinstance(h, names.Head)]
     mlps = {m.layer for m in heads if isinstance(m, names.Mlp)}
-    means = runs.mean_z({h.layer for h in only_heads}) if kind == "mean" else {}
-    mlp_means = runs.mean_mlp(mlps) if kind == "mean" else {}
+    means = runs.mean_z({h.layer for h in only_heads}) if kind == Ablation.MEAN else {}
+    mlp_means = runs.mean_mlp(mlps) if kind == Ablation.MEAN else {}
     per_head: dict[names.Unit, PerPrompt] = {}
     deltas, outs = [], []
     for h in heads:
         if isinstance(h, names.Mlp):
             base = wide(runs.clean[hook_mlp_out(h.layer)])
-            new = (torch.zeros_like(base) if kind == "zero" else wide(mlp_means[h.layer]).expand_as(base)
-                   if kind == "mean" else wide(runs.corrupt[hook_mlp_out(h.layer)]))
+            new = (torch.zeros_like(base) if kind == Ablation.ZERO else wide(mlp_means[h.layer]).expand_as(base)
+                   if kind == Ablation.MEAN else wide(runs.corrupt[hook_mlp_out(h.layer)]))
             delta = new - base
         else:
             z = wide(runs.clean[hook_z(h.layer)][:, :, h.head])
-            if kind == "zero":
+            if kind == Ablation.ZERO:
                 z_new = torch.zeros_like(z)
-            elif kind == "mean":
+            elif kind == Ablation.MEAN:
                 z_new = wide(means[h.layer][:, :, h.head]).expand_as(z)
             else:
                 z_new = wide(runs.corrupt[hook_z(h.layer)][:, :, h.head])

@@ -38,7 +38,7 @@ from ..spec.names import (
     hook_resid_pre,
     hook_z,
 )
-from ..spec.vocabulary import ABLATIONS
+from ..spec.vocabulary import ABLATIONS, Ablation
 
 if TYPE_CHECKING:
     from jaxtyping import Float, Int
@@ -274,9 +274,9 @@ def ablation_plan(heads: list[Head], kind: str, corrupted_z: dict[int, Float[Ten
     for h in heads:
         by_layer.setdefault(h.layer, []).append(h.head)
     for layer, idx in sorted(by_layer.items()):
-        if kind == "zero":
+        if kind == Ablation.ZERO:
             source = None
-        elif kind == "mean":
+        elif kind == Ablation.MEAN:
             source = mean_z[layer]
         else:
             source = corrupted_z[layer]
@@ -302,7 +302,7 @@ def mlp_ablation_plan(mlps: list[Mlp], kind: str, corrupted_out: dict[int, Float
         raise ValueError(f"unknown ablation {kind!r}; allowed: {', '.join(ABLATIONS)}")
     plan = Plan()
     for m in sorted(set(mlps)):
-        source = None if kind == "zero" else (mean_out if kind == "mean" else corrupted_out)[m.layer]
+        source = None if kind == Ablation.ZERO else (mean_out if kind == Ablation.MEAN else corrupted_out)[m.layer]
 
         def fn(out, hook, source=source):
             if source is None:

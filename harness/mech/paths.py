@@ -43,6 +43,7 @@ from ..model import architecture
 from ..model.devices import like, of, wide
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_resid_mid, hook_resid_pre
+from ..spec.vocabulary import Replacement
 from . import attention, patching, writes
 from .hooks import Cache, Plan, cache_hooks, run_plan
 
@@ -170,7 +171,7 @@ def plan(bridge: Any, route: Route, base: Cache, source: Cache | None, replaceme
     return last_plan(bridge, base, path.hops[-1], change)
 
 
-def patch_path(bridge: Any, route: Route, base_tokens: Any, source_tokens: Any, replacement: str = "resample",
+def patch_path(bridge: Any, route: Route, base_tokens: Any, source_tokens: Any, replacement: str = Replacement.RESAMPLE,
                reference_tokens: Any = None) -> Float[Tensor, "n pos vocab"]:
     """The logits [n, pos, vocab] (float64) of the base prompts with `route` patched: the
     whole computation from tokens (caching what it needs; `reference_tokens` [m, pos]: the
@@ -179,7 +180,7 @@ def patch_path(bridge: Any, route: Route, base_tokens: Any, source_tokens: Any, 
     base = cache_hooks(bridge, base_tokens, needed)
     source = cache_hooks(bridge, source_tokens, needed)
     means = None
-    if replacement == "mean":
+    if replacement == Replacement.MEAN:
         if reference_tokens is None:
             raise ValueError("the mean replacement needs reference_tokens")
         ref = cache_hooks(bridge, reference_tokens, needed)

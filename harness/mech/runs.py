@@ -30,6 +30,7 @@ import numpy as np
 from ..errors import UnsupportedError
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
+from ..spec.vocabulary import Ablation, Direction, Replacement
 from . import batched_ablation, batched_edges, hooks, patching, paths, writes
 from .hooks import Cache
 
@@ -167,13 +168,14 @@ class Runs:
         if key not in self.memo:
             only_heads = [h for h in heads if isinstance(h, names.Head)]
             mlps = [m for m in heads if isinstance(m, names.Mlp)]
-            means = self.mean_z({h.layer for h in only_heads}, drop) if kind == "mean" else {}
+            means = self.mean_z({h.layer for h in only_heads}, drop) if kind == Ablation.MEAN else {}
             plan = hooks.ablation_plan(only_heads, kind, self.z(self.corrupt), means)
             if mlps:
                 layers = {m.layer for m in mlps}
+                corrupted = {layer: self.corrupt[hook_mlp_out(layer)] for layer in layers
+                             if kind == Ablation.RESAMPLE}
                 plan.hooks += hooks.mlp_ablation_plan(
-                    mlps, kind, {layer: self.corrupt[hook_mlp_out(layer)] for layer in layers if kind == "resample"},
-                    self.mean_mlp(layers, drop) if kind == "mean" else {}).hooks
+                    mlps, kind, corrupted, self.mean_mlp(layers, drop) if kind == Ablation.MEAN else {}).hooks
             self.memo[key] = self.run(self.ds.clean, self.clean, plan, freeze)
         return self.memo[key]
 
@@ -204,15 +206,15 @@ class Runs:
         return [self.ablated(hs, kind, drop=dr) for hs, dr in zip(head_sets, drops, strict=True)]
 
     def _key(self, heads: Sequence[names.Unit], kind: str, freeze: bool, drop: int | None) -> tuple[Any, ...]:
-        return (self.corruption if kind == "resample" else "", tuple(sorted(str(h) for h in heads)), kind, freeze,
-                drop)
+        corruption = self.corruption if kind == Ablation.RESAMPLE else ""
+        return (corruption, tuple(sorted(str(h) for h in heads)), kind, freeze, drop)
 
     def _sources(self, heads: list[names.Head], kind: str, drop: int | None) -> dict[int, Any]:
         """Per ablated layer, the z that replaces the heads' (None: zeros)."""
         layers = {h.layer for h in heads}
-        if kind == "zero":
+        if kind == Ablation.ZERO:
             return dict.fromkeys(layers)
-        if kind == "mean":
+        if kind == Ablation.MEAN:
             return self.mean_z(layers, drop)
         return {layer: self.corrupt[hook_z(layer)] for layer in layers}
 
@@ -227,9 +229,9 @@ class Runs:
             edge = edge.as_edge
         key = self._edge_key(edge, direction, replacement, freeze, drop)
         if key not in self.memo:
-            noising = direction == "noising"
+            noising = direction == Direction.NOISING
             base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
-            means = self.mean_activations(edge.sender, drop) if replacement == "mean" else None
+            means = self.mean_activations(edge.sender, drop) if replacement == Replacement.MEAN else None
             if paths.needs_paths(edge) or not isinstance(edge, names.Edge):
                 plan = paths.plan(self.bridge, edge, base, source, replacement, means)
             else:
@@ -245,10 +247,10 @@ class Runs:
         cached what it reads and the replacement is resample or zero; else one by one."""
         todo = list(dict.fromkeys(e for e in edges if self._edge_key(e, direction, replacement, False, None)
                                   not in self.memo and not paths.needs_paths(e)))
-        noising = direction == "noising"
+        noising = direction == Direction.NOISING
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
         wanted = hooks.for_architecture(self.bridge, batched_edges.cache_names(self.n_layers, todo))
-        if (len(todo) > 1 and replacement in ("resample", "zero") and self.metric_at is not None
+        if (len(todo) > 1 and replacement in (Replacement.RESAMPLE, Replacement.ZERO) and self.metric_at is not None
                 and all(n in base and n in source for n in wanted)):
             metric_at = self.metric_at
 

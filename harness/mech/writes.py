@@ -37,7 +37,7 @@ from ..model import architecture
 from ..model.devices import of, wide
 from ..spec import names
 from ..spec.names import HOOK_EMBED, HOOK_POS_EMBED, hook_attn_sum, hook_mlp_out, hook_z
-from ..spec.vocabulary import REPLACEMENTS
+from ..spec.vocabulary import REPLACEMENTS, Replacement
 from .attention import _layer_weight, apply_norm
 
 if TYPE_CHECKING:
@@ -133,15 +133,15 @@ def replacement(bridge: Any, base: Cache, source: Cache | None, member: Member, 
     """The activation that replaces the member's base activation: the source run's (resample),
     `mean` ([1 or n, pos, .], the per-position mean over reference prompts) or 0 (zero)."""
     a = activation(bridge, base, member)
-    if kind == "resample":
+    if kind == Replacement.RESAMPLE:
         if source is None:
             raise ValueError("the resample replacement needs a source run")
         return activation(bridge, source, member).to(a.device)
-    if kind == "mean":
+    if kind == Replacement.MEAN:
         if mean is None:
             raise ValueError("the mean replacement needs the reference mean of the sender's activation")
         return wide(mean).to(a.device).expand_as(a)
-    if kind == "zero":
+    if kind == Replacement.ZERO:
         return 0.0 * a
     raise ValueError(f"unknown replacement {kind!r}; allowed: {', '.join(REPLACEMENTS)}")
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..claims import explain_text, registry
-from ..evidence.details import RUNGS, Explained, LadderRow, WeightsVsUseRow
+from ..evidence.details import Explained, LadderRow, WeightsVsUseRow
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
+from ..spec.vocabulary import RUNGS, Rung
 from .prompts import prompt_lines
 from .text import literal_result, md_block, md_cell, md_code, md_link_text, md_text, plain
 
@@ -103,7 +104,7 @@ def ladder_table(rows: list[LadderRow]) -> list[str]:
     body = []
     for r in rows:
         cells = []
-        for rung in RUNGS:
+        for rung in Rung:
             steps = r.rungs.get(rung)
             cells.append(" ".join(f"{SYMBOLS[s.status]} {md_cell(s.claim)}" for s in steps) if steps
                          else "—" if rung in r.missing else "")

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from .vocabulary import Corruption
 
-DEFAULT_CORRUPTIONS: tuple[Corruption, ...] = ("first_half",)
+DEFAULT_CORRUPTIONS: tuple[Corruption, ...] = (Corruption.FIRST_HALF,)
 MAX_PROMPTS = 10_000  # prompts run in one batch: memory grows linearly (about 0.5 MB per prompt on the fixture)
 
 

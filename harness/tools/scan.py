@@ -55,6 +55,7 @@ from ..report.writer import write_folder
 from ..spec import names
 from ..spec.names import hook_pattern
 from ..spec.settings import DEFAULT_CORRUPTIONS, FileData, Stats
+from ..spec.vocabulary import Direction, Replacement
 from ..streams import Stream, derive_seed
 
 SCAN_STATS = Stats(bootstrap=1000, permutations=2000)  # thresholds are the defaults; fewer resamples
@@ -122,8 +123,8 @@ def _scan(m: Any, model_source: str, out: Path, n_prompts: int, segment_length: 
     for c_i, name in enumerate(chosen):
         corrupt = cache_hooks(bridge, ds.corruptions[name], hooks)
         runs = Runs(bridge, ds, clean, corrupt, metric_of, m_clean, metric_of(corrupt["logits"]), corruption=name)
-        patched = batched_edges.batched_metrics(bridge, edges, clean, corrupt, clean, ds.positions, mf, "resample",
-                                                budget_mb * 2**20, progress)
+        patched = batched_edges.batched_metrics(bridge, edges, clean, corrupt, clean, ds.positions, mf,
+                                                Replacement.RESAMPLE, budget_mb * 2**20, progress)
         rows += _rows(runs, edges, patched, composition, st, seed, c_i, metrics.UNITS[metric])
     rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
     table = _table(rows[:top], ds.description, len(edges), chosen)
@@ -171,7 +172,7 @@ def _rows(runs: Runs, edges: list[names.Edge], patched: np.ndarray, composition:
         norm = normalized_effect(d, m_clean - m_corrupt, st, _seed(seed, Stream.SCAN_EFFECT, i, c_i), unit)
         iv = norm.interval
         zero = bool(np.all(d == 0))
-        r, _ = change.edge_change(runs, e, "noising", "resample")
+        r, _ = change.edge_change(runs, e, Direction.NOISING, Replacement.RESAMPLE)
         read = intervention_change(r, st, "")
         score, comp_p = composition.get(i, (None, None))
         rows.append({

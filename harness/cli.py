@@ -37,6 +37,7 @@ from .engine.runner import run
 from .errors import ExitCode, HarnessError, SanityCheckError, SpecError, UserError
 from .evidence.result import Evidence
 from .hypothesis.loading import load, load_all
+from .model import metrics
 from .model.devices import check_form, resolve_device
 from .model.loading import load_model
 from .progress import clock, stage
@@ -44,7 +45,7 @@ from .report import writer
 from .report.markdown import claim_table
 from .report.writer import check_new, default_folder, write_report
 from .spec.settings import MAX_PROMPTS
-from .spec.vocabulary import METRICS, WEIGHT_PROCESSING
+from .spec.vocabulary import WEIGHT_PROCESSING
 from .sweep import document as sweep_document
 from .sweep import executors
 from .sweep import report as sweep_report
@@ -174,7 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--out", type=Path, help="new folder for scan.json, signature.png, starter.yaml")
     sc.add_argument("--n-prompts", type=PROMPTS, default=200)
     sc.add_argument("--segment-length", type=SEGMENT, default=20)
-    sc.add_argument("--metric", choices=METRICS, default="logprob", help="logit_diff needs --data with wrong tokens")
+    sc.add_argument("--metric", choices=metrics.names(), default="logprob",
+                    help="logit_diff needs --data with wrong tokens")
     sc.add_argument("--processing", choices=WEIGHT_PROCESSING, default="folded")
     sc.add_argument("--draws", type=int, default=1000, help="composition null draws per edge")
     sc.add_argument("--top", type=int, default=15, help="rows to print")
@@ -326,10 +328,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
         raise UserError("--draws >= 99, --top >= 1 and --budget-mb >= 1 are required")
     writer.preflight(args.out, Path("reports"))  # the folder can be written: checked before any work
     out = check_new(args.out) if args.out is not None else default_folder("scan", Path("reports"))
-    _, table = scan(args.model, out, args.n_prompts, args.segment_length, args.seed, args.metric,
-                    args.processing, args.draws, args.top, args.budget_mb, device=device,
-                    corruptions=tuple(dict.fromkeys(args.corruption)) if args.corruption else None, data_file=args.data,
-                    unique=args.out is None, distinct=args.distinct)
+    _, table = scan(args.model, out, device=device, data_file=args.data, unique=args.out is None,
+                    n_prompts=args.n_prompts, segment_length=args.segment_length, seed=args.seed, metric=args.metric,
+                    processing=args.processing, draws=args.draws, top=args.top, budget_mb=args.budget_mb,
+                    corruptions=tuple(dict.fromkeys(args.corruption)) if args.corruption else None,
+                    distinct=args.distinct)
     print(table)
     print(f"\nwrote {out / 'scan.json'}, {out / 'signature.png'} and {out / 'starter.yaml'}")
     return ExitCode.OK

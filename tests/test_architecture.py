@@ -16,7 +16,8 @@ from .conftest import ROOT
 PACKAGE = ROOT / "harness"
 # bottom to top: a module may import from its own layer and the layers below it
 LAYERS = [
-    ("harness.errors", "harness.progress", "harness.streams", "harness.stats", "harness.textfile", "harness.threads"),
+    ("harness.errors", "harness.progress", "harness.streams", "harness.stats", "harness.textfile", "harness.threads",
+     "harness.locations"),
     ("harness.spec",),
     ("harness.evidence",),
     ("harness.model",),

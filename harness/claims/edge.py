@@ -33,20 +33,15 @@ when every test is vacuous), classified by `classify`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import Field, StrictBool, model_validator
 
-from .. import stats
 from ..evidence.details import CI, EdgeTest, Num, PassRegion, Sensitivity, Summary, WeightsVsUseRow, optional
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict
-from ..mech import change as read_change
 from ..mech import patching, paths
-from ..mech.runs import Runs
 from ..spec import names
 from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.names import hook_pattern
@@ -55,24 +50,24 @@ from ..spec.vocabulary import Direction, LadderStatus, Normalization, Replacemen
 from . import effects
 from .base import ClaimKind, Context, EdgePatchPath, Indexed, InterventionPath, LadderEntry, sensitivity_entry
 from .composition import route_evidence
+from .edge_test import (
+    OPPOSITE,
+    UNDETERMINED,
+    UNTESTED,
+    UNUSED,
+    USED,
+    EdgeEffect,
+    EdgeTestSpec,
+    classify,
+    edge_tests,
+    measured_use,
+    prefetch,
+    use_reason,
+)
 
 FRACTION = "fraction of gap"
 CORRECTION = "Benjamini-Hochberg over the file's edge claims (structurally zero edges left out)"
-USED, OPPOSITE, UNUSED, UNDETERMINED, UNTESTED = (UseStatus.USED, UseStatus.OPPOSITE, UseStatus.UNUSED,
-                                                  UseStatus.UNDETERMINED, UseStatus.UNTESTED)
 USE_PRECEDENCE = (USED, OPPOSITE, UNUSED, UNDETERMINED)
-WEIGHTS_VS_USE = {
-    (True, USED): "route used",
-    (True, OPPOSITE): "route used, against the claim's direction",
-    (True, UNUSED): "route present, unused",
-    (True, UNDETERMINED): "route present, use undetermined",
-    (True, UNTESTED): "route present, untested by this intervention",
-    (False, USED): "used without a weight route",
-    (False, OPPOSITE): "used against the claim's direction, without a weight route",
-    (False, UNUSED): "no route",
-    (False, UNDETERMINED): "no weight route, use undetermined",
-    (False, UNTESTED): "no weight route, untested by this intervention",
-}
 
 
 class RouteClaim(CorruptionChoice):
@@ -163,91 +158,6 @@ class EdgeDetails(effects.NormalizedFields):
     sensitivity: Sensitivity | None = optional()
 
 
-@dataclass(frozen=True)
-class EdgeEffect:
-    """What patching one edge measured, before multiple-testing correction."""
-
-    change: effects.Change
-    norm: effects.NormalizedEffect
-    base: effects.NormalizedEffect | None  # against the no-information baseline (noising only)
-    p_value: float  # sign-flip over the kept prompts; 1.0 when undefined or structurally zero
-    clean_mean: float
-    patched_mean: float
-    corrupted_mean: float
-    structurally_zero: bool  # every d_n is exactly 0 after the numerical floor
-    read: effects.InterventionChange
-    baseline: float | None  # the no-information metric (noising only)
-    corruption: str  # the corrupted run's name
-
-
-def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool, st: Stats,
-                seed: int, unit: str, baseline: float | None = None, normalize: str = "corrupted") -> EdgeEffect:
-    """Patch `edge` (runs: mech.runs.Runs) and measure its effect."""
-    m_clean, m_corrupt = runs.m_clean, runs.m_corrupt
-    noising = direction == Direction.NOISING
-
-    def change_of(m_patched: np.ndarray) -> np.ndarray:
-        d = m_clean - m_patched if noising else m_patched - m_corrupt
-        return effects.floor_changes(d, effects.metric_scale(m_clean, m_corrupt))
-
-    m_patched = runs.patched(edge, direction, replacement, freeze)
-    d = change_of(m_patched)
-    jack = ([change_of(runs.patched(edge, direction, replacement, freeze, drop=k))
-             for k in range(runs.reference.groups)] if replacement == Replacement.MEAN else [])
-    norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack)
-    base = (effects.normalized_effect(d, m_clean - baseline, st, seed, unit, jack, "clean-baseline")
-            if noising and baseline is not None else None)
-    chosen = base if normalize == "baseline" and base is not None else norm
-    zero = bool(np.all(d == 0))
-    p = stats.sign_flip_pvalue(d[chosen.kept], st.permutations, seed) if chosen.interval and not zero else 1.0
-    r, where = read_change.edge_change(runs, paths.first_edge(edge), direction, replacement)
-    return EdgeEffect(effects.change(d, st, seed, jack), norm, base, p, float(m_clean.mean()),
-                      float(m_patched.mean()), float(m_corrupt.mean()), zero, effects.intervention_change(r, st, where),
-                      baseline if noising else None, runs.corruption)
-
-
-def measured_use(vacuous: bool, interval: stats.Interval | None, p_adj: float, min_effect: float,
-                 tolerance: float, st: Stats, raw_change: float) -> UseStatus:
-    """The use status of a measured effect: untested (a vacuous patch), undetermined (an
-    undefined effect), else `use_status` of its interval."""
-    if vacuous:
-        return UNTESTED
-    if interval is None:
-        return UNDETERMINED
-    return use_status(interval.low, interval.high, p_adj, min_effect, tolerance, st.alpha, raw_change,
-                      st.min_raw_change)
-
-
-def use_reason(use: str, lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, st: Stats,
-               raw_change: float) -> str:
-    """The use status with the comparison that decided it, in one line."""
-    ci = f"CI [{lo:.3f}, {hi:.3f}]"
-    if use == USED:
-        return f"used: {ci} above {min_effect:g}, p_adj {fmt_p(p_adj)} < {st.alpha:g}"
-    if use == OPPOSITE:
-        return f"used against the claim's direction: {ci} below -{min_effect:g}, p_adj {fmt_p(p_adj)} < {st.alpha:g}"
-    if use == UNUSED:
-        return f"unused: {ci} within ±{tolerance:g}"
-    if lo > min_effect or hi < -min_effect:
-        short = (f"p_adj {fmt_p(p_adj)} >= alpha {st.alpha:g}" if p_adj >= st.alpha
-                 else f"|raw change| {abs(raw_change):.3g} is below min_raw_change {st.min_raw_change:g}")
-        return f"undetermined: {ci} clears ±{min_effect:g} but {short}"
-    return f"undetermined: {ci} is neither beyond ±{min_effect:g} nor within ±{tolerance:g}"
-
-
-def use_status(lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, alpha: float,
-               raw_change: float = 0.0, min_raw_change: float = 0.0) -> UseStatus:
-    """The use status of a non-vacuous test from the effect's CI, adjusted p-value and
-    mean raw change (module docstring)."""
-    if lo > min_effect and p_adj < alpha and raw_change >= min_raw_change:
-        return USED
-    if hi < -min_effect and p_adj < alpha and raw_change <= -min_raw_change:
-        return OPPOSITE
-    if -tolerance <= lo and hi <= tolerance:
-        return UNUSED
-    return UNDETERMINED
-
-
 def edge_verdict(expect: str, use: UseStatus, lo: float, hi: float, min_effect: float, tolerance: float) -> Verdict:
     """The verdict of an `expect` claim given its use status and CI (module docstring)."""
     if use == UNTESTED:
@@ -255,13 +165,6 @@ def edge_verdict(expect: str, use: UseStatus, lo: float, hi: float, min_effect: 
     if expect == "used":
         return PASS if use == USED else FAIL if hi < min_effect else INCONCLUSIVE
     return PASS if use == UNUSED else FAIL if use in (USED, OPPOSITE) else INCONCLUSIVE
-
-
-def classify(composes: bool | None, use: UseStatus) -> str:
-    """The weights-vs-use class of an edge (composes None: an MLP end, no composition score)."""
-    if composes is None:
-        return f"{use} (no composition score: MLP end)"
-    return WEIGHTS_VS_USE[(composes, use)]
 
 
 def mlp_end(edge: names.Edge) -> bool:
@@ -324,33 +227,25 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
     def measure(self, claims: Sequence[Indexed[RouteClaim]], ctx: Context) -> dict[int, ClaimResult]:
         st = ctx.stats
 
-        def effect_of(c: RouteClaim, replacement: str, seed: int) -> EdgeEffect:
-            return edge_effect(ctx.runs_for(c.corruption), c.route, c.direction, replacement, c.freeze_patterns, st,
-                               seed, ctx.unit, ctx.baseline, c.normalize)
+        def spec_of(c: RouteClaim, replacement: Replacement, i: int) -> EdgeTestSpec:
+            min_effect, tol = c.zones(st)
+            return EdgeTestSpec(c.route, c.direction, replacement, c.freeze_patterns, c.corruption, c.normalize,
+                                min_effect, tol, ctx.claim_seed(i))
 
-        batchable = (Replacement.RESAMPLE, Replacement.ZERO)
-        groups: dict[tuple[str | None, Direction, Replacement], list[names.Edge]] = {}
-        for _, c in claims:  # the claims' patches through the batched path, in one pass per group
-            if not c.freeze_patterns:
-                varied = c.sensitivity and c.direction == Direction.NOISING
-                kinds = {c.replacement} | ({Replacement.ZERO, Replacement.RESAMPLE} if varied else set())
-                for kind in sorted(kinds & set(batchable)):
-                    if isinstance(c.route, names.Edge):
-                        groups.setdefault((c.corruption, c.direction, kind), []).append(c.route)
-        for (corruption, direction, kind), edges in groups.items():
-            ctx.runs_for(corruption).patched_many(edges, direction, kind)
-        found = {i: effect_of(c, c.replacement, ctx.claim_seed(i)) for i, c in claims}
-        family = [i for i, _ in claims if not found[i].structurally_zero]
-        adjusted = dict(zip(family, stats.benjamini_hochberg([found[i].p_value for i in family]), strict=True))
+        specs = [spec_of(c, c.replacement, i) for i, c in claims]
+        varied = [spec_of(c, kind, i) for i, c in claims if c.sensitivity and c.direction == Direction.NOISING
+                  for kind in Replacement if kind != c.replacement]
+        prefetch(ctx.runs, specs + varied)  # the sensitivity variants' patches in the same batched passes
+        tests = edge_tests(ctx.runs, specs, st, ctx.unit, ctx.baseline)
         out = {}
-        for i, c in claims:
-            result = self.evaluate(c, found[i], adjusted.get(i, 1.0), st, ctx.unit)
+        for (i, c), t in zip(claims, tests, strict=True):
+            result = self.evaluate(c, t.effect, t.p_adjusted, st, ctx.unit)
             if c.sensitivity:
                 def variant(kind: str, c: RouteClaim = c, i: int = i) -> ClaimResult:
                     # sensitivity variants are decided on their own, unadjusted p-values
-                    v = c.model_copy(update={"replacement": kind})
-                    e = effect_of(v, kind, ctx.claim_seed(i))
-                    return self.evaluate(v, e, e.p_value, st, ctx.unit)
+                    v = c.model_copy(update={"replacement": Replacement(kind)})
+                    e = edge_tests(ctx.runs, [spec_of(v, Replacement(kind), i)], st, ctx.unit, ctx.baseline)[0]
+                    return self.evaluate(v, e.effect, e.effect.p_value, st, ctx.unit)
                 self.details_of(result).sensitivity = effects.sensitivity(variant, result)
             out[i] = result
         self._weights_vs_use(claims, out, ctx)

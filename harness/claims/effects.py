@@ -12,8 +12,8 @@ prompt n, with m the metric:
   prompts is >= min_gap and at least 2 prompts are kept; BCa CI over prompts;
   median/IQR of d_n / g_n.
 * baseline-normalised effect  e_b = sum(d) / sum(m_clean - m_base) with m_base the
-  metric of a guess with no information (`baseline_metric`: -log(vocabulary size)
-  for logprob, 0 for logit_diff), under the same rules.  A corrupted run below
+  metric of a guess with no information (model.metrics.no_information: -log(vocabulary
+  size) for logprob, 0 for logit_diff, ...), under the same rules.  A corrupted run below
   m_base is confidently wrong: e then understates a complete knockout, e_b does not.
 * change   mean of d_n over all prompts with its BCa CI (the raw change, in the
   metric's units, always shown beside the normalised effect).
@@ -50,14 +50,7 @@ from ..spec.settings import Stats
 from ..spec.vocabulary import ABLATIONS
 
 NUMERICAL_TOL = 1e-5  # relative to the metric's scale: float32 models carry ~1e-7 relative error
-NO_INFORMATION = {"logprob": "a uniform guess over the vocabulary", "logit_diff": "equal correct and wrong logits"}
 KNOCKOUT_WARN = 0.8  # a complete knockout reading below this on the corrupted scale is flagged in bold
-
-
-def baseline_metric(metric: str, d_vocab_out: int) -> float:
-    """The metric of a prediction with no information: log(1/V) for logprob (V the output
-    vocabulary), 0 for logit_diff."""
-    return float(-np.log(d_vocab_out)) if metric == "logprob" else 0.0
 
 
 def metric_scale(*runs: np.ndarray) -> float:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .. import locations
 from ..errors import SpecError
 from ..hypothesis.loading import load_data_file
 from ..model import data, templates, text_data
@@ -42,8 +43,7 @@ class FolderSource:
         return key
 
     def resolve(self, rel: str) -> Path:
-        p = Path(rel).expanduser()
-        return p if p.is_absolute() else self.folder / p
+        return locations.resolve(rel, self.folder)
 
 
 def _bos(setting: bool | None, tok: TextTokenizer, where: str, d_vocab: int) -> bool:

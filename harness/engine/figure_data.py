@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import stats
 from ..claims.composition import route_evidence
-from ..claims.edge import edge_effect, measured_use
+from ..claims.edge_test import EdgeTestSpec, edge_tests
 from ..claims.registry import kind_of
 from ..mech import batched_edges
 from ..mech.factored import Composition
@@ -37,7 +36,6 @@ from ..spec import names
 from ..spec.fields import ClaimSpec
 from ..spec.names import hook_pattern, hook_resid_pre, hook_z
 from ..spec.settings import Stats
-from ..spec.vocabulary import Direction, Replacement
 from ..streams import Stream, derive_seed
 
 SIGNATURE_BUDGET = 4.0  # forward passes the signature plot's patches may cost (patch_cost)
@@ -127,11 +125,9 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
     chosen = patch_within_budget(candidates, [r.result.score for r in found], claimed, runs.n_layers)
     patched = [e for e in candidates if e in chosen]
-    runs.patched_many(patched, Direction.NOISING, Replacement.RESAMPLE)  # in batched passes
-    measured = {e: edge_effect(runs, e, Direction.NOISING, Replacement.RESAMPLE, False, st, effect_seed, unit)
-                for e in progress(patched, "signature edges")}
-    family = [e for e in patched if not measured[e].structurally_zero]
-    adjusted = dict(zip(family, stats.benjamini_hochberg([measured[e].p_value for e in family]), strict=True))
+    tests = edge_tests(runs, [EdgeTestSpec(e, seed=effect_seed) for e in patched], st, unit, progress=progress,
+                       label="signature edges")
+    measured = {t.spec.route: t for t in tests}
     points = []
     for e, r in zip(candidates, found, strict=True):
         point = {"edge": str(e), "composition": _clean(r.result.score), "null_q99": r.result.null_q99,
@@ -139,12 +135,11 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
                  "effect": None, "effect_ci": None, "claimed": str(e) in claimed, "untested": False,
                  "patched": e in chosen}
         if e in measured:
-            m = measured[e]
-            iv = m.norm.interval
-            use = measured_use(m.read.vacuous, iv, adjusted.get(e, 1.0), st.min_effect, st.tolerance, st,
-                               m.change.interval.estimate)
+            t = measured[e]
+            iv = t.effect.norm.interval
             point.update(effect=None if iv is None else iv.estimate,
-                         effect_ci=None if iv is None else [iv.low, iv.high], untested=m.read.vacuous, use=use)
+                         effect_ci=None if iv is None else [iv.low, iv.high], untested=t.effect.read.vacuous,
+                         use=t.use)
         points.append(point)
     skipped = len(candidates) - len(chosen)
     note = ("noising, resample replacement; use by the edge claims' rule with p BH-adjusted over the patched "

@@ -6,7 +6,7 @@ its claims, collect the figures' data.
     base runs the clean forward and one per named corruption, caching those hooks
               (mech.runs.Runs); the reference prompts for means run on first use
     baseline  clean, corrupted and gap metric with BCa CIs (seed: the run seed), per
-              corruption, and the no-information metric (claims.effects.baseline_metric)
+              corruption, and the no-information metric (model.metrics.no_information)
     sanity    engine.sanity over every claim's kind.interventions(claim)
     claims    kind.measure(all claims of the kind, Context) for each registered kind
 """
@@ -21,17 +21,14 @@ import numpy as np
 
 from .. import stats
 from ..claims.base import ClaimKind, Context, InterventionPath
-from ..claims.effects import baseline_metric
 from ..claims.registry import kind_of
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
 from ..evidence.result import ClaimResult
-from ..mech import hooks
-from ..mech.runs import Lazy, Reference, Runs
+from ..mech.runs import base_runs
 from ..model import metrics
 from ..model.devices import of
 from ..progress import progress, stage
 from ..spec.fields import ClaimSpec
-from ..spec.names import HOOK_EMBED, HOOK_POS_EMBED
 from ..spec.settings import Stats
 from . import figure_data, ladder, sanity
 
@@ -58,8 +55,6 @@ def interventions(claims: Sequence[ClaimSpec], n_layers: int, n_heads: int) -> l
     return [p for c in claims for p in kind_of(c).interventions(c, n_layers, n_heads)]
 
 
-EMBED_HOOKS = (HOOK_EMBED, HOOK_POS_EMBED)
-KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)
 
 
 def by_kind(claims: Sequence[ClaimSpec]) -> dict[ClaimKind[Any, Any], list[tuple[int, ClaimSpec]]]:
@@ -73,46 +68,16 @@ def by_kind(claims: Sequence[ClaimSpec]) -> dict[ClaimKind[Any, Any], list[tuple
 def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, st: Stats, processing: str,
                 seed: int, figures: bool = True) -> Measurements:
     """Run every claim on `model` (model.loading.LoadedModel) and `ds` (model.data.Dataset)."""
-    import torch
 
     bridge = model.bridge
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads
     names_ = hooks_needed(claims, n_layers, figures)
     stage(f"base runs: {ds.n} prompts, clean and {len(ds.corruptions)} corruption(s)")
-    clean = hooks.cache_hooks(bridge, ds.clean, names_, ds.positions)
-
-    def metric_of(logits: Any) -> np.ndarray:
-        return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong).cpu().numpy()
-
-    def metric_at(logits_at: Any) -> np.ndarray:  # logits at the scored positions [V n, k, vocab]
-        V = logits_at.shape[0] // ds.n
-        at = torch.arange(ds.positions.shape[1], device=logits_at.device).expand(V * ds.n, -1)
-        wrong = None if ds.wrong is None else ds.wrong.repeat(V, 1)
-        return metrics.per_prompt(logits_at, at, ds.answers.repeat(V, 1), metric, wrong).cpu().numpy()
-
-    def reference() -> Reference:
-        if ds.reference is None:  # the clean prompts themselves, each prompt's mean leaving it out
-            return Reference(clean, loo=True)
-        # means are taken of activations only: z, MLP outputs, the embedding
-        wanted = [n for n in names_ if n.endswith((".attn.hook_z", ".hook_mlp_out")) or n in EMBED_HOOKS]
-        cache = hooks.cache_hooks(bridge, ds.reference, wanted or names_, ref_positions)
-        cache.pop("logits_at", None)  # a large vocabulary makes these the biggest tensors, and no mean reads them
-        return Reference(cache, loo=False)
-
-    ref_positions = None if ds.reference is None else ds.positions[:1].expand(ds.reference.shape[0], -1)
-    m_clean = metric_at(clean["logits_at"])
-    clean["logits_at"] = clean["logits_at"][:KEEP_LOGITS].clone()  # the metric is taken; run_from's check reads these
-    corruptions = {}
-    for name, tokens in ds.corruptions.items():
-        cache = hooks.cache_hooks(bridge, tokens, names_, ds.positions)
-        corruptions[name] = (cache, metric_at(cache["logits_at"]))
-        cache["logits_at"] = cache["logits_at"][:KEEP_LOGITS].clone()
-    default = ds.default_corruption
-    runs = Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
-                metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference))
-    unit = metrics.UNITS[metric]
-    m_base = baseline_metric(metric, model.d_vocab_out)
+    runs = base_runs(bridge, ds, names_, metric)
+    clean, corruptions, default = runs.clean, runs.corruptions, runs.corruption
+    unit = metrics.get(metric).unit
+    m_base = metrics.no_information(metric, model.d_vocab_out, runs.clean_logp)
     gap = runs.m_clean - runs.m_corrupt
     baseline = {"metric": metric, "unit": unit, "clean": _mean_ci(runs.m_clean, st, seed),
                 "corrupted": _mean_ci(runs.m_corrupt, st, seed), "gap": _mean_ci(gap, st, seed),

@@ -16,7 +16,7 @@ from ..claims.base import component_names
 from ..errors import ComponentNameError, SpecError
 from ..evidence.result import Evidence
 from ..hypothesis.loading import LoadedHypothesis, load
-from ..model import architecture, data
+from ..model import architecture, data, metrics
 from ..model.architecture import Architecture
 from ..model.cache import ModelCache
 from ..model.devices import of, resolve_device
@@ -112,8 +112,8 @@ def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: st
     check_names(h, loaded)
     ds = build_dataset(h, loaded)
     check_corruptions(h, ds)
-    if s.metric == "logit_diff" and ds.wrong is None:
-        raise SpecError([f"{h.where('metric')}: logit_diff needs 'wrong' tokens in the data"])
+    if metrics.get(s.metric).needs_wrong and ds.wrong is None:
+        raise SpecError([f"{h.where('metric')}: {s.metric} needs 'wrong' tokens in the data"])
     with threads.using(n_threads, int(loaded.bridge.cfg.d_model)) as used:
         stage(f"measuring on {used} thread(s)")
         m = measure_all(loaded, ds, s.claims, s.metric, s.stats, s.weight_processing, seed, figures)

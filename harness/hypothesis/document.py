@@ -6,6 +6,7 @@ documents every key.  Imports no torch.
 
 from __future__ import annotations
 
+import difflib
 from functools import lru_cache
 from typing import Annotated, Any, Literal, Union
 
@@ -13,10 +14,11 @@ from pydantic import BaseModel, Discriminator, Field, Tag, create_model, field_v
 
 from ..claims import registry
 from ..claims.base import ClaimKind
+from ..model import metrics
 from ..spec.fields import ClaimSpec
 from ..spec.settings import FileData, GeneratorData, Stats, Strict
 from ..spec.text_data import PromptsData, TemplateData
-from ..spec.vocabulary import Metric, Processing
+from ..spec.vocabulary import Processing
 
 FORMAT_VERSION = 1
 NAME_MAX = 100  # the name is part of report folder names
@@ -58,7 +60,7 @@ class Hypothesis(Strict):
     description: str = ""
     model: str = Field(min_length=1)
     data: Data
-    metric: Metric = Metric.LOGPROB
+    metric: str = "logprob"  # a registered metric (model.metrics; validated below)
     weight_processing: Processing = Processing.FOLDED
     seed: int = Field(0, ge=0)
     stats: Stats = Stats()
@@ -83,6 +85,15 @@ class Hypothesis(Strict):
     @classmethod
     def _data_kind(cls, v: Any) -> Any:
         return check_data_kind(v)
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _registered_metric(cls, v: Any) -> Any:
+        if not isinstance(v, str) or v not in metrics.names():
+            close = difflib.get_close_matches(str(v), metrics.names(), n=1)
+            raise ValueError(f"unknown metric {v!r}; allowed: {', '.join(metrics.names())}"
+                             + (f" (did you mean {close[0]}?)" if close else ""))
+        return v
 
 
 def check_data_kind(v: Any) -> Any:

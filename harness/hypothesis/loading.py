@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from .. import locations
 from ..claims import registry
 from ..errors import SpecError
 from ..model.hub_cache import HF_PREFIX, cached_snapshot
@@ -72,8 +73,7 @@ class LoadedHypothesis:
         return f"{where}:" if self.path is None else f"{where}: ({self.spec.claims[i].id})"
 
     def resolve(self, rel: str) -> Path:
-        p = Path(rel).expanduser()
-        return p if p.is_absolute() else (Path(self.base_dir) / p)
+        return locations.resolve(rel, self.base_dir)
 
 
 def line_of(lines: dict[str, int], key: str) -> int:
@@ -98,8 +98,7 @@ class LoadedData:
         return f"{self.path}:{line_of(self.lines, key)}: {key}"
 
     def resolve(self, rel: str) -> Path:
-        p = Path(rel).expanduser()
-        return p if p.is_absolute() else (Path(self.base_dir) / p)
+        return locations.resolve(rel, self.base_dir)
 
 
 MAX_FILE_BYTES = 1 << 20  # 1 MiB: thousands of claims; larger files are refused before parsing

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import UnsupportedError
+from ..model import metrics
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
@@ -99,6 +100,7 @@ class Runs:
     corruptions: dict[str, tuple[Cache, PerPrompt]] = field(default_factory=dict)  # every corruption's run
     reference_source: Lazy = field(default_factory=lambda: Lazy(None))
     memo: dict[tuple[Any, ...], PerPrompt] = field(default_factory=dict)  # interventions done, shared by every view
+    clean_logp: Any = None  # the clean log-probabilities at the scored positions, for metrics that compare with them
 
     @property
     def n_layers(self) -> int:
@@ -241,10 +243,12 @@ class Runs:
             self.memo[key] = self.run(tokens, base, plan, freeze)
         return self.memo[key]
 
-    def patched_many(self, edges: Sequence[names.Edge], direction: str, replacement: str) -> list[PerPrompt]:
+    def patched_many(self, edges: Sequence[names.Edge], direction: str, replacement: str,
+                     budget: int = BATCH_BUDGET, progress: Callable[..., Any] | None = None) -> list[PerPrompt]:
         """`patched(e, direction, replacement)` for every edge, through the batched path
-        (mech.batched_edges: many edges per pass, from each receiver's layer) when the base runs
-        cached what it reads and the replacement is resample or zero; else one by one."""
+        (mech.batched_edges: many edges per pass, from each receiver's layer, chunks of `budget`
+        bytes) when the base runs cached what it reads and the replacement is resample or zero;
+        else one by one."""
         todo = list(dict.fromkeys(e for e in edges if self._edge_key(e, direction, replacement, False, None)
                                   not in self.memo and not paths.needs_paths(e)))
         noising = direction == Direction.NOISING
@@ -261,7 +265,8 @@ class Runs:
 
             try:
                 got = batched_edges.batched_metrics(self.bridge, todo, base, source, self.clean, self.ds.positions,
-                                                    metric_fn, replacement, BATCH_BUDGET)
+                                                    metric_fn, replacement, budget,
+                                                    **({"progress": progress} if progress else {}))
             except UnsupportedError:
                 got = None  # an architecture the batched arithmetic does not reproduce: one by one
             if got is not None:
@@ -277,3 +282,59 @@ class Runs:
 def _heads(units: Sequence[names.Unit]) -> list[names.Head]:
     """The heads among ablation members (the batched path takes heads only)."""
     return [h for h in units if isinstance(h, names.Head)]
+
+
+KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)
+EMBED_HOOKS = (names.HOOK_EMBED, names.HOOK_POS_EMBED)
+
+
+def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
+    """The clean run and one run per corruption of `ds` (model.data.Dataset, on the model's
+    device), each caching the `wanted` hooks and the logits at the scored positions, with the
+    metric per prompt (model.metrics.per_prompt) on each; the reference prompts for means run
+    on first use, caching activations only (z, MLP outputs, the embedding).  The one way base
+    runs are built: `harness run` (engine.measure) and `harness scan` both call it."""
+    import torch
+
+    wanted = list(dict.fromkeys(wanted))
+    reference_lp: list[Any] = []  # the clean run's log-probabilities at the scored positions (needs_clean metrics)
+
+    def clean_for(V: int) -> Any:
+        if not reference_lp:
+            return None
+        return reference_lp[0] if V == 1 else reference_lp[0].repeat(V, 1, 1)
+
+    def metric_of(logits: Any) -> np.ndarray:
+        return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong, clean_for(1)).cpu().numpy()
+
+    def metric_at(logits_at: Any) -> np.ndarray:  # logits at the scored positions [V n, k, vocab]
+        V = logits_at.shape[0] // ds.n
+        at = torch.arange(ds.positions.shape[1], device=logits_at.device).expand(V * ds.n, -1)
+        wrong = None if ds.wrong is None else ds.wrong.repeat(V, 1)
+        return metrics.per_prompt(logits_at, at, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
+
+    def run(tokens: Any) -> tuple[Cache, PerPrompt]:
+        cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions)
+        if metrics.get(metric).needs_clean and not reference_lp:  # the clean run comes first
+            reference_lp.append(metrics.clean_logp(cache["logits_at"]))
+        m = metric_at(cache["logits_at"])
+        cache["logits_at"] = cache["logits_at"][:KEEP_LOGITS].clone()  # the metric is taken; run_from's check
+        return cache, m
+
+    clean, m_clean = run(ds.clean)
+    corruptions = {name: run(tokens) for name, tokens in ds.corruptions.items()}
+
+    def reference() -> Reference:
+        if ds.reference is None:  # the clean prompts themselves, each prompt's mean leaving it out
+            return Reference(clean, loo=True)
+        # means are taken of activations only: z, MLP outputs, the embedding
+        means_of = [n for n in wanted if n.endswith((".attn.hook_z", ".hook_mlp_out")) or n in EMBED_HOOKS]
+        positions = ds.positions[:1].expand(ds.reference.shape[0], -1)
+        cache = hooks.cache_hooks(bridge, ds.reference, means_of or wanted, positions)
+        cache.pop("logits_at", None)  # a large vocabulary makes these the biggest tensors, and no mean reads them
+        return Reference(cache, loo=False)
+
+    default = ds.default_corruption
+    return Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
+                metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference),
+                clean_logp=reference_lp[0] if reference_lp else None)

@@ -71,6 +71,10 @@ class Dataset:
                        move(self.answers), move(self.wrong), self.description, self.has_bos, move(self.reference),
                        list(self.warnings))
 
+    def keep_corruptions(self, chosen: list[str]) -> Dataset:
+        """The same prompts with only the `chosen` corruptions, in that order (the first the default)."""
+        return replace(self, corruptions={k: self.corruptions[k] for k in chosen})
+
     def select(self, keep: list[int]) -> Dataset:
         """The prompts at indices `keep` (reference prompts unchanged)."""
         def take(t: Any) -> Any:

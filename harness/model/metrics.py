@@ -1,59 +1,180 @@
-"""Per-prompt metrics read from logits at the scored positions.
+"""Metrics: what a claim reads from the logits at the scored positions, one value per prompt.
 
-* `logprob`:    m_n = mean_i log softmax(logits[n, p_i])[answer_i]   (nats; higher is better)
-* `logit_diff`: m_n = mean_i (logits[n, p_i, answer_i] - logits[n, p_i, wrong_i])
+A metric is one registered object (`Metric`): its name, its unit, its per-prompt function,
+its no-information baseline (the metric of a prediction that knows nothing) and what data
+it needs.  Every metric is oriented so that **higher means more of the clean behaviour**
+(the gap m_clean - m_corrupted is then positive wherever the mechanism matters).  Built in,
+with p = softmax(logits) at scored position i of prompt n and a_i, w_i its correct and wrong
+tokens:
 
-Both are oriented so that higher means "more of the clean behaviour".
-Values are returned in float64, one per prompt, on the logits' device (on the
-CPU for MPS logits, which have no float64: devices.wide); positions, answers and
-wrong tokens are moved to the logits' device first.
+* `logprob`:    m_n = mean_i log p(a_i)                               (nats)
+                no information: log(1 / V), V the output vocabulary
+* `logit_diff`: m_n = mean_i (logits[a_i] - logits[w_i])              (logits; needs `wrong`)
+                no information: 0 (equal correct and wrong logits)
+* `prob`:       m_n = mean_i p(a_i)                                   (probability)
+                no information: 1 / V
+* `kl`:         m_n = -mean_i KL(p_clean,n,i || p_n,i)
+                    = -mean_i sum_t p_clean(t) (log p_clean(t) - log p(t))   (nats; 0 on the clean run)
+                the divergence of the next-token distribution from the clean run's, negated so
+                that higher is better: the clean run scores 0, a run further from it scores
+                lower, and the clean-corrupted gap is KL(p_clean || p_corrupted) > 0, so a
+                normalised noising effect is KL(p_clean || p_patched) / KL(p_clean || p_corrupted).
+                no information: -mean KL(p_clean || uniform) = -mean (log V - H(p_clean))
+
+Register a metric with `register(Metric(...))` (tests/toy_metric.py registers one from
+outside the package).  Values are float64, one per prompt, on the logits' device (the CPU
+for MPS logits, which have no float64: devices.wide); the vocabulary-wide float64 work runs
+over chunks of prompts (CHUNK_ELEMENTS at a time), so a large vocabulary never holds
+n x k x vocab float64 values at once.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError
-from ..spec.vocabulary import METRICS, UNITS
 from .devices import wide
 
-__all__ = ["METRICS", "UNITS", "per_prompt"]
+__all__ = ["Metric", "register", "get", "names", "per_prompt", "UNITS", "METRICS"]
 
 if TYPE_CHECKING:
     from jaxtyping import Float, Int
     from torch import Tensor
 
-
 CHUNK_ELEMENTS = 2**22  # float64 values of the vocabulary-wide work held at once (32 MiB)
 
 
-def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k"], answers: Int[Tensor, "n k"],
-               metric: str, wrong: Int[Tensor, "n k"] | None = None) -> Float[Tensor, " n"]:
-    """logits [n, seq, vocab] -> metric per prompt [n] (float64).  The float64 log-softmax runs over
-    chunks of prompts (CHUNK_ELEMENTS at a time), so a large vocabulary never holds n x k x vocab
-    float64 values at once."""
+@dataclass(frozen=True)
+class Metric:
+    """A metric: `fn(at, answers, wrong, clean)` -> [n] float64, with `at` the float64 logits at the
+    scored positions [n, k, V], `answers` and `wrong` [n, k] token ids, `clean` the clean run's
+    log-probabilities there [n, k, V] (float64; only when `needs_clean`); `no_information(V, clean)`
+    the metric of a prediction with no information (V the output vocabulary), or None."""
+
+    name: str
+    unit: str
+    fn: Callable[[Any, Any, Any, Any], Any]
+    no_information: Callable[[int, Any], float] | None
+    no_information_text: str  # in words, for reports
+    needs_wrong: bool = False
+    needs_clean: bool = False
+
+
+_REGISTRY: dict[str, Metric] = {}
+
+
+def register(metric: Metric) -> None:
+    """Make a metric available to hypothesis files (`metric: NAME`) and the command line."""
+    if not metric.name or not metric.name.replace("_", "").isalnum():
+        raise ValueError(f"a metric name is letters, digits and _, got {metric.name!r}")
+    _REGISTRY[metric.name] = metric
+
+
+def names() -> tuple[str, ...]:
+    """The registered metrics' names, built-in first."""
+    return tuple(_REGISTRY)
+
+
+def get(name: str) -> Metric:
+    try:
+        return _REGISTRY[str(name)]
+    except KeyError:
+        raise DataError(f"unknown metric {name!r}; allowed: {', '.join(names())}") from None
+
+
+def _logprob(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
     import torch
 
-    if metric not in METRICS:
-        raise DataError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
+    return torch.log_softmax(at, dim=-1).gather(-1, answers.unsqueeze(-1)).squeeze(-1).mean(-1)
+
+
+def _logit_diff(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
+    if wrong is None:
+        raise DataError("metric logit_diff needs 'wrong' answer tokens in the data")
+    good = at.gather(-1, answers.unsqueeze(-1)).squeeze(-1)
+    bad = at.gather(-1, wrong.unsqueeze(-1)).squeeze(-1)
+    return (good - bad).mean(-1)
+
+
+def _prob(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
+    import torch
+
+    return torch.softmax(at, dim=-1).gather(-1, answers.unsqueeze(-1)).squeeze(-1).mean(-1)
+
+
+def _kl(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
+    import torch
+
+    logp = torch.log_softmax(at, dim=-1)
+    kl = (clean.exp() * (clean - logp)).sum(-1)  # [n, k]
+    return -kl.mean(-1)
+
+
+def _kl_none(V: int, clean: Any) -> float:
+    """-mean KL(p_clean || uniform) = -mean (log V - H(p_clean)), in chunks of prompts (float64)."""
+    n, k = clean.shape[0], clean.shape[1]
+    size = max(1, CHUNK_ELEMENTS // max(1, k * clean.shape[-1]))
+    total = 0.0
+    for i in range(0, n, size):
+        part = wide(clean[i:i + size])
+        total += float((-(part.exp() * part).sum(-1)).sum())
+    return -(math.log(V) - total / (n * k))
+
+
+for _m in (
+    Metric("logprob", "nats", _logprob, lambda V, clean: -math.log(V), "a uniform guess over the vocabulary"),
+    Metric("logit_diff", "logits", _logit_diff, lambda V, clean: 0.0, "equal correct and wrong logits",
+           needs_wrong=True),
+    Metric("prob", "probability", _prob, lambda V, clean: 1.0 / V, "a uniform guess over the vocabulary"),
+    Metric("kl", "nats (-KL from the clean run)", _kl, _kl_none,
+           "a uniform guess: minus the divergence of the clean distribution from uniform", needs_clean=True),
+):
+    register(_m)
+
+UNITS = {m.name: m.unit for m in _REGISTRY.values()}  # the built-ins' units (get(name).unit for any)
+METRICS = names()  # the built-ins (names() for every registered one)
+
+
+def clean_logp(logits_at: Float[Tensor, "n k vocab"]) -> Any:
+    """The clean run's log-probabilities at the scored positions (float32, for `needs_clean` metrics)."""
+    import torch
+
+    return torch.log_softmax(logits_at.float(), dim=-1)
+
+
+def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k"], answers: Int[Tensor, "n k"],
+               metric: str, wrong: Int[Tensor, "n k"] | None = None,
+               clean: Any = None) -> Float[Tensor, " n"]:
+    """logits [n, seq, vocab] -> metric per prompt [n] (float64); `clean`: the clean run's
+    log-probabilities at the scored positions [n, k, vocab] (clean_logp; metrics that compare with
+    the clean run)."""
+    import torch
+
+    m = get(metric)
+    if m.needs_clean and clean is None:
+        raise DataError(f"metric {metric} compares with the clean run: its log-probabilities are needed")
     n, k = positions.shape
     vocab = logits.shape[-1]
     size = max(1, CHUNK_ELEMENTS // max(1, k * vocab))
     if n > size:
         parts = [per_prompt(logits[i:i + size], positions[i:i + size], answers[i:i + size], metric,
-                            None if wrong is None else wrong[i:i + size]) for i in range(0, n, size)]
+                            None if wrong is None else wrong[i:i + size], None if clean is None else clean[i:i + size])
+                 for i in range(0, n, size)]
         return torch.cat(parts)
     idx = positions.to(logits.device).unsqueeze(-1).expand(-1, -1, vocab)
     at = wide(logits.gather(1, idx))  # [n, k, vocab]
     answers = answers.to(at.device)
     wrong = None if wrong is None else wrong.to(at.device)
-    if metric == "logprob":
-        lp = torch.log_softmax(at, dim=-1)
-        return lp.gather(-1, answers.unsqueeze(-1)).squeeze(-1).mean(-1)
-    if metric == "logit_diff":
-        if wrong is None:
-            raise DataError("metric logit_diff needs 'wrong' answer tokens in the data")
-        good = at.gather(-1, answers.unsqueeze(-1)).squeeze(-1)
-        bad = at.gather(-1, wrong.unsqueeze(-1)).squeeze(-1)
-        return (good - bad).mean(-1)
-    raise DataError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
+    ref = None if clean is None else wide(clean).to(at.device)
+    return m.fn(at, answers, wrong, ref)
+
+
+def no_information(metric: str, d_vocab_out: int, clean: Any = None) -> float | None:
+    """The metric of a prediction with no information (the registered baseline), or None."""
+    m = get(metric)
+    if m.no_information is None:
+        return None
+    return m.no_information(d_vocab_out, clean)

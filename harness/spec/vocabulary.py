@@ -74,11 +74,6 @@ class Direction(StrEnum):
         return "necessity" if self is Direction.NOISING else "sufficiency"
 
 
-class Metric(StrEnum):
-    LOGPROB = "logprob"
-    LOGIT_DIFF = "logit_diff"
-
-
 class Processing(StrEnum):
     FOLDED = "folded"
     RAW = "raw"
@@ -141,8 +136,6 @@ ATTENTION_ROLES = tuple(r.value for r in AttentionRole)
 ABLATIONS = tuple(a.value for a in Ablation)
 DIRECTIONS = tuple(d.value for d in Direction)
 REPLACEMENTS = tuple(r.value for r in Replacement)
-METRICS = tuple(m.value for m in Metric)
-UNITS = {"logprob": "nats", "logit_diff": "logits"}  # the unit of each metric
 WEIGHT_PROCESSING = tuple(p.value for p in Processing)
 MODES = tuple(m.value for m in Mode)
 CORRUPTIONS = tuple(c.value for c in Corruption)

@@ -28,24 +28,23 @@ report` refuses a scan.json (is_scan): scan results are not re-rendered.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-from .. import stats, threads
-from ..claims.edge import UNDETERMINED, UNTESTED, USED, classify, use_status
-from ..claims.effects import floor_changes, intervention_change, metric_scale, normalized_effect
+from .. import threads
+from ..claims.edge_test import UNTESTED, USED, EdgeTestResult, EdgeTestSpec, classify, edge_tests
 from ..engine.data_source import DataSource, DataSpec, build_dataset, from_data_file
 from ..errors import UserError
 from ..evidence.document import to_json
 from ..evidence.format import fmt_p
 from ..hypothesis.loading import load
-from ..mech import batched_edges, change, weights
+from ..mech import batched_edges, weights
 from ..mech.factored import Composition
-from ..mech.hooks import cache_hooks
-from ..mech.runs import Runs
+from ..mech.runs import base_runs
 from ..model import data, metrics
 from ..model.devices import of, resolve_device
 from ..model.loading import load_model
@@ -66,70 +65,82 @@ def _seed(seed: int, stream: Stream, i: int, c: int) -> int:
     return derive_seed(seed, stream, i) if c == 0 else derive_seed(seed, stream, i, c)
 
 
-def scan(model_source: str, out: Path, n_prompts: int = 200, segment_length: int = 20, seed: int = 0,
-         metric: str = "logprob", processing: str = "folded", draws: int = 1000, top: int = 15,
-         budget_mb: int = 32, bootstrap: int = 1000, device: str | None = None,
-         corruptions: tuple[str, ...] | None = None, data_file: Path | None = None,
-         unique: bool = False, distinct: bool = False) -> tuple[list[dict[str, Any]], str]:
-    """Run the scan; return (rows ranked by effect, printable table).  `device`: where the
-    model runs (model.devices.resolve_device); prompts are drawn on the CPU and moved there,
-    the statistics run on the CPU.  `corruptions`: the generator's (default first_half), or with
-    `data_file` (instead of the generator: a JSONL prompt file of token ids or text, or a YAML
-    data file, engine.data_source.from_data_file) some of the data's (default all).  `distinct`:
-    the generator's distinct-token option.  `unique`: `out` was chosen by
+@dataclass(frozen=True, kw_only=True)
+class ScanSettings:
+    """What a scan draws and measures (`harness scan`'s options)."""
+
+    n_prompts: int = 200
+    segment_length: int = 20
+    seed: int = 0
+    metric: str = "logprob"
+    processing: str = "folded"
+    draws: int = 1000  # composition null draws
+    top: int = 15  # rows printed
+    budget_mb: int = 32  # the batched sweep's chunk budget
+    bootstrap: int = 1000
+    corruptions: tuple[str, ...] | None = None
+    distinct: bool = False  # the generator's distinct-token option
+
+
+def scan(model_source: str, out: Path, *, device: str | None = None, data_file: Path | None = None,
+         unique: bool = False, **settings: Any) -> tuple[list[dict[str, Any]], str]:
+    """Run the scan; return (rows ranked by effect, printable table).  `settings`: the fields of
+    ScanSettings.  `device`: where the model runs (model.devices.resolve_device); prompts are
+    drawn on the CPU and moved there, the statistics run on the CPU.  `corruptions`: the
+    generator's (default first_half), or with `data_file` (instead of the generator: a JSONL
+    prompt file of token ids or text, or a YAML data file, engine.data_source.from_data_file)
+    some of the data's (default all).  `unique`: `out` was chosen by
     report.folders.default_folder, and moves on to the next free suffix if another process
     takes it first."""
+    cfg = ScanSettings(**settings)
     device = resolve_device(device)
     given = from_data_file(data_file) if data_file is not None else None  # a bad data file stops before loading
     m = load_model(model_source, device=device)
     with threads.using(None, int(m.bridge.cfg.d_model)):
-        return _scan(m, model_source, out, n_prompts, segment_length, seed, metric, processing, draws, top,
-                     budget_mb, bootstrap, corruptions, data_file, unique, distinct, given)
+        return _scan(m, model_source, out, cfg, given, unique)
 
 
-def _scan(m: Any, model_source: str, out: Path, n_prompts: int, segment_length: int, seed: int, metric: str,
-          processing: str, draws: int, top: int, budget_mb: int, bootstrap: int,
-          corruptions: tuple[str, ...] | None, data_file: Path | None,
-          unique: bool, distinct: bool, given: tuple[DataSpec, DataSource] | None) -> tuple[list[dict[str, Any]], str]:
-    bridge, L, H = m.bridge, m.n_layers, m.n_heads
+def _dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | None) -> tuple[Any, list[str]]:
+    """The scanned prompts (the generator's explore split, or the given data) and the corruptions."""
     if given is not None:
         ds = build_dataset(*given, m)
-        chosen = list(ds.corruptions) if corruptions is None else list(corruptions)
+        chosen = list(ds.corruptions) if cfg.corruptions is None else list(cfg.corruptions)
         missing = [c for c in chosen if c not in ds.corruptions]
         if missing:
-            raise UserError(f"--corruption {', '.join(missing)}: {data_file} has {', '.join(ds.corruptions)}")
-    else:
-        chosen = list(corruptions or DEFAULT_CORRUPTIONS)
-        # every generated token is a possible answer: draw them from the ids the output vocabulary has too
-        ds = data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, "explore", bos_token=m.bos_token,
-                                  corruptions=tuple(chosen), n_ctx=m.n_ctx, distinct=distinct,
-                                  vocab_max=min(m.d_vocab, m.d_vocab_out))
+            raise UserError(f"--corruption {', '.join(missing)}: the data has {', '.join(ds.corruptions)}")
+        return ds, chosen
+    chosen = [str(c) for c in cfg.corruptions or DEFAULT_CORRUPTIONS]
+    # every generated token is a possible answer: draw them from the ids the output vocabulary has too
+    ds = data.repeated_tokens(cfg.n_prompts, cfg.segment_length, m.d_vocab, cfg.seed, "explore",
+                              bos_token=m.bos_token, corruptions=tuple(chosen), n_ctx=m.n_ctx,
+                              distinct=cfg.distinct, vocab_max=min(m.d_vocab, m.d_vocab_out))
+    return ds, chosen
+
+
+def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | None,
+          unique: bool) -> tuple[list[dict[str, Any]], str]:
+    bridge, L, H = m.bridge, m.n_layers, m.n_heads
+    ds, chosen = _dataset(m, cfg, given)
     ds = ds.to(of(bridge))
-    hooks = batched_edges.cache_names(L) + [hook_pattern(L - 1)]
-    clean = cache_hooks(bridge, ds.clean, hooks)
-
-    def metric_of(logits: Any) -> np.ndarray:
-        return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong).cpu().numpy()
-
-    def mf(logits: Any, pos: Any) -> Any:
-        wrong = None if ds.wrong is None else ds.wrong.repeat(logits.shape[0] // ds.n, 1)
-        return metrics.per_prompt(logits, pos, ds.answers.repeat(logits.shape[0] // ds.n, 1), metric, wrong)
-
-    m_clean = metric_of(clean["logits"])
     edges = batched_edges.all_edges(L, H)
-    st = SCAN_STATS.model_copy(update={"bootstrap": bootstrap})
-    composition = _composition(Composition(weights.head_weights(bridge, processing), seed), edges, draws)
+    hooks = batched_edges.cache_names(L) + [hook_pattern(L - 1)]
+    runs = base_runs(bridge, ds.keep_corruptions(chosen), hooks, cfg.metric)
+    st = SCAN_STATS.model_copy(update={"bootstrap": cfg.bootstrap})
+    composition = _composition(Composition(weights.head_weights(bridge, cfg.processing), cfg.seed), edges, cfg.draws)
     rows: list[dict[str, Any]] = []
     for c_i, name in enumerate(chosen):
-        corrupt = cache_hooks(bridge, ds.corruptions[name], hooks)
-        runs = Runs(bridge, ds, clean, corrupt, metric_of, m_clean, metric_of(corrupt["logits"]), corruption=name)
-        patched = batched_edges.batched_metrics(bridge, edges, clean, corrupt, clean, ds.positions, mf,
-                                                Replacement.RESAMPLE, budget_mb * 2**20, progress)
-        rows += _rows(runs, edges, patched, composition, st, seed, c_i, metrics.UNITS[metric])
+        view = runs.with_corruption(name)
+        view.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE, budget=cfg.budget_mb * 2**20,
+                          progress=progress)
+        specs = [EdgeTestSpec(e, corruption=name, seed=_seed(cfg.seed, Stream.SCAN_EFFECT, i, c_i),
+                              perm_seed=_seed(cfg.seed, Stream.SCAN_PERMUTATION, i, c_i)) for i, e in enumerate(edges)]
+        tests = edge_tests(runs, specs, st, metrics.get(cfg.metric).unit, progress=progress,
+                           label=f"statistics ({name})")
+        rows += _rows(tests, composition, st, name)
     rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
-    table = _table(rows[:top], ds.description, len(edges), chosen)
+    table = _table(rows[:cfg.top], ds.description, len(edges), chosen)
     mapping = held_out_mapping(*given) if given is not None else None
-    _write(out, rows, model_source, n_prompts, segment_length, seed, metric, chosen, mapping, unique, distinct)
+    _write(out, rows, model_source, cfg, chosen, mapping, unique)
     return rows, table
 
 
@@ -161,45 +172,22 @@ def _composition(comp: Composition, edges: list[names.Edge], draws: int) -> dict
     return out
 
 
-def _rows(runs: Runs, edges: list[names.Edge], patched: np.ndarray, composition: dict[int, tuple], st: Stats,
-          seed: int, c_i: int, unit: str) -> list[dict[str, Any]]:
-    """One row per edge under one corruption, BH-adjusted over its non-zero edges."""
-    m_clean, m_corrupt = runs.m_clean, runs.m_corrupt
-    scale = metric_scale(m_clean, m_corrupt)
+def _rows(tests: list[EdgeTestResult], composition: dict[int, tuple], st: Stats,
+          corruption: str) -> list[dict[str, Any]]:
+    """One row per edge under one corruption (claims.edge_test: BH over its non-zero edges)."""
     rows = []
-    for i, e in enumerate(progress(edges, f"statistics ({runs.corruption})")):
-        d = floor_changes(m_clean - patched[i], scale)
-        norm = normalized_effect(d, m_clean - m_corrupt, st, _seed(seed, Stream.SCAN_EFFECT, i, c_i), unit)
-        iv = norm.interval
-        zero = bool(np.all(d == 0))
-        r, _ = change.edge_change(runs, e, Direction.NOISING, Replacement.RESAMPLE)
-        read = intervention_change(r, st, "")
+    for i, t in enumerate(tests):
+        e, iv = t.effect, t.effect.norm.interval
         score, comp_p = composition.get(i, (None, None))
-        rows.append({
-            "edge": str(e), "corruption": runs.corruption, "effect": None if iv is None else iv.estimate,
-            "effect_ci": None if iv is None else [iv.low, iv.high], "undefined_reason": norm.reason,
-            "raw_change": float(d.mean()), "relative_change": read.relative_change, "vacuous": read.vacuous,
-            "structurally_zero": zero,
-            "p_value": stats.sign_flip_pvalue(d[norm.kept], st.permutations,
-                                              _seed(seed, Stream.SCAN_PERMUTATION, i, c_i))
-            if iv is not None and not zero else 1.0,
-            "composition": score, "composition_p": comp_p})
-    family = [row for row in rows if not row["structurally_zero"]]
-    for row, p_adj in zip(family, stats.benjamini_hochberg([r["p_value"] for r in family]), strict=True):
-        row["p_adjusted"] = p_adj
-    for row in rows:
-        row.setdefault("p_adjusted", 1.0)
-        if row["vacuous"]:
-            row["use"] = UNTESTED
-        elif row["effect_ci"]:
-            lo, hi = row["effect_ci"]
-            row["use"] = use_status(lo, hi, row["p_adjusted"], st.min_effect, st.tolerance, st.alpha,
-                                    row["raw_change"], st.min_raw_change)
-        else:
-            row["use"] = UNDETERMINED
-        if row["composition_p"] is not None:
-            row["composes"] = row["composition_p"] < st.composition_alpha
-            row["class"] = classify(row["composes"], row["use"])
+        row = {"edge": str(t.spec.route), "corruption": corruption, "effect": None if iv is None else iv.estimate,
+               "effect_ci": None if iv is None else [iv.low, iv.high], "undefined_reason": e.norm.reason,
+               "raw_change": e.change.interval.estimate, "relative_change": e.read.relative_change,
+               "vacuous": e.read.vacuous, "structurally_zero": e.structurally_zero, "p_value": e.p_value,
+               "composition": score, "composition_p": comp_p, "p_adjusted": t.p_adjusted, "use": t.use}
+        if comp_p is not None:
+            row["composes"] = comp_p < st.composition_alpha
+            row["class"] = classify(row["composes"], t.use)
+        rows.append(row)
     return rows
 
 
@@ -285,12 +273,12 @@ def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segme
             "data": source, "metric": metric, "claims": claims}
 
 
-def _write(out: Path, rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, seed: int,
-           metric: str, corruptions: list[str], data: dict[str, Any] | None, unique: bool, distinct: bool) -> None:
-    doc = starter(rows, model_source, n_prompts, segment_length, metric, corruptions, data, folder=out,
-                  distinct=distinct)
+def _write(out: Path, rows: list[dict[str, Any]], model_source: str, cfg: ScanSettings, corruptions: list[str],
+           data: dict[str, Any] | None, unique: bool) -> None:
+    doc = starter(rows, model_source, cfg.n_prompts, cfg.segment_length, cfg.metric, corruptions, data, folder=out,
+                  distinct=cfg.distinct)
     load(doc, base_dir=out)  # the starter file must be valid
-    files = {"scan.json": to_json({"edges": rows, "seed": seed, "metric": metric,
+    files = {"scan.json": to_json({"edges": rows, "seed": cfg.seed, "metric": cfg.metric,
                                    "corruptions": corruptions}).encode(),
              "starter.yaml": yaml.safe_dump(doc, sort_keys=False).encode()}
     claimed = {c["edge"] for c in doc["claims"]}

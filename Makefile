@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-kernels lint validate clean-venv
+.PHONY: demo test test-quick test-kernels lint validate clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ demo: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 	@$(MAKE) --no-print-directory test-kernels
+
+# the edit-test loop: ruff, then every test not marked slow (under 90 s on two cores; make test
+# runs mypy and every test)
+test-quick: $(STAMP)
+	$(BIN)/ruff check harness tests fixtures benchmarks
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # float32 results differ in the last digits between CPUs; these settings make this machine
 # compute like others (PyTorch's portable kernels; MKL's reproducible code path and a

@@ -43,7 +43,7 @@ from harness.mech import batched_edges
 from harness.mech import patching as P
 from harness.mech.hooks import cache_hooks
 from harness.model import data, metrics
-from harness.model.loading import load_model
+from harness.model.ref import load_model
 
 N_HEADS, D_MODEL, VOCAB, CTX = 8, 64, 128, 64
 BUDGET_MB = 32  # the batched path's chunk budget in the timed runs (harness scan's default)

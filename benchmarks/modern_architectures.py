@@ -94,7 +94,7 @@ def sweep(root: Path) -> dict[str, Any]:
     from harness.mech import patching as P
     from harness.mech.hooks import cache_hooks
     from harness.model import data, metrics
-    from harness.model.loading import load_model
+    from harness.model.ref import load_model
 
     torch.set_num_threads(1)
     bridge = load_model(build("llama-2l", root / "llama-2l"), device="cpu").bridge

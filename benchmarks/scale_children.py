@@ -21,7 +21,7 @@ from harness.mech import batched_edges, weights
 from harness.mech.factored import Composition
 from harness.mech.hooks import cache_hooks
 from harness.model import data, metrics
-from harness.model.loading import load_model
+from harness.model.ref import load_model
 from harness.spec import names
 from harness.threads import configure
 

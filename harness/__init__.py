@@ -31,7 +31,7 @@ _LAZY = {
     "write_report": ("harness.report.writer", "write_report"),
     "claim_table": ("harness.report.markdown", "claim_table"),
     "load_hypothesis": ("harness.hypothesis.loading", "load"),
-    "load_model": ("harness.model.loading", "load_model"),
+    "load_model": ("harness.model.ref", "load_model"),
     "Evidence": ("harness.evidence.result", "Evidence"),
     "ClaimResult": ("harness.evidence.result", "ClaimResult"),
     "Verdict": ("harness.evidence.verdicts", "Verdict"),

@@ -37,9 +37,10 @@ from .engine.runner import run
 from .errors import ExitCode, HarnessError, SanityCheckError, SpecError, UserError
 from .evidence.result import Evidence
 from .hypothesis.loading import load, load_all
+from .mech.composition_table import MAX_DRAWS, composition_data
 from .model import metrics
 from .model.devices import check_form, resolve_device
-from .model.loading import load_model
+from .model.ref import load_model
 from .progress import clock, stage
 from .report import writer
 from .report.markdown import claim_table
@@ -52,11 +53,12 @@ from .sweep import report as sweep_report
 from .sweep.document import exit_code
 from .sweep.executors import EXECUTORS
 from .sweep.run import sweep
+from .tools import weights_table
 from .tools.explain_route import explain_route
 from .tools.roles_table import role_table
 from .tools.scan import is_scan, scan
 from .tools.selftest import render, selftest
-from .tools.weights_table import MAX_DRAWS, composition_tables
+from .tools.weights_table import FULL_MAX_HEADS, TOP
 
 DEVICE_HELP = "cpu, cuda, cuda:N or mps; default: best available, or $HARNESS_DEVICE"
 DATA_HELP = ("prompts instead of the generator: a JSONL prompt file (token ids or text), or a YAML data file "
@@ -151,6 +153,12 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--alpha", type=float, default=0.01,
                    help="BH-adjusted significance level over all pairs of a mode (default 0.01)")
     w.add_argument("--seed", type=SEED, default=0)
+    w.add_argument("--top", type=_int_in(1), default=TOP, help=f"pairs per mode to list, by score (default {TOP})")
+    w.add_argument("--full", action="store_true",
+                   help=f"print every pair's score as well (the default for models of at most {FULL_MAX_HEADS} "
+                        "heads in all)")
+    w.add_argument("--out", type=Path, metavar="FOLDER",
+                   help="new folder for composition.csv, composition.json and composition.png (must not exist)")
     _add_device(w)
 
     ex = sub.add_parser("explain", help="what flows through one composition route: singular directions, principal "
@@ -370,9 +378,20 @@ def cmd_weights(args: argparse.Namespace) -> int:
         raise UserError("--draws must be at least 99")
     if not 0 < args.alpha < 1:
         raise UserError("--alpha must lie in (0, 1)")
+    if args.out is not None:
+        writer.preflight(args.out)  # the folder can be written: checked before any work
     m = load_model(args.model, device=device)
-    print(composition_tables(m.bridge, args.processing, args.draws, args.alpha, args.seed,
-                             max_draws=args.max_draws))
+    tables = composition_data(m.bridge, args.processing, args.draws, args.alpha, args.seed,
+                                            max_draws=args.max_draws)
+    print(weights_table.render(tables, args.top, True if args.full else None))
+    if args.out is not None and tables is not None:
+        stage("harness weights: writing the files")
+        model = {k: getattr(m, k, None) for k in ("source", "sha256", "revision")}
+        writer.write_folder(args.out, weights_table.output_files(tables, model))
+        print(f"\nwrote {args.out / 'composition.csv'}, {args.out / 'composition.json'} and "
+              f"{args.out / 'composition.png'}")
+    elif args.out is not None:
+        print(f"\nnothing written to {args.out}: no pairs")
     return ExitCode.OK
 
 

@@ -22,6 +22,14 @@ FIXTURE = ROOT / "fixtures" / "induction-2l"
 HYPOTHESES = ROOT / "hypotheses"
 
 
+def pytest_collection_modifyitems(items):
+    """A test that reads the demo's run (demo_evidence, about 15 s once per session) is slow:
+    `make test-quick` (pytest -m "not slow") leaves it out."""
+    for item in items:
+        if "demo_evidence" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def demo_evidence():
     """One run of the demo hypothesis per test session (it is the slowest thing we run)."""

@@ -9,7 +9,7 @@ import torch
 from harness.mech import hooks
 from harness.mech.runs import Lazy, Reference, Runs
 from harness.model import data, metrics
-from harness.model.loading import load_model
+from harness.model.ref import load_model
 from harness.spec.names import Head, hook_pattern, hook_resid_pre, hook_z
 
 

@@ -53,6 +53,7 @@ def test_three_layer_native_model(replacement, budget):
     np.testing.assert_allclose(fast, slow, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_fixture_all_edges_noising(fixture_model):
     b = fixture_model.bridge
     ds, clean, corrupt = runs(b, 2, 128, seq=10, n=12)
@@ -64,7 +65,7 @@ def test_fixture_all_edges_noising(fixture_model):
 
 def test_gpt2_with_mlps_denoising(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from harness.model.loading import load_model
+    from harness.model.ref import load_model
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=30, n_positions=16, n_embd=16, n_layer=2, n_head=4)
@@ -88,7 +89,7 @@ def test_chunk_size_follows_budget():
 def gpt2(tmp_path, n_layer, dtype, n_head=4, n_embd=16, vocab=30, **extra):
     """A random Hugging Face GPT-2 (MLPs, LayerNorms with random affine parameters) loaded as a bridge."""
     transformers = pytest.importorskip("transformers")
-    from harness.model.loading import load_model
+    from harness.model.ref import load_model
 
     torch.manual_seed(1)
     cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=24, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
@@ -113,6 +114,7 @@ def scattered(ds, seed=0):
     return dataclasses.replace(ds, positions=pos, answers=ds.clean.gather(1, pos + 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replacement", ["resample", "mean", "zero"])
 def test_four_layer_gpt2_every_receiver(tmp_path, replacement):
     """MLPs, 4 layers: receivers in layers 1 and 2 (downstream blocks in full, the last at the

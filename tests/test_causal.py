@@ -46,6 +46,7 @@ def edge(edge, expect, **kw):
     return {"id": edge.replace(" ", ""), "kind": "edge", "edge": edge, "expect": expect, **kw}
 
 
+@pytest.mark.slow
 def test_edge_that_carries_everything_and_edges_that_carry_nothing(model_dirs, tmp_path):
     ev = run(model_dirs["single"], [
         edge("L0H0 -> L1H0.v", "used"), edge("L0H0 -> L1H0.q", "unused"),
@@ -183,6 +184,7 @@ def test_classification_table():
     assert classify(False, "unused") == "no route"
 
 
+@pytest.mark.slow
 def test_demo_edges_on_the_fixture(demo_evidence):
     """The demo's four edge claims give three of the four weights-vs-use classes."""
     ev = demo_evidence

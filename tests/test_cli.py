@@ -42,6 +42,7 @@ def test_validate_exit_codes(tmp_path, capsys):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_run_passing_file_writes_report(tmp_path, capsys):
     out = tmp_path / "rep"
     assert main(["run", str(HYPOTHESES / "induction.yaml"), "--out", str(out)]) == 0
@@ -56,6 +57,7 @@ def test_run_passing_file_writes_report(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_false_claims_exit_1(tmp_path):
     assert main(["run", str(HYPOTHESES / "induction-false-claims.yaml"), "--reports", str(tmp_path)]) == 1
     (folder,) = tmp_path.iterdir()
@@ -78,6 +80,7 @@ def test_bad_input_writes_nothing(tmp_path):
     (("heads: [L0H7]", "heads: [L0H7, L2H0]"), "error: {h}:{line}: claims[3].heads: L2H0 is not in the model"),
     (("segment_length: 20", "segment_length: 40"), "{h}:{line}: data.segment_length: prompts of length 81 exceed the model's context 64"),
 ])
+@pytest.mark.slow
 def test_model_dependent_errors_exit_2(tmp_path, change, needle):
     text = (HYPOTHESES / "induction.yaml").read_text().replace(*change)
     h = tmp_path / "h.yaml"
@@ -88,6 +91,7 @@ def test_model_dependent_errors_exit_2(tmp_path, change, needle):
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.slow
 def test_relative_paths_resolve_against_the_file(tmp_path):
     r = harness_cli("validate", Path("hypotheses") / "induction.yaml", cwd=ROOT)
     assert r.returncode == 0
@@ -127,6 +131,7 @@ def file_hypothesis(tmp_path, data, claim_extra):
     return h
 
 
+@pytest.mark.slow
 def test_prompt_file_corruption_names_are_checked_with_the_line(tmp_path):
     data = {"file": str(prompt_file(tmp_path, {"corrupted_swap": [0, 8, 9, 10, 5, 6, 7]}))}
     h = file_hypothesis(tmp_path, data, "    corruption: swapp\n")
@@ -137,6 +142,7 @@ def test_prompt_file_corruption_names_are_checked_with_the_line(tmp_path):
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.slow
 def test_weakened_guards_are_warned_on_stderr(tmp_path):
     h = file_hypothesis(tmp_path, {"file": str(prompt_file(tmp_path))}, "")
     h.write_text(h.read_text().replace("claims:", "stats: {min_gap: 0, bootstrap: 200, permutations: 200}\nclaims:"))

@@ -10,6 +10,8 @@ from harness.claims import registry
 from harness.tools import constructed
 from harness.tools.selftest import ROOT, render, selftest
 
+pytestmark = pytest.mark.slow  # make test-quick leaves this module out
+
 EXPECTED = yaml.safe_load((ROOT / "expected.yaml").read_text())
 CASES = [(f, c, v) for f, claims in EXPECTED.items() for c, v in claims.items()]
 

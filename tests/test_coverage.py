@@ -15,6 +15,8 @@ from harness.model import data
 
 from .conftest import FIXTURE
 
+pytestmark = pytest.mark.slow  # make test-quick leaves this module out
+
 SEGMENT = 10
 N, REPLICATES, TRUTH_N = 60, 60, 2000
 MIN_COVERAGE = 0.85  # nominal 0.95; 60 replicates of a true 0.92 fall below 0.85 with probability ~2%

@@ -74,6 +74,7 @@ def test_dataset_to_moves_every_tensor():
     assert ds.to("cpu").clean is ds.clean  # already there: nothing is copied
 
 
+@pytest.mark.slow
 @NO_CUDA
 def test_run_on_cuda_without_cuda_exits_2_and_writes_nothing(tmp_path):
     r = harness_cli("run", HYPOTHESES / "induction.yaml", "--device", "cuda", "--reports", tmp_path / "reports")

@@ -378,6 +378,7 @@ def test_token_texts_are_literal_in_the_report_and_the_figure():
         figures.pyplot().close(fig)
 
 
+@pytest.mark.slow
 def test_every_schema_valid_explained_block_renders(demo_evidence):
     """The demo's composition claim alone, its `explained` object mutated key by key (each key
     deleted, emptied, nulled, given another type or a payload): whenever validation accepts the

@@ -27,6 +27,8 @@ from . import family_models
 from .family_oracle import Oracle
 from .test_family_oracle import Float64
 
+pytestmark = pytest.mark.slow  # make test-quick leaves this module out
+
 REL = 1e-9
 SEQ = 13
 

@@ -284,6 +284,7 @@ def test_jsonl_duplicate_keys_line_separators_and_nesting(tmp_path):
         data.load_jsonl(f, 128)
 
 
+@pytest.mark.slow
 def test_jsonl_errors_through_the_cli_are_one_line(tmp_path):
     rows = prompt_rows(3)
     f = write_jsonl(tmp_path / "dup.jsonl", rows + ['{"clean": [1], "clean": [2]}'])
@@ -355,6 +356,7 @@ def edit_tree(doc: object, path: list[int], value: object) -> object:
 @given(seed_file=st.sampled_from(SEED_FILES),
        edits=st.lists(text_edit, min_size=1, max_size=3),
        tree=st.none() | st.tuples(st.lists(st.integers(0, 100), min_size=1, max_size=5), odd_value))
+@pytest.mark.slow
 def test_validate_contract_under_mutation(tmp_path_factory, seed_file, edits, tree):
     """Mutated valid files (textual edits, or a value replaced in the parsed tree): `validate`
     exits 0 or 2, never raises, and answers within a second."""

@@ -29,7 +29,8 @@ from harness.cli import main
 from harness.engine import sanity
 from harness.errors import ModelLoadError, SanityCheckError, UserError
 from harness.model import files, tensors
-from harness.model.loading import directory_hash, load_model
+from harness.model.loading import directory_hash
+from harness.model.ref import load_model
 from harness.spec.settings import Stats
 from harness.sweep import models as sweep_models
 
@@ -163,6 +164,7 @@ def test_pickle_weights_are_refused_and_only_safetensors_are_loaded_and_hashed(t
     load_error(capsys, d, "shard-00000-model-00001-of-00001.safetensors: a torch.distributed checkpoint shard")
 
 
+@pytest.mark.slow
 def test_hub_models_load_safetensors_only(tmp_path, capsys, monkeypatch, gpt2):
     """hf:NAME (from the local cache): transformers is made to use safetensors (a hub model
     with only pytorch_model.bin is refused; beside model.safetensors the .bin is ignored),
@@ -178,7 +180,7 @@ def test_hub_models_load_safetensors_only(tmp_path, capsys, monkeypatch, gpt2):
     script = (
         "import shutil, sys\n"
         "from harness.errors import ModelLoadError\n"
-        "from harness.model.loading import load_model\n"
+        "from harness.model.ref import load_model\n"
         "try:\n"
         "    load_model('hf:local/tiny', device='cpu')\n"
         "    print('LOADED')\n"

@@ -37,6 +37,8 @@ from harness.report.text import md_block, md_cell, md_code, md_text
 
 from .conftest import FIXTURE, HYPOTHESES
 
+pytestmark = pytest.mark.slow  # make test-quick leaves this module out
+
 SCRIPT = "<script>alert(1)</script>"
 IMG = "<img src=x onerror=alert(1)>"
 IFRAME = "<iframe src=https://e.invalid></iframe>"

@@ -108,6 +108,7 @@ def hypothesis(tmp_path, metric):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", ["kl", "prob"])
 def test_kl_and_prob_in_every_claim_kind_that_reads_a_metric(tmp_path, metric):
     ev = harness.run(hypothesis(tmp_path, metric), device="cpu")
@@ -124,6 +125,15 @@ def test_kl_and_prob_in_every_claim_kind_that_reads_a_metric(tmp_path, metric):
 def test_a_metric_registered_from_outside(tmp_path):
     from . import toy_metric
 
+    metrics.register(toy_metric.METRIC)  # importing it registers it; again here, as the test removes it
+    try:
+        _check_margin(tmp_path, toy_metric)
+    finally:
+        metrics.unregister("margin")  # no other test sees it among the allowed metrics
+    assert "margin" not in metrics.names()
+
+
+def _check_margin(tmp_path, toy_metric):
     assert "margin" in metrics.names()
     logits, positions, answers, _ = logits_case()
 

@@ -92,7 +92,7 @@ def weights(model_dir):
 
 @pytest.fixture(scope="module")
 def loaded(model_dir):
-    from harness.model.loading import load_model
+    from harness.model.ref import load_model
 
     m = load_model(model_dir, dtype=torch.float64, device="cpu")
     assert next(m.bridge.parameters()).dtype == torch.float64
@@ -404,6 +404,7 @@ def test_bad_names_are_spec_errors(bad_files, loaded, name, word):
     assert word in msg.lower(), msg
 
 
+@pytest.mark.slow
 def test_bad_names_exit_2_from_the_cli(bad_files):
     for name, path in bad_files.items():
         r = subprocess.run([sys.executable, "-m", "harness", "validate", str(path)], capture_output=True, text=True,

@@ -20,10 +20,11 @@ from safetensors.torch import load_file, save_file
 
 import harness
 from harness.cli import main
-from harness.errors import DataError, ModelLoadError, SpecError
+from harness.errors import DataError, ModelLoadError, SpecError, UserError
 from harness.evidence import document
 from harness.model import hub_cache
-from harness.model.loading import BRIDGE_HASH_PREFIX, bridge_hash, directory_hash, from_bridge, load_model
+from harness.model.loading import BRIDGE_HASH_PREFIX, bridge_hash, directory_hash, from_bridge
+from harness.model.ref import ModelRef, load_model
 from harness.model.tokenizer import model_tokenizer
 
 from .conftest import boot_random_native, save_native, tiny_config
@@ -282,10 +283,10 @@ def test_an_existing_directory_wins_over_a_hub_name(cache, hf_dirs, tmp_path, mo
     local = tmp_path / "work" / "local" / "tiny-llama"
     shutil.copytree(hf_dirs["neox"][0], local)
     base = tmp_path / "work"
-    assert hub_cache.resolve_source("local/tiny-llama", base) == str(base / "local" / "tiny-llama")
-    assert hub_cache.resolve_source("hf:local/tiny-llama", base) == "hf:local/tiny-llama"
-    assert hub_cache.resolve_source("local/other", base) == "hf:local/other"
-    assert hub_cache.resolve_source("./local/other", base) == str(base / "local" / "other")
+    assert ModelRef.parse("local/tiny-llama", base).source == str(base / "local" / "tiny-llama")
+    assert ModelRef.parse("hf:local/tiny-llama", base).source == "hf:local/tiny-llama"
+    assert ModelRef.parse("local/other", base).source == "hf:local/other"
+    assert ModelRef.parse("./local/other", base).source == str(base / "local" / "other")
     monkeypatch.chdir(base)
     assert load_model("local/tiny-llama", device="cpu").sha256 == directory_hash(hf_dirs["neox"][0])
     assert load_model("hf:local/tiny-llama", device="cpu").sha256 == directory_hash(hf_dirs["llama"][1])
@@ -437,3 +438,17 @@ def test_half_precision_hf_weights_load_as_float32(tmp_path, stored):
                                                         attn_implementation="eager").eval()
     with torch.no_grad():
         assert torch.allclose(logits(m), ref(TOKENS).logits, atol=1e-5, rtol=0)
+
+
+def test_sweep_models_take_hub_names(cache, hf_dirs, tmp_path, monkeypatch):
+    """`harness sweep --models` parses its arguments as `model:` does: `ORG/NAME` is the cached hub
+    model (labelled as written), a directory that exists wins."""
+    from harness.sweep.models import expand
+
+    monkeypatch.chdir(tmp_path)
+    models = expand(["local/tiny-llama", "hf:local/bare-neox", str(hf_dirs["neox"][0])])
+    assert [m.source for m in models] == ["hf:local/tiny-llama", "hf:local/bare-neox",
+                                          str(Path(hf_dirs["neox"][0]).resolve())]
+    assert models[0].label == "hf:local/tiny-llama"
+    with pytest.raises(UserError, match="--models no-such-dir/: no such directory"):
+        expand(["no-such-dir/"])

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from harness.errors import ModelLoadError
-from harness.model.loading import directory_hash, load_model
+from harness.model.loading import directory_hash
+from harness.model.ref import load_model
 
 from .conftest import FIXTURE
 

@@ -94,7 +94,7 @@ def test_transformer_lens_direct_path_parity(tmp_path):
     transformers = pytest.importorskip("transformers")
     from transformer_lens.patching import get_act_patch_direct_path
 
-    from harness.model.loading import load_model
+    from harness.model.ref import load_model
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=30, n_positions=16, n_embd=16, n_layer=2, n_head=4)

@@ -52,7 +52,7 @@ def tokens():
 
 @pytest.fixture(scope="module")
 def bridge(model_dir):
-    from harness.model.loading import load_model
+    from harness.model.ref import load_model
 
     return load_model(model_dir[0], dtype=torch.float64).bridge
 

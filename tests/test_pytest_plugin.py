@@ -9,6 +9,8 @@ import harness
 
 from .conftest import FIXTURE, HYPOTHESES
 
+pytestmark = pytest.mark.slow  # make test-quick leaves this module out
+
 BASE = {"harness": 1, "name": "plugin-test", "model": str(FIXTURE),
         "data": {"generator": "repeated_tokens", "n_prompts": 20, "segment_length": 10}}
 PASSING = {"id": "prev-token-L0H7", "kind": "role", "head": "L0H7", "role": "previous_token", "at_least": 0.8}

@@ -27,6 +27,7 @@ def demo_folder(tmp_path_factory, demo_evidence):
     return demo_evidence, harness.write_report(demo_evidence, out_dir=tmp_path_factory.mktemp("r") / "demo")
 
 
+@pytest.mark.slow
 def test_folder_contents(demo_folder):
     _, folder = demo_folder
     assert {p.name for p in folder.iterdir()} == {"report.md", "report.html", "evidence.json", "figures"}
@@ -60,6 +61,7 @@ def test_demo_evidence_ladder(demo_folder):
     assert "Evidence ladder" in (folder / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_evidence_validates_against_schema(demo_folder, tmp_path):
     _, folder = demo_folder
     assert report.validate_evidence(json.loads((folder / "evidence.json").read_text())) == []
@@ -72,6 +74,7 @@ def test_evidence_validates_against_schema(demo_folder, tmp_path):
     assert any("claims/0/verdict" in p for p in problems) and any("sha256" in p for p in problems)
 
 
+@pytest.mark.slow
 def test_rerender_round_trip(demo_folder, tmp_path):
     _, folder = demo_folder
     out = report.rerender(folder / "evidence.json", tmp_path / "again")
@@ -86,6 +89,7 @@ def test_rerender_round_trip(demo_folder, tmp_path):
     assert (copy / "figures" / "signature.png").read_bytes() == (folder / "figures" / "signature.png").read_bytes()
 
 
+@pytest.mark.slow
 def test_version_1_documents_are_read(demo_folder, tmp_path):
     """schema_version 1 wrote copying claims as kind `role`: they read back as `copying`,
     and the report re-renders exactly as from the version 2 document."""
@@ -145,6 +149,7 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.slow
 def test_html_renders_in_headless_chromium(demo_folder, tmp_path):
     """The self-contained HTML shows every figure: each <img> decodes (naturalWidth > 0)
     and a screenshot of the page is far from blank."""
@@ -265,6 +270,7 @@ def test_committed_demo_report_is_current(demo_folder):
     assert {p.name for p in (DEMO_REPORT / "figures").iterdir()} == FIGURES
 
 
+@pytest.mark.slow
 @pytest.mark.stored_numbers
 def test_committed_names_report_is_current(tmp_path):
     """reports/names (the README's second example: text prompts, MLP nodes, a group edge and

@@ -16,6 +16,8 @@ from harness import cli
 from .conftest import HYPOTHESES, ROOT
 from .test_report import assert_committed
 
+pytestmark = pytest.mark.slow  # make test-quick leaves this module out
+
 ROTARY = ROOT / "fixtures" / "induction-rotary"
 REPORT = ROOT / "reports" / "rotary"
 

@@ -28,6 +28,7 @@ def small_demo() -> dict:
     return d
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers():
     first = harness.run(small_demo(), base_dir=HYPOTHESES)
     again = harness.run(small_demo(), base_dir=HYPOTHESES)

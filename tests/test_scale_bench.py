@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks are scripts besid
 import scale_bench as sb
 import scale_files as sf
 
+pytestmark = pytest.mark.slow  # make test-quick leaves this module out
 pytest.importorskip("transformers")
 
 

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import yaml
 
 import harness
@@ -11,6 +12,7 @@ from harness.tools.scan import scan
 from .conftest import FIXTURE
 
 
+@pytest.mark.slow
 def test_scan_fixture(tmp_path):
     rows, table = scan(str(FIXTURE), tmp_path / "s", n_prompts=40, segment_length=10, draws=200,
                        bootstrap=200)
@@ -35,6 +37,7 @@ def test_scan_cli_refuses_existing_folder(tmp_path):
     assert main(["scan", str(FIXTURE), "--draws", "5", "--out", str(tmp_path / "x")]) == 2
 
 
+@pytest.mark.slow
 def test_scan_under_two_corruptions_finds_the_query_route(tmp_path):
     """On the constructed query model, L0H1 -> L1H0.q is untested under first_half (the patch
     changes nothing the queries read) and used under second_half; the starter file claims
@@ -60,6 +63,7 @@ def test_scan_under_two_corruptions_finds_the_query_route(tmp_path):
     assert doc["corruptions"] == ["first_half", "second_half"] and len(doc["edges"]) == len(rows)
 
 
+@pytest.mark.slow
 def test_scan_reads_a_prompt_file_and_its_named_corruptions(tmp_path):
     from harness.model import data
 

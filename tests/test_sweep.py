@@ -23,6 +23,8 @@ from harness.sweep.report import holds_from
 
 from . import committed
 
+pytestmark = pytest.mark.slow  # make test-quick leaves this module out
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS = ROOT / "fixtures" / "induction-2l-checkpoints"
 STEPS = [250, 500, 750, 850, 950, 1250, 2000, 3000]
@@ -270,7 +272,7 @@ def test_training_script_saves_loadable_checkpoints(tmp_path, monkeypatch):
 
     import torch
 
-    from harness.model.loading import load_model
+    from harness.model.ref import load_model
 
     spec = importlib.util.spec_from_file_location("train_induction", ROOT / "fixtures" / "train_induction.py")
     train = importlib.util.module_from_spec(spec)

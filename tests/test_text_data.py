@@ -351,6 +351,7 @@ def test_run_on_a_text_file_reports_prompts_as_text(word_model, tmp_path, capsys
     assert "<strong>to</strong>" in (tmp_path / "r" / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_run_on_a_template_writes_its_prompts(word_model, tmp_path):
     folder = word_model[0]
     h = tmp_path / "h.yaml"

@@ -30,7 +30,7 @@ def test_training_smoke(tmp_path):
     r = t.Recipe(steps=3, batch=4)
     bridge, record = t.train(r, log_every=1)
     t.save(bridge, r, record, tmp_path)
-    from harness.model.loading import load_model
+    from harness.model.ref import load_model
 
     m = load_model(tmp_path)
     assert m.n_layers == 2 and len(record["history"]) == 3

@@ -11,7 +11,7 @@ from harness import stats
 from harness.mech import weights as W
 from harness.mech.factored import Composition
 from harness.mech.rotation_null import haar_block_squares
-from harness.model.loading import load_model
+from harness.model.ref import load_model
 from harness.spec.names import Head, HeadInput
 
 from .conftest import FIXTURE, tiny_config
@@ -109,6 +109,7 @@ def test_aligned_route_is_significant_and_others_are_not(processing):
     assert min(o.p_value for o in others if o.sender != "L0H0") > 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processing", W.PROCESSING)
 def test_random_models_give_calibrated_p_values(processing):
     """Under random init the relative orientation of two heads is Haar-random (in
@@ -130,6 +131,7 @@ def test_random_models_give_calibrated_p_values(processing):
         assert abs(rate - alpha) < 3.5 * math.sqrt(alpha * (1 - alpha) / len(pvals)), (alpha, rate)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processing", W.PROCESSING)
 def test_null_dimension_matches_random_models(processing):
     """E[C^2] = 1/null_dim for a random relative orientation, whatever the spectra.

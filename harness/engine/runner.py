@@ -21,8 +21,8 @@ from ..model.architecture import Architecture
 from ..model.cache import ModelCache
 from ..model.devices import of, resolve_device
 from ..model.examples import examples
-from ..model.hub_cache import resolve_source
-from ..model.loading import LoadedModel, from_bridge, load_model
+from ..model.loading import LoadedModel, from_bridge
+from ..model.ref import ModelRef, load_model
 from ..model.tokenizer import model_tokenizer
 from ..progress import clock, stage
 from ..spec import names
@@ -108,7 +108,7 @@ def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: st
     elif model is not None:
         loaded = from_bridge(model)
     else:  # a directory relative to the file's folder wins; else a hub name from the local cache
-        loaded = MODELS.get(resolve_source(s.model, Path(h.base_dir)), device)
+        loaded = MODELS.get(ModelRef.parse(s.model, h.base_dir), device)
     check_names(h, loaded)
     ds = build_dataset(h, loaded)
     check_corruptions(h, ds)

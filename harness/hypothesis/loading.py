@@ -36,8 +36,7 @@ from pydantic import BaseModel, ValidationError
 from .. import locations
 from ..claims import registry
 from ..errors import SpecError
-from ..model.hub_cache import HF_PREFIX, cached_snapshot
-from ..model.shape import config_shape
+from ..model.ref import ModelRef
 from ..spec.fields import SHAPE, BoundedClaim, ClaimSpec
 from ..spec.names import Shape
 from ..textfile import utf8
@@ -376,17 +375,7 @@ def model_shape_of(model: Any, base_dir: Path | None) -> Shape | None:
     (model.hub_cache, no network); None for anything else."""
     if not isinstance(model, str) or not model:
         return None
-    base = base_dir or Path(".")
-    try:
-        snapshot = cached_snapshot(model, base)
-        if snapshot is not None:
-            return config_shape(snapshot.folder, snapshot.root)
-        if model.startswith(HF_PREFIX):
-            return None
-        path = Path(model).expanduser()
-        return config_shape(path if path.is_absolute() else base / path)
-    except (OSError, ValueError, RuntimeError):  # unreadable, a NUL byte, no home directory for ~user
-        return None
+    return ModelRef.parse(model, base_dir or Path(".")).shape()
 
 
 def _validate(raw: dict[str, Any], lines: dict[KeyPath, int], source: _Source, shape: Shape | None) -> Hypothesis:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .devices import resolve_device
-from .loading import LoadedModel, load_model
+from .loading import LoadedModel
+from .ref import ModelRef
 
 
 class ModelCache:
@@ -22,17 +23,18 @@ class ModelCache:
         self.capacity = capacity
         self._models: OrderedDict[tuple[str, str], LoadedModel] = OrderedDict()
 
-    def get(self, source: str, device: str | None = None) -> LoadedModel:
-        """The model at `source` on `device` (devices.resolve_device: None = $HARNESS_DEVICE
-        or the best available), loaded on first use."""
-        key = (source, resolve_device(device))
+    def get(self, source: str | ModelRef, device: str | None = None) -> LoadedModel:
+        """The model `source` names (a ModelRef, or a text ModelRef.parse reads) on `device`
+        (devices.resolve_device: None = $HARNESS_DEVICE or the best available), loaded on first use."""
+        ref = source if isinstance(source, ModelRef) else ModelRef.parse(source)
+        key = (ref.source, resolve_device(device))
         if key in self._models:
             self._models.move_to_end(key)
             return self._models[key]
         if self.capacity is not None:
             while len(self._models) >= self.capacity:
                 self._models.popitem(last=False)
-        model = load_model(source, device=key[1])
+        model = ref.load(device=key[1])
         self._models[key] = model
         return model
 

@@ -9,7 +9,7 @@ hub client writes it:
     models--ORG--NAME/snapshots/<hash>/...   the files (often symlinks into ../../blobs/)
     models--ORG--NAME/blobs/<sha>            the files' contents
 
-`resolve_source` decides what a `model:` text is (an existing directory wins; `hf:`
+model.ref.ModelRef decides what a `model:` text is (an existing directory wins; `hf:`
 forces the hub), `find_snapshot` finds the snapshot folder the loader then reads like a
 local directory, and `within` is the loader's containment rule for a snapshot: a
 symlink may lead anywhere inside the repository's cache folder, not out of it.
@@ -54,24 +54,6 @@ def cache_dir() -> Path:
 def repo_folder(name: str) -> str:
     """The cache folder name of hub model `name`: `models--ORG--NAME`."""
     return "models--" + name.replace("/", "--")
-
-
-def resolve_source(text: str, base: Path) -> str:
-    """What a model text names, as `load_model` takes it: `hf:NAME` kept as it is; a path
-    (relative to `base`) that exists as a directory, as that path; else `hf:TEXT` when
-    `text` is spelled like a hub name (`NAME` or `ORG/NAME`); else the path (whose
-    absence the loader reports).  So `./ORG/NAME` forces the directory and `hf:ORG/NAME`
-    the hub."""
-    if text.startswith(HF_PREFIX):
-        return text
-    try:
-        p = Path(text).expanduser()
-        full = p if p.is_absolute() else base / p
-        if full.is_dir():
-            return str(full)
-    except (OSError, ValueError, RuntimeError):  # a NUL byte, no home directory for ~user
-        return text
-    return HF_PREFIX + text if is_hub_name(text) else str(full)
 
 
 @dataclass(frozen=True)
@@ -120,18 +102,6 @@ def find_snapshot(name: str) -> Snapshot:
         raise ModelLoadError(f"{folder}: missing: refs/{REVISION} names revision {revision}, which the cache has "
                              f"no snapshot of: {_fill_hint(name, cache)}")
     return Snapshot(name, root, folder, revision)
-
-
-def cached_snapshot(text: str, base: Path) -> Snapshot | None:
-    """The cached snapshot a model text names (resolve_source gives `hf:NAME`), or None
-    (a directory, not a hub name, or not in the cache): no error, for `harness validate`."""
-    src = resolve_source(text, base)
-    if not src.startswith(HF_PREFIX):
-        return None
-    try:
-        return find_snapshot(src[len(HF_PREFIX):])
-    except (ModelLoadError, OSError):
-        return None
 
 
 def within(folder: Path, name: str, root: Path | None = None) -> Path | None:

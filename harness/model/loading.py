@@ -48,11 +48,10 @@ from .config_check import (
 )
 from .devices import resolve_device
 from .files import PICKLE_SUFFIXES, list_dir, parse_json, pickle_files, read_bytes, read_json
-from .hub_cache import find_snapshot, resolve_source, within
+from .hub_cache import HF_PREFIX, find_snapshot, within
 from .shape import vocab_out
 from .tensors import TensorInfo, one_line, shape_text
 
-HF_PREFIX = "hf:"
 BRIDGE_HASH_PREFIX = "tensors-sha256:"  # LoadedModel.sha256 of a bridge the user handed over (from_bridge)
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -274,11 +273,6 @@ def model_files(path: Path, root: Path | None = None) -> ModelFiles:
 def has_tokenizer_files(folder: Path) -> bool:
     """Whether a Hugging Face directory holds a file transformers builds a tokenizer from (TOKENIZER_FILES)."""
     return any((folder / name).is_file() for name in TOKENIZER_FILES)
-
-
-def detect_kind(path: Path) -> str:
-    """'native' or 'transformers' for a model directory (model_files); ModelLoadError otherwise."""
-    return model_files(path).kind
 
 
 def _file_hash(files: ModelFiles, contents: dict[Path, bytes] | None = None) -> str:
@@ -643,26 +637,13 @@ def load_hub(name: str, dtype: Any = None, device: str | None = None) -> LoadedM
     `revision` the snapshot's commit hash."""
     snap = find_snapshot(name)
     files = model_files(snap.folder, root=snap.root)
-    return _load_files(files, HF_PREFIX + name, dtype, device, snap.revision)
+    return _load_files(files, HF_PREFIX + name, dtype, resolve_device(device), snap.revision)
 
 
-def load_model(source: str | Path, dtype: Any = None, device: str | None = None) -> LoadedModel:
-    """Load a model directory (native or Hugging Face) or a hub model from the local
-    cache (`hf:NAME`, or a `NAME`/`ORG/NAME` that is not an existing directory:
-    hub_cache.resolve_source, relative to the working directory) onto `device`,
-    resolved by devices.resolve_device (None: $HARNESS_DEVICE, else the best
-    available; a bad or unavailable name raises DeviceError before any loading).
-
-    Guarantees: only safetensors were read; `sha256` covers exactly config.json
-    and the weight files whose tensors were loaded (directory_hash; for a hub model,
-    those files of its snapshot); the weights are finite; nothing was downloaded.
-    ModelLoadError (one line naming the file) for every problem with the directory."""
-    device = resolve_device(device)
-    src = resolve_source(str(source), Path.cwd()) if isinstance(source, str) else str(source)
-    if src.startswith(HF_PREFIX):
-        return load_hub(src[len(HF_PREFIX):], dtype, device)
-    path = Path(src).resolve()
-    return _load_files(model_files(path), str(path), dtype, device)
+def load_directory(path: Path, dtype: Any = None, device: str | None = None) -> LoadedModel:
+    """A model directory (native or Hugging Face, model_files) onto `device` (devices.resolve_device)."""
+    path = Path(path).resolve()
+    return _load_files(model_files(path), str(path), dtype, resolve_device(device))
 
 
 def bridge_hash(bridge: Any) -> str:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DataError
 from .devices import wide
 
-__all__ = ["Metric", "register", "get", "names", "per_prompt", "UNITS", "METRICS"]
+__all__ = ["Metric", "register", "unregister", "get", "names", "per_prompt", "UNITS", "METRICS"]
 
 if TYPE_CHECKING:
     from jaxtyping import Float, Int
@@ -71,6 +71,13 @@ def register(metric: Metric) -> None:
     if not metric.name or not metric.name.replace("_", "").isalnum():
         raise ValueError(f"a metric name is letters, digits and _, got {metric.name!r}")
     _REGISTRY[metric.name] = metric
+
+
+def unregister(name: str) -> None:
+    """Remove a registered metric (a plugin's, or a test's); the built-ins stay."""
+    if name in METRICS:
+        raise ValueError(f"{name} is a built-in metric")
+    _REGISTRY.pop(name, None)
 
 
 def names() -> tuple[str, ...]:

@@ -10,12 +10,11 @@ them, text data is refused in one line saying why.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from .hub_cache import HF_PREFIX, cached_snapshot
 from .loading import TOKENIZER_FILES, LoadedModel, has_tokenizer_files
+from .ref import ModelRef
 
 
 class TextTokenizer:
@@ -98,7 +97,5 @@ def require_tokenizer(m: LoadedModel, where: str) -> TextTokenizer:
 
 def _has_tokenizer_files(m: LoadedModel) -> bool:
     """Whether the folder the model was loaded from (a directory, a hub model's cache snapshot) has tokenizer files."""
-    if m.source.startswith(HF_PREFIX):
-        snap = cached_snapshot(m.source, Path.cwd())
-        return snap is not None and has_tokenizer_files(snap.folder)
-    return has_tokenizer_files(Path(m.source))
+    folder = ModelRef.parse(m.source).folder()
+    return folder is not None and has_tokenizer_files(folder)

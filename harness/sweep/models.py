@@ -24,6 +24,8 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..model.files import list_dir, read_json
+from ..model.hub_cache import HF_PREFIX
+from ..model.ref import ModelRef
 
 CHECKPOINT_FILE = "checkpoint.json"
 
@@ -71,15 +73,16 @@ def expand(arguments: list[str]) -> list[SweepModel]:
     """The models named by `--models` arguments, ordered and labelled."""
     found: list[tuple[str, dict]] = []
     for arg in arguments:
-        if arg.startswith("hf:"):
-            found.append((arg, {}))
+        ref = ModelRef.parse(arg)
+        if ref.is_hub:  # hf:ORG/NAME, or ORG/NAME that is no directory here
+            found.append((ref.source, {}))
             continue
         path = Path(arg)
         if not path.exists():
             raise UserError(f"--models {arg}: no such directory")
         if not path.is_dir():
             raise UserError(f"--models {arg}: not a directory (give a model directory, a folder of "
-                            "model directories, or hf:NAME)")
+                            "model directories, or a hub model ORG/NAME)")
         if (path / "config.json").exists():
             found.append((str(path.resolve()), read_checkpoint(path)))
             continue
@@ -106,7 +109,7 @@ def expand(arguments: list[str]) -> list[SweepModel]:
 
 def _labels(sources: list[str]) -> dict[str, str]:
     """Shortest unique path suffix of each source (hf: names as given)."""
-    parts = {s: ([s] if s.startswith("hf:") else list(Path(s).parts)) for s in sources}
+    parts = {s: ([s] if s.startswith(HF_PREFIX) else list(Path(s).parts)) for s in sources}
     depth = dict.fromkeys(sources, 1)
     while True:
         label = {s: "/".join(parts[s][-depth[s]:]) for s in sources}

@@ -19,7 +19,7 @@ from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..mech import weights
 from ..mech.explain import Explainer
 from ..mech.factored import Composition
-from ..model.loading import load_model
+from ..model.ref import load_model
 from ..model.tokenizer import model_tokenizer
 from ..report import explain_figure
 from ..report.figures import png

@@ -27,7 +27,6 @@ report` refuses a scan.json (is_scan): scan results are not re-rendered.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from ..mech.factored import Composition
 from ..mech.runs import base_runs
 from ..model import data, metrics
 from ..model.devices import of, resolve_device
-from ..model.loading import load_model
+from ..model.ref import ModelRef, load_model
 from ..progress import progress
 from ..report.figures import signature
 from ..report.writer import write_folder
@@ -215,16 +214,10 @@ def is_scan(doc: Any) -> bool:
 
 
 def starter_model(model_source: str, folder: Path) -> str:
-    """The starter file's `model:`: `hf:NAME` as it is, a directory relative to `folder`
-    (where starter.yaml is written; hypothesis paths resolve against their file's folder),
-    or absolute when no relative path leads there (another drive)."""
-    if model_source.startswith("hf:"):
-        return model_source
-    target = Path(model_source).expanduser().resolve()
-    try:
-        return Path(os.path.relpath(target, folder.resolve())).as_posix()
-    except ValueError:
-        return str(target)
+    """The starter file's `model:` (ModelRef.relative_to): `hf:NAME` as it is, a directory
+    relative to `folder` (where starter.yaml is written; hypothesis paths resolve against
+    their file's folder), or absolute when no relative path leads there (another drive)."""
+    return ModelRef.parse(model_source).relative_to(folder)
 
 
 def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, metric: str,
@@ -269,7 +262,7 @@ def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segme
             "description": "Written by `harness scan` from the strongest routes used under any corruption (explore "
                            f"split). Edit the claims, then test them: {held_out}",
             "model": (starter_model(model_source, folder) if folder is not None else
-                      str(Path(model_source).resolve()) if not model_source.startswith("hf:") else model_source),
+                      ModelRef.parse(model_source).source),
             "data": source, "metric": metric, "claims": claims}
 
 

@@ -1,0 +1,132 @@
+"""What a `model:` names, parsed once: a local directory (native or Hugging Face) or a hub
+model in the local Hugging Face cache (no torch, no network).
+
+    ModelRef.parse(text, base)   `hf:ORG/NAME` -> the hub model; a path (relative to `base`,
+                                 the folder of the file that names it) that is an existing
+                                 directory -> that directory; else a text spelled like a hub
+                                 name (`NAME`, `ORG/NAME`) -> the hub model; else the path
+                                 (whose absence the loader reports).  So `./ORG/NAME` forces
+                                 the directory and `hf:ORG/NAME` the hub.
+    ref.source                   the one spelling: `hf:ORG/NAME`, or the absolute directory
+    ref.kind()                   "hub", or the directory's kind ("native" / "transformers",
+                                 from its config.json)
+    ref.shape()                  layers and heads from config.json alone (`harness validate`)
+    ref.load(device, dtype)      the LoadedModel (model.loading)
+
+A new model source is a new way to parse a text and to load it: one branch in `parse`, its
+`shape` and `load` (docs/architecture.md, "Adding a model source").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..spec.names import Shape
+from . import hub_cache
+from .loading import LoadedModel, load_directory, load_hub, model_files
+from .shape import config_shape
+
+HF_PREFIX = hub_cache.HF_PREFIX
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    text: str  # as written
+    hub: str | None = None  # ORG/NAME of a hub model
+    path: Path | None = None  # the directory of a local model (absolute)
+
+    @classmethod
+    def parse(cls, text: str | Path, base: str | Path | None = None) -> ModelRef:
+        """The model `text` names (module docstring); `base` defaults to the working directory."""
+        raw = str(text)
+        if raw.startswith(HF_PREFIX):
+            return cls(raw, hub=raw[len(HF_PREFIX):])
+        folder = Path(base) if base is not None else Path.cwd()
+        try:
+            p = Path(raw).expanduser()
+            full = p if p.is_absolute() else folder / p
+            if full.is_dir():
+                return cls(raw, path=full.resolve())
+        except (OSError, ValueError, RuntimeError):  # a NUL byte, no home directory for ~user, a loop
+            return cls(raw, path=Path(raw))
+        if not isinstance(text, Path) and hub_cache.is_hub_name(raw):
+            return cls(raw, hub=raw)
+        return cls(raw, path=Path(os.path.abspath(full)))
+
+    @property
+    def is_hub(self) -> bool:
+        return self.hub is not None
+
+    @property
+    def source(self) -> str:
+        """`hf:ORG/NAME` or the absolute directory: what LoadedModel.source and reports hold."""
+        return HF_PREFIX + self.hub if self.hub is not None else str(self.path)
+
+    def snapshot(self) -> hub_cache.Snapshot:
+        """The cached snapshot of a hub model (hub_cache.find_snapshot: one line when missing)."""
+        if self.hub is None:
+            raise UserError(f"{self.text}: not a hub model")
+        return hub_cache.find_snapshot(self.hub)
+
+    def folder(self) -> Path | None:
+        """The directory the model's files are in: the directory, or the hub model's cached
+        snapshot (None when it is not in the cache)."""
+        if self.path is not None:
+            return self.path
+        try:
+            return self.snapshot().folder
+        except (UserError, OSError):
+            return None
+
+    def kind(self) -> str:
+        """"hub", or "native" / "transformers" for a directory (its config.json decides)."""
+        if self.is_hub:
+            return "hub"
+        assert self.path is not None
+        return model_files(self.path).kind
+
+    def shape(self) -> Shape | None:
+        """Layers, heads and MLPs from config.json alone (None when it cannot be read: the
+        loader reports why when the model loads)."""
+        try:
+            if self.hub is not None:
+                snap = self.snapshot()
+                return config_shape(snap.folder, snap.root)
+            return config_shape(self.path) if self.path is not None else None
+        except (UserError, OSError, ValueError, RuntimeError):
+            return None
+
+    def load(self, device: str | None = None, dtype: Any = None) -> LoadedModel:
+        """The model, loaded (model.loading: safetensors only, checked, hashed; offline)."""
+        if self.hub is not None:
+            return load_hub(self.hub, dtype, device)
+        assert self.path is not None
+        return load_directory(self.path, dtype, device)
+
+    def relative_to(self, folder: Path) -> str:
+        """How a file written in `folder` names this model: `hf:ORG/NAME`, or the directory relative
+        to `folder` (absolute when no relative path leads there, e.g. another drive)."""
+        if self.hub is not None:
+            return self.source
+        assert self.path is not None
+        try:
+            return Path(os.path.relpath(self.path, folder.resolve())).as_posix()
+        except ValueError:
+            return str(self.path)
+
+
+def load_model(source: str | Path, dtype: Any = None, device: str | None = None) -> LoadedModel:
+    """Load what `source` names (ModelRef.parse, relative to the working directory: a model
+    directory, native or Hugging Face, or a hub model from the local cache) onto `device`,
+    resolved by devices.resolve_device (None: $HARNESS_DEVICE, else the best available; a bad
+    or unavailable name raises DeviceError before any loading).
+
+    Guarantees: only safetensors were read; `sha256` covers exactly config.json and the
+    weight files whose tensors were loaded (directory_hash; for a hub model, those files of
+    its snapshot); the weights are finite; nothing was downloaded.  ModelLoadError (one line
+    naming the file) for every problem with the directory."""
+    return ModelRef.parse(source).load(device, dtype)

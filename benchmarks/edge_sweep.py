@@ -142,8 +142,8 @@ def run_batched(bridge: Any, ds: Any, clean: dict, corrupt: dict, es: list, per_
 def batched_clocks(bridge: Any, ds: Any, clean: dict, corrupt: dict, es: list, per_prompt: Callable,
                    budget: int) -> tuple[float, float, list[float]]:
     """(wall-clock s, CPU s, mean metric per edge) of one batched sweep."""
-    wall, cpu, vals = clocks(lambda: batched_edges.batched_metrics(bridge, es, corrupt, clean, clean, ds.positions,
-                                                                   per_prompt, "resample", budget_bytes=budget))
+    wall, cpu, vals = clocks(lambda: batched_edges.batched_metrics(
+        bridge, es, corrupt, clean, clean, ds.positions, per_prompt, replacement="resample", budget_bytes=budget))
     return wall, cpu, [float(v) for v in vals.mean(1)]
 
 

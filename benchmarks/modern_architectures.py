@@ -113,7 +113,7 @@ def sweep(root: Path) -> dict[str, Any]:
 
     def batched() -> Any:
         return batched_edges.batched_metrics(bridge, edges, corrupt, clean, clean, ds.positions, per_prompt,
-                                             "resample", 32 * 2**20)
+                                             replacement="resample", budget_bytes=32 * 2**20)
 
     def per_edge() -> list[float]:
         return [float(metrics.per_prompt(P.fast_logits(bridge, ds.corrupted, P.prepare(bridge, e, corrupt, clean,
@@ -164,7 +164,7 @@ def sweep(root: Path) -> dict[str, Any]:
             for _ in range(3):
                 t = time.perf_counter()
                 batched_edges.batched_metrics(bridge, q_edges, corrupt, clean, clean, ds.positions, per_prompt,
-                                              "resample", 32 * 2**20)
+                                              replacement="resample", budget_bytes=32 * 2**20)
                 q_times.append(time.perf_counter() - t)
         t_q_batched = float(np.median(q_times))
         _print(f"TransformerLens get_act_patch_direct_path_all_sources, q: {tl['q'][0]:.3f} s for {len(q_idx)} edges"

@@ -34,7 +34,7 @@ def _load(model: str) -> Any:
 
 def _prompts(m: Any, n_prompts: int, segment: int) -> Any:
 
-    return data.repeated_tokens(n_prompts, segment, m.d_vocab, 0, bos_token=m.bos_token, n_ctx=m.n_ctx)
+    return data.repeated_tokens(n_prompts, segment, m.d_vocab, seed=0, bos_token=m.bos_token, n_ctx=m.n_ctx)
 
 
 SCORE_REPEATS = 3
@@ -135,7 +135,7 @@ def child_edges(model: str, n_prompts: int, segment: int) -> dict[str, Any]:
     def sweep(edges: list[Any]) -> tuple[float, list[float]]:
         t = time.perf_counter()
         vals = batched_edges.batched_metrics(bridge, edges, corrupt, clean, clean, ds.positions, per_prompt,
-                                             "resample")
+                                             replacement="resample")
         return time.perf_counter() - t, [float(v) for v in vals.mean(1)]
 
     sweep(tl_edges(m.n_layers, m.n_heads)[:1])  # warm-up: first-call costs stay out of the timings

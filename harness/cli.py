@@ -321,8 +321,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{head}: JOB FAILED: {e['type']}: {e['message'].splitlines()[0] if e['message'] else ''}",
                   file=sys.stderr, flush=True)
 
-    doc, folder = sweep(args.files, args.models, executor, args.seed, args.device, args.out, args.reports,
-                        command_line(), progress)
+    doc, folder = sweep(args.files, args.models, executor, seed=args.seed, device=args.device, out=args.out,
+                        reports_root=args.reports, command=command_line(), on_done=progress)
     c = doc["counts"]
     print(f"{c['jobs']} jobs ({c['ok']} ran, {c['failed']} failed); claims: {c['PASS']} pass, "
           f"{c['FAIL']} fail, {c['INCONCLUSIVE']} inconclusive")
@@ -381,8 +381,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
     if args.out is not None:
         writer.preflight(args.out)  # the folder can be written: checked before any work
     m = load_model(args.model, device=device)
-    tables = composition_data(m.bridge, args.processing, args.draws, args.alpha, args.seed,
-                                            max_draws=args.max_draws)
+    tables = composition_data(m.bridge, processing=args.processing, n_draws=args.draws, alpha=args.alpha,
+                              seed=args.seed, max_draws=args.max_draws)
     print(weights_table.render(tables, args.top, True if args.full else None))
     if args.out is not None and tables is not None:
         stage("harness weights: writing the files")
@@ -397,8 +397,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    text, _ = explain_route(args.model, args.edge, args.top, args.draws, args.processing, args.seed, device,
-                            args.out)
+    text, _ = explain_route(args.model, args.edge, top=args.top, draws=args.draws, processing=args.processing,
+                            seed=args.seed, device=device, out=args.out)
     print(text)
     if args.out is not None:
         print(f"\nwrote {args.out}")
@@ -409,8 +409,8 @@ def cmd_roles(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     given = from_data_file(args.data, args.split) if args.data is not None else None  # checked before loading
     m = load_model(args.model, device=device)
-    print(role_table(m, args.n_prompts, args.segment_length, args.seed, args.split or "explore", args.distinct,
-                     given))
+    print(role_table(m, n_prompts=args.n_prompts, segment_length=args.segment_length, seed=args.seed,
+                     split=args.split or "explore", distinct=args.distinct, given=given))
     return ExitCode.OK
 
 

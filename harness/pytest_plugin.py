@@ -41,6 +41,7 @@ from .errors import HarnessError, SpecError
 from .evidence.format import fmt_p
 from .evidence.result import ClaimResult, Evidence
 from .hypothesis.loading import load
+from .report import views
 from .report.writer import write_report
 
 _KEY = re.compile(rb"^harness\s*:", re.MULTILINE)
@@ -178,7 +179,7 @@ class ClaimItem(pytest.Item):
 
 
 def key_number(r: ClaimResult) -> str:
-    return registry.get(r.kind).key_number(r)
+    return views.get(r.kind).key_number(r)
 
 
 def summary(r: ClaimResult) -> str:

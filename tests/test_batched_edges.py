@@ -27,7 +27,8 @@ def batched(bridge, ds, edges, base, source, clean, replacement, budget):
     def mf(logits, pos):
         return metrics.per_prompt(logits, pos, ds.answers.repeat(logits.shape[0] // ds.n, 1), "logprob")
 
-    return batched_edges.batched_metrics(bridge, edges, base, source, clean, ds.positions, mf, replacement, budget)
+    return batched_edges.batched_metrics(bridge, edges, base, source, clean, ds.positions, mf,
+                                         replacement=replacement, budget_bytes=budget)
 
 
 def runs(bridge, n_layers, vocab, seq=5, n=6):

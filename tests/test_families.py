@@ -247,7 +247,8 @@ def test_batched_sweep_equals_the_per_edge_path(fam, replacement, budget):
         return metrics.per_prompt(logits, pos, answers.repeat(logits.shape[0] // n, 1), "logprob")
 
     with Float64():
-        got = batched_edges.batched_metrics(fam.bridge, edges, base, source, base, positions, mf, replacement, budget)
+        got = batched_edges.batched_metrics(fam.bridge, edges, base, source, base, positions, mf,
+                                            replacement=replacement, budget_bytes=budget)
         want = np.stack([metrics.per_prompt(P.fast_logits(fam.bridge, BASE, P.prepare(fam.bridge, e, base, source,
                                                                                        replacement), base=base),
                                             positions, answers, "logprob").double().numpy() for e in edges])

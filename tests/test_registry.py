@@ -12,7 +12,7 @@ import harness
 from harness.claims import registry
 from harness.cli import main
 from harness.errors import HarnessError, SpecError
-from harness.report import writer
+from harness.report import views, writer
 
 from . import toy_kind
 from .conftest import FIXTURE
@@ -29,10 +29,12 @@ DOC = {"harness": 1, "name": "toy", "model": str(FIXTURE),
 @pytest.fixture
 def toy():
     registry.register(toy_kind.KIND)
+    views.register(toy_kind.KIND.name, toy_kind.VIEW)
     try:
         yield toy_kind.KIND
     finally:
         registry.unregister(toy_kind.KIND.name)
+        views.unregister(toy_kind.KIND.name)
 
 
 def test_builtin_kinds_and_their_protocol():
@@ -40,6 +42,7 @@ def test_builtin_kinds_and_their_protocol():
     for name, kind in registry.kinds().items():
         assert kind.name == name and kind.evidence in ("weights", "observational", "causal") and kind.summary
         assert kind.spec.model_fields["kind"].annotation.__args__[0] == name  # the schema's literal is the name
+        assert type(views.get(name)) is not views.ClaimView  # every built-in kind has its own view in report.views
     with pytest.raises(HarnessError, match="already registered"):
         registry.register(registry.get("role"))
     with pytest.raises(HarnessError, match="built-in"):

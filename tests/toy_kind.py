@@ -4,9 +4,10 @@
     H_n = mean over query positions q >= 1 of  -sum_k A[n, q, k] log A[n, q, k]
 
 per prompt n (query 0 can only attend to itself), averaged over prompts with a
-BCa CI; the threshold rule decides.  tests/test_registry.py registers it and
-checks that files, runs, reports, re-rendering and the pytest plugin handle it
-with no edit anywhere else.
+BCa CI; the threshold rule decides.  `EntropyView` says how its details read in a
+report.  tests/test_registry.py registers both (claims.registry.register(KIND),
+report.views.register(KIND.name, VIEW)) and checks that files, runs, reports,
+re-rendering and the pytest plugin handle it with no edit anywhere else.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Literal
 import numpy as np
 
 from harness import stats
-from harness.claims.base import ClaimKind, Context, Indexed
+from harness.claims.base import ClaimKind, Context, Indexed, Measured
 from harness.evidence.details import Details, Num
 from harness.evidence.format import fmt
 from harness.evidence.result import ClaimResult
 from harness.evidence.verdicts import threshold_verdict
+from harness.report.views import ClaimView, details
 from harness.spec import names
 from harness.spec.fields import BoundedClaim, HeadName
 from harness.spec.names import hook_pattern
@@ -57,7 +59,7 @@ class EntropyKind(ClaimKind[EntropyClaim, EntropyDetails]):
     def shown_heads(self, claim: EntropyClaim) -> list[names.Head]:
         return [claim.head]
 
-    def measure(self, claims: Sequence[Indexed[EntropyClaim]], ctx: Context) -> dict[int, ClaimResult]:
+    def measure(self, claims: Sequence[Indexed[EntropyClaim]], ctx: Context) -> Measured:
         out = {}
         for i, c in claims:
             pattern = ctx.runs.clean[hook_pattern(c.head.layer)][:, c.head.head].double().cpu().numpy()
@@ -68,11 +70,14 @@ class EntropyKind(ClaimKind[EntropyClaim, EntropyDetails]):
                                  value=iv.estimate, ci=[iv.low, iv.high], unit="nats", rule=rule,
                                  details=EntropyDetails(n_prompts=len(h), median=float(np.median(h))),
                                  per_prompt=h.tolist())
-        return out
+        return Measured(out)
 
-    def render(self, result: ClaimResult, unit: str) -> list[str]:
-        d = self.details_of(result)
+
+class EntropyView(ClaimView):
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, EntropyDetails)
         return [f"- per-prompt entropy median {fmt(d.median)} nats over {d.n_prompts} prompts"]
 
 
 KIND = EntropyKind()
+VIEW = EntropyView()

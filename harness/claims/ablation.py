@@ -27,7 +27,7 @@ from pydantic import StrictBool
 
 from .. import stats
 from ..evidence.details import CI, Num, Sensitivity, Summary, optional
-from ..evidence.format import fmt, fmt_ci, fmt_p
+from ..evidence.format import fmt
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE, threshold_verdict
 from ..mech.runs import Runs
@@ -44,10 +44,12 @@ from .base import (
     Indexed,
     InterventionPath,
     LadderEntry,
+    Measured,
     bounded_status,
     heads_mechanism,
     sensitivity_entry,
     supporting,
+    with_details,
 )
 
 FRACTION = "fraction of gap"
@@ -133,7 +135,7 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
         return ([LadderEntry(mechanism, type_, Rung.NECESSITY, status, note, d.corruption)]
                 + sensitivity_entry(mechanism, type_, d.sensitivity, supporting(claim)))
 
-    def measure(self, claims: Sequence[Indexed[AblationClaim]], ctx: Context) -> dict[int, ClaimResult]:
+    def measure(self, claims: Sequence[Indexed[AblationClaim]], ctx: Context) -> Measured:
         out = {}
         for i, c in claims:
             runs, seed = ctx.runs_for(c.corruption), ctx.claim_seed(i)
@@ -143,10 +145,8 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
                 return self.evaluate(variant, runs, ablate(runs, c, kind, ctx.stats), ctx, seed)
 
             result = run(c.ablation)
-            if c.sensitivity:
-                self.details_of(result).sensitivity = effects.sensitivity(run, result)
-            out[i] = result
-        return out
+            out[i] = with_details(result, sensitivity=effects.sensitivity(run, result)) if c.sensitivity else result
+        return Measured(out)
 
     def evaluate(self, claim: AblationClaim, runs: Runs, a: Ablated, ctx: Context, seed: int) -> ClaimResult:
         st, unit = ctx.stats, ctx.unit
@@ -162,8 +162,9 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
         d = effects.floor_changes(m_clean - a.m_ablated, scale)
         jack = [effects.floor_changes(m_clean - mk, scale) for mk in a.jack]
         drop = effects.change(d, st, seed, jack)
-        norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack)
-        base = (effects.normalized_effect(d, m_clean - ctx.baseline, st, seed, unit, jack, "clean-baseline")
+        norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack=jack)
+        base = (effects.normalized_effect(d, m_clean - ctx.baseline, st, seed, unit, jack=jack,
+                                          gap_name="clean-baseline")
                 if ctx.baseline is not None else None)
         details = AblationDetails(
             ablation=claim.ablation, heads=[str(h) for h in claim.heads], measure=claim.measure,
@@ -203,22 +204,6 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
         return self.result(claim, expectation=expectation, verdict=verdict, value=value, ci=ci, unit=unit_out,
                            rule=rule, details=details, per_prompt=per_prompt, reason=reason)
 
-    def render(self, result: ClaimResult, unit: str) -> list[str]:
-        d = self.details_of(result)
-        out = [f"- metric: clean {fmt(d.clean_metric_mean)}, ablated {fmt(d.ablated_metric_mean)}, corrupted "
-               f"{fmt(d.corrupted_metric_mean)} {unit}" + (f" (corruption {d.corruption})" if d.corruption else ""),
-               f"- raw drop {fmt(d.drop_mean)} {unit} {fmt_ci(d.drop_ci)}, sign-flip p = {fmt_p(d.drop_p_value)}; "
-               f"per-prompt median {fmt(d.drop_summary.median)}, IQR {fmt(d.drop_summary.iqr)}"]
-        if d.normalized is not None and d.normalized_summary is not None:
-            out.append(f"- normalized effect {fmt(d.normalized)} {fmt_ci(d.normalized_ci)}; per-prompt median "
-                       f"{fmt(d.normalized_summary.median)}, IQR {fmt(d.normalized_summary.iqr)}; "
-                       f"{d.n_excluded_small_gap} prompt(s) excluded for a small clean-corrupted gap")
-        out += effects.baseline_line(d, unit)
-        if d.intervention_change is not None:
-            out.append(effects.change_line(d.intervention_change, "the ablated heads' output"))
-        if d.sensitivity is not None:
-            out.append(effects.sensitivity_line(d.sensitivity, "ablation type"))
-        return out
 
 
 KIND = AblationKind()

@@ -9,22 +9,25 @@ typed details model (a `Details` subclass) and a `ClaimKind` subclass saying
 * `interventions(claim, n_layers, n_heads)`: the intervention paths it uses,
   which the identity sanity check runs with a run's own activations;
 * `measure(claims, ctx)`: the results of all of the file's claims of this kind
-  at once (so a kind can correct its own p-values for multiple testing);
-* `render(result, unit)`: the Markdown lines that show its details;
-* `key_number(result)`, `reference_lines(result, plan)`: the number in the claim
-  table and the lines it is judged against in sweep plots;
+  at once (so a kind can correct its own p-values for multiple testing), as an
+  immutable `Measured` (the results, and the weights-vs-use rows the kind adds);
+* `ladder(claim, result)`: the steps the claim puts on the evidence ladder;
 * `shown_heads(claim)`, `edges(claim)`, `pass_region(claim, result)`: what the
-  report's figures draw for it.
+  report's figures draw for it (computed at run time and kept in evidence.json).
 
-Registering an instance (`claims.registry.register`) is all it takes for the
-schema, the runner, the reports, sweeps and the pytest plugin to handle it.
+Measuring stops there: how a result reads in a report (its detail lines, the number
+in the claim table, the lines of sweep plots) is the report's (report.views), which
+reads only what evidence.json holds.  Registering an instance
+(`claims.registry.register`) is all it takes for the schema, the runner, evidence.json,
+sweeps and the pytest plugin to handle it; a view (`report.views.register`) tells the
+reports how to show its details.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..evidence.details import Details, Explained, PassRegion, Sensitivity, WeightsVsUseRow
@@ -136,7 +139,7 @@ def heads_mechanism(heads: Sequence[names.Unit]) -> tuple[str, str]:
 @dataclass
 class Context:
     """Everything a kind's `measure` reads: the base runs, the file's settings,
-    and lazily the head weights.  Kinds add weights-vs-use rows here."""
+    and lazily the head weights (read once, shared by the kinds)."""
 
     runs: Runs  # with the default corruption
     stats: Stats
@@ -144,7 +147,6 @@ class Context:
     unit: str  # of the metric: nats or logits
     processing: str  # weight processing for weight evidence: folded or raw
     baseline: float | None = None  # the metric of a guess with no information (claims.effects)
-    weights_vs_use: list[WeightsVsUseRow] = field(default_factory=list)
     _weights: HeadWeights | None = None
     _composition: Composition | None = None
     _explainer: Explainer | None = None
@@ -189,6 +191,15 @@ class Context:
 Indexed = tuple[int, S]  # (position in the file, claim)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """What a kind's `measure` found: each claim's result by its position in the file, and the
+    rows the kind adds to the weights-vs-use table (edge claims)."""
+
+    results: Mapping[int, ClaimResult]
+    weights_vs_use: tuple[WeightsVsUseRow, ...] = ()
+
+
 # ---------------------------------------------------------------- the protocol
 class ClaimKind(ABC, Generic[S, D]):
     """Base class of a claim kind; subclasses set the class attributes and `measure`."""
@@ -213,27 +224,8 @@ class ClaimKind(ABC, Generic[S, D]):
         return []
 
     @abstractmethod
-    def measure(self, claims: Sequence[Indexed[S]], ctx: Context) -> dict[int, ClaimResult]:
-        """The result of each claim, keyed by its position in the file."""
-
-    def render(self, result: ClaimResult, unit: str) -> list[str]:
-        """Markdown bullet lines under the claim's expectation, value and rule."""
-        return []
-
-    def key_number(self, result: ClaimResult) -> str:
-        """The number shown in the claim table: `value [low, high]`, or `(exact)`."""
-        if result.value is None:
-            return "undefined"
-        ci = f" [{result.ci[0]:.3f}, {result.ci[1]:.3f}]" if result.ci else " (exact)"
-        return f"{result.value:.3f}{ci}"
-
-    def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[float | None, str]]:
-        """(y, label) lines a sweep plot draws beside the claim's number; `plan` is the
-        claim as planned (`at_least`, `at_most`, `expect`).  Default: its bound."""
-        for key in ("at_least", "at_most"):
-            if plan.get(key) is not None:
-                return [(plan[key], key.replace("_", " "))]
-        return []
+    def measure(self, claims: Sequence[Indexed[S]], ctx: Context) -> Measured:
+        """The result of each claim, keyed by its position in the file (and any weights-vs-use rows)."""
 
     def pass_region(self, claim: S, result: ClaimResult) -> PassRegion | None:
         """Where the claim's number must lie for PASS (the effects figure shades it).
@@ -252,10 +244,6 @@ class ClaimKind(ABC, Generic[S, D]):
         """Edges the claim names (the composition and signature figures mark them)."""
         return []
 
-    def claimed_edges(self, result: ClaimResult) -> list[str]:
-        """The same, read from a result (reports are drawn from evidence.json alone)."""
-        return []
-
     def ladder(self, claim: S, result: ClaimResult) -> list[LadderEntry]:
         """The claim's evidence on the ladders of the mechanisms it names (engine.ladder)."""
         return []
@@ -268,14 +256,20 @@ class ClaimKind(ABC, Generic[S, D]):
                             f"not {self.details.__name__}")
         return result.details
 
-    def result(self, claim: ClaimSpec, *, expectation: str, verdict: Verdict, value: float | None,
+    def result(self, claim: S, *, expectation: str, verdict: Verdict, value: float | None,
                ci: list[float] | None, unit: str, rule: str, details: Details,
                per_prompt: list[float] | None = None, reason: str = "") -> ClaimResult:
-        """A ClaimResult of this kind for `claim` (`reason`: why the verdict, in one line,
-        when the rule is longer than that)."""
-        return ClaimResult(id=claim.id, kind=self.name, expectation=expectation, verdict=verdict, value=value,
-                           ci=ci, unit=unit, rule=rule, details=details, evidence=self.evidence,
-                           description=claim.description, per_prompt=per_prompt, reason=reason)
+        """A ClaimResult of this kind for `claim`, with its pass region (`reason`: why the verdict,
+        in one line, when the rule is longer than that)."""
+        r = ClaimResult(id=claim.id, kind=self.name, expectation=expectation, verdict=verdict, value=value,
+                        ci=ci, unit=unit, rule=rule, details=details, evidence=self.evidence,
+                        description=claim.description, per_prompt=per_prompt, reason=reason)
+        return replace(r, pass_region=self.pass_region(claim, r))
+
+
+def with_details(result: ClaimResult, **updates: Any) -> ClaimResult:
+    """A copy of `result` whose details have `updates` (e.g. a sensitivity run measured after it)."""
+    return replace(result, details=result.details.model_copy(update=updates))
 
 
 def component_names(claim: ClaimSpec) -> Iterator[tuple[str, names.Component | names.Edge]]:

@@ -47,10 +47,12 @@ from .base import (
     Indexed,
     InterventionPath,
     LadderEntry,
+    Measured,
     bounded_status,
     heads_mechanism,
     sensitivity_entry,
     supporting,
+    with_details,
 )
 
 UNIT = "faithfulness"
@@ -153,7 +155,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
                              f"faithfulness {fmt(result.value)} with the rest {claim.ablation}-ablated", d.corruption)]
                 + sensitivity_entry(mechanism, "heads", d.sensitivity, supporting(claim)))
 
-    def measure(self, claims: Sequence[Indexed[CircuitClaim]], ctx: Context) -> dict[int, ClaimResult]:
+    def measure(self, claims: Sequence[Indexed[CircuitClaim]], ctx: Context) -> Measured:
         st = ctx.stats
         out = {}
         for i, c in claims:
@@ -181,9 +183,9 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
                     ch = effects.head_change(runs, rest, kind, st) if rest else None
                     return self.evaluate(v, runs.m_clean, runs.ablated(rest, kind), runs.ablated(every, kind), None,
                                          st, seed, ctx.unit, ch, runs.corruption, compare=False)
-                self.details_of(result).sensitivity = effects.sensitivity(variant, result)
+                result = with_details(result, sensitivity=effects.sensitivity(variant, result))
             out[i] = result
-        return out
+        return Measured(out)
 
     def evaluate(self, claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndarray, m_empty: np.ndarray,
                  random_f: np.ndarray | None, st: Stats, seed: int, unit: str,
@@ -244,28 +246,13 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
                         "random-circuit comparison is undefined")
         k = int(np.sum(random_f < iv.estimate))
         test = binomtest(k, len(random_f), claim.beat_rate, alternative="greater")
-        details.random_faithfulness_summary = Summary(**stats.summary(random_f))
-        details.random_faithfulness_max = float(np.max(random_f))
-        details.beaten = k
-        details.binomial_p_value = float(test.pvalue)
-        details.alpha = st.alpha
+        details = details.model_copy(update={
+            "random_faithfulness_summary": Summary(**stats.summary(random_f)),
+            "random_faithfulness_max": float(np.max(random_f)), "beaten": k, "binomial_p_value": float(test.pvalue),
+            "alpha": st.alpha})
         return done(*random_comparison(f_verdict, f_rule, k, len(random_f), float(test.pvalue), st.alpha,
                                        claim.beat_rate))
 
-    def render(self, result: ClaimResult, unit: str) -> list[str]:
-        d = self.details_of(result)
-        out = [f"- metric: full {fmt(d.full_metric_mean)}, circuit {fmt(d.circuit_metric_mean)}, empty "
-               f"{fmt(d.empty_metric_mean)} {unit}; heads kept: {', '.join(d.heads)}"]
-        if d.beaten is not None and d.random_faithfulness_summary is not None and d.binomial_p_value is not None:
-            rs = d.random_faithfulness_summary
-            out.append(f"- {d.random_circuits} random circuits of the same size: faithfulness median "
-                       f"{fmt(rs.median)}, IQR {fmt(rs.iqr)}, max {fmt(d.random_faithfulness_max)}; "
-                       f"beaten {d.beaten}, binomial p = {fmt_p(d.binomial_p_value)}")
-        if d.intervention_change is not None:
-            out.append(effects.change_line(d.intervention_change, "the output of the heads outside the circuit"))
-        if d.sensitivity is not None:
-            out.append(effects.sensitivity_line(d.sensitivity, "ablation type (faithfulness bound only)"))
-        return out
 
 
 KIND = CircuitKind()

@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from .. import stats
-from ..evidence.details import Details, Explained, Num, optional
-from ..evidence.format import fmt, fmt_p
+from ..evidence.details import Details, Explained, optional
+from ..evidence.format import fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, PASS
 from ..mech import weights
@@ -31,8 +31,7 @@ from ..spec import names
 from ..spec.fields import ClaimSpec, HeadRouteName
 from ..spec.settings import Stats
 from ..spec.vocabulary import LadderStatus, Rung
-from . import explain_text
-from .base import ClaimKind, Context, Indexed, LadderEntry
+from .base import ClaimKind, Context, Indexed, LadderEntry, Measured
 
 UNIT = "composition score"
 
@@ -99,9 +98,6 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
     def edges(self, claim: CompositionClaim) -> list[names.Edge]:
         return [claim.edge]
 
-    def claimed_edges(self, result: ClaimResult) -> list[str]:
-        return [self.details_of(result).edge]
-
     def ladder(self, claim: CompositionClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
         composes = d.p_adjusted < d.alpha
@@ -109,15 +105,13 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
         return [LadderEntry(str(claim.edge), "edge", Rung.WEIGHTS, status,
                             f"{'composes' if composes else 'does not compose'} (p_adj {fmt_p(d.p_adjusted)})")]
 
-    def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> dict[int, ClaimResult]:
+    def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> Measured:
         found = route_evidence(ctx.composition(), [c.edge for _, c in claims], ctx.stats)
-        out = {i: self.evaluate(c, r, ctx.stats.composition_alpha, len(claims))
-               for (i, c), r in zip(claims, found, strict=True)}
-        for i, c in claims:
-            self.details_of(out[i]).explained = ctx.explained(c.edge)
-        return out
+        return Measured({i: self.evaluate(c, r, ctx.stats.composition_alpha, len(claims), ctx.explained(c.edge))
+                         for (i, c), r in zip(claims, found, strict=True)})
 
-    def evaluate(self, claim: CompositionClaim, route: RouteEvidence, alpha: float, n_tested: int) -> ClaimResult:
+    def evaluate(self, claim: CompositionClaim, route: RouteEvidence, alpha: float, n_tested: int,
+                 explained: Explained | None = None) -> ClaimResult:
         r, p_adjusted = route.result, route.p_adjusted
         composes = p_adjusted < alpha
         want = claim.expect == "composes"
@@ -125,7 +119,7 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
         expectation = (f"{claim.edge} {'composes' if want else 'does not compose'} "
                        f"({r.mode.upper()}-composition)")
         details = CompositionDetails(**r.model_dump(), edge=str(claim.edge), p_adjusted=p_adjusted, alpha=alpha,
-                                     correction="Benjamini-Hochberg", n_tested=n_tested)
+                                     correction="Benjamini-Hochberg", n_tested=n_tested, explained=explained)
         score = r.score
         if score is None or math.isnan(score):
             return self.result(claim, expectation=expectation, verdict=verdict, value=None, ci=None, unit=UNIT,
@@ -139,32 +133,7 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
                            reason=f"{'composes' if composes else 'does not compose'}: C = {score:.3f}, p_adj "
                                   f"{fmt_p(p_adjusted)} {'<' if composes else '>='} alpha {alpha:g}")
 
-    def key_number(self, result: ClaimResult) -> str:
-        if result.value is None:
-            return "undefined"
-        return f"{result.value:.3f} (p_adj {fmt_p(self.details_of(result).p_adjusted)})"
 
-    def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
-        return [(self.details_of(result).null_q99, "null 99th pct")]
-
-    def render(self, result: ClaimResult, unit: str) -> list[str]:
-        d = self.details_of(result)
-        return [f"- null (random relative orientation, spectra kept, {d.n_draws} draws): mean "
-                f"{fmt(d.null_mean)}, sd {fmt(d.null_std)}, 95th pct {fmt(d.null_q95)}, 99th pct {fmt(d.null_q99)}",
-                f"- C·sqrt({d.null_dim}) = {fmt(d.ratio_to_isotropic, 2)} (1 = isotropic baseline); "
-                f"C / C_max = {fmt(d.fraction_of_max)} (C_max = {fmt(d.c_max)}); percentile among all cross-layer "
-                f"{d.mode.upper()} pairs: {fmt(d.percentile, 1)}; rank(X) = {d.rank_sender} (X: the sender's OV), "
-                f"rank(Y) = {d.rank_receiver} (Y: the receiver's {'OV' if d.mode == 'v' else 'QK'}); "
-                f"weights {d.processing}"] + explained_lines(d.explained, d.edge)
-
-
-def explained_lines(ex: Explained | None, edge: str) -> list[str]:
-    """The `explained` bullets of a composition claim (its strings are literal already)."""
-    if ex is None:
-        return []
-    first, *rest = explain_text.lines(ex, edge)
-    return [f"- explained (what flows, the product's singular directions against the rotation null, "
-            f"{ex.n_draws} draws): {first}"] + [f"  - {line}" for line in rest]
 
 
 KIND = CompositionKind()

@@ -24,7 +24,7 @@ from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS
 from ..mech import weights
 from ..spec.fields import BoundedClaim, HeadName
 from ..spec.vocabulary import Rung
-from .base import ClaimKind, Context, Indexed, LadderEntry, bounded_status
+from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, bounded_status
 
 UNIT = "eigenvalue positivity"
 
@@ -73,9 +73,9 @@ class CopyingKind(ClaimKind[CopyingClaim, CopyingDetails]):
         return [LadderEntry(str(claim.head), "head", Rung.WEIGHTS, bounded_status(claim, result),
                             f"copying score {value}")]
 
-    def measure(self, claims: Sequence[Indexed[CopyingClaim]], ctx: Context) -> dict[int, ClaimResult]:
-        return {i: self.evaluate(c, weights.copying_score(ctx.weights(), c.head.layer, c.head.head))
-                for i, c in claims}
+    def measure(self, claims: Sequence[Indexed[CopyingClaim]], ctx: Context) -> Measured:
+        return Measured({i: self.evaluate(c, weights.copying_score(ctx.weights(), c.head.layer, c.head.head))
+                         for i, c in claims})
 
     def evaluate(self, claim: CopyingClaim, score: weights.CopyingScore) -> ClaimResult:
         expectation = f"copying score of {claim.head} {claim.bound_text()}"
@@ -94,10 +94,6 @@ class CopyingKind(ClaimKind[CopyingClaim, CopyingDetails]):
         return self.result(claim, expectation=expectation, verdict=PASS if ok else FAIL, value=value, ci=None,
                            unit=UNIT, rule=rule, details=details)
 
-    def render(self, result: ClaimResult, unit: str) -> list[str]:
-        d = self.details_of(result)
-        return [f"- {d.n_eigenvalues} eigenvalues of W_E OV W_U (d_head x d_head form), "
-                f"sum |lambda| = {d.sum_abs_eigenvalues:.4g}; weights {d.processing}"]
 
 
 KIND = CopyingKind()

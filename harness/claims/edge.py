@@ -33,12 +33,13 @@ when every test is vacuous), classified by `classify`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import Field, StrictBool, model_validator
 
 from ..evidence.details import CI, EdgeTest, Num, PassRegion, Sensitivity, Summary, WeightsVsUseRow, optional
-from ..evidence.format import fmt, fmt_ci, fmt_p
+from ..evidence.format import fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict
 from ..mech import patching, paths
@@ -48,8 +49,18 @@ from ..spec.names import hook_pattern
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, LadderStatus, Normalization, Replacement, Rung, UseStatus
 from . import effects
-from .base import ClaimKind, Context, EdgePatchPath, Indexed, InterventionPath, LadderEntry, sensitivity_entry
-from .composition import route_evidence
+from .base import (
+    ClaimKind,
+    Context,
+    EdgePatchPath,
+    Indexed,
+    InterventionPath,
+    LadderEntry,
+    Measured,
+    sensitivity_entry,
+    with_details,
+)
+from .composition import RouteEvidence, route_evidence
 from .edge_test import (
     OPPOSITE,
     UNDETERMINED,
@@ -58,11 +69,10 @@ from .edge_test import (
     USED,
     EdgeEffect,
     EdgeTestSpec,
+    UseRule,
     classify,
     edge_tests,
-    measured_use,
     prefetch,
-    use_reason,
 )
 
 FRACTION = "fraction of gap"
@@ -207,9 +217,6 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
     def edges(self, claim: RouteClaim) -> list[names.Edge]:
         return [claim.route] if isinstance(claim.route, names.Edge) else []
 
-    def claimed_edges(self, result: ClaimResult) -> list[str]:
-        return [self.details_of(result).edge]
-
     def ladder(self, claim: RouteClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
         status = {USED: LadderStatus.SUPPORTS, UNUSED: LadderStatus.AGAINST, OPPOSITE: LadderStatus.AGAINST,
@@ -224,7 +231,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
                 + sensitivity_entry(str(claim.route), kind, d.sensitivity,
                                     PASS if claim.expect == "used" else FAIL))
 
-    def measure(self, claims: Sequence[Indexed[RouteClaim]], ctx: Context) -> dict[int, ClaimResult]:
+    def measure(self, claims: Sequence[Indexed[RouteClaim]], ctx: Context) -> Measured:
         st = ctx.stats
 
         def spec_of(c: RouteClaim, replacement: Replacement, i: int) -> EdgeTestSpec:
@@ -236,22 +243,28 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
         varied = [spec_of(c, kind, i) for i, c in claims if c.sensitivity and c.direction == Direction.NOISING
                   for kind in Replacement if kind != c.replacement]
         prefetch(ctx.runs, specs + varied)  # the sensitivity variants' patches in the same batched passes
-        tests = edge_tests(ctx.runs, specs, st, ctx.unit, ctx.baseline)
+        tests = edge_tests(ctx.runs, specs, st, ctx.unit, baseline=ctx.baseline)
+        routes = self.route_rows(claims, ctx)
         out = {}
         for (i, c), t in zip(claims, tests, strict=True):
-            result = self.evaluate(c, t.effect, t.p_adjusted, st, ctx.unit)
+            result = self.evaluate(c, t.effect, t.p_adjusted, st, ctx.unit, routes.composes(c.route),
+                                   routes.has(c.route))
             if c.sensitivity:
                 def variant(kind: str, c: RouteClaim = c, i: int = i) -> ClaimResult:
                     # sensitivity variants are decided on their own, unadjusted p-values
                     v = c.model_copy(update={"replacement": Replacement(kind)})
-                    e = edge_tests(ctx.runs, [spec_of(v, Replacement(kind), i)], st, ctx.unit, ctx.baseline)[0]
+                    e = edge_tests(ctx.runs, [spec_of(v, Replacement(kind), i)], st, ctx.unit,
+                                   baseline=ctx.baseline)[0]
                     return self.evaluate(v, e.effect, e.effect.p_value, st, ctx.unit)
-                self.details_of(result).sensitivity = effects.sensitivity(variant, result)
+                result = with_details(result, sensitivity=effects.sensitivity(variant, result))
             out[i] = result
-        self._weights_vs_use(claims, out, ctx)
-        return out
+        return Measured(out, routes.rows(claims, out, ctx))
 
-    def evaluate(self, claim: RouteClaim, effect: EdgeEffect, p_adj: float, st: Stats, unit: str) -> ClaimResult:
+    def evaluate(self, claim: RouteClaim, effect: EdgeEffect, p_adj: float, st: Stats, unit: str,
+                 composes: bool | None = None, weights_route: bool = False) -> ClaimResult:
+        """The claim's result; `weights_route`: the edge has a weights-vs-use row, whose class under
+        this claim's own test (with `composes`: its composition test, None for an MLP end) the
+        details record."""
         min_effect, tol = claim.zones(st)
         how = (f"{claim.direction}, {claim.replacement}" + (f", {claim.corruption}" if claim.corruption else "")
                + (", patterns frozen" if claim.freeze_patterns else "")
@@ -262,7 +275,8 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
         chosen = effect.base if claim.normalize == "baseline" and effect.base is not None else norm
         niv = chosen.interval
         raw_change = ch.interval.estimate
-        use = measured_use(effect.read.vacuous, niv, p_adj, min_effect, tol, st, raw_change)
+        rule_of_use = UseRule.of(st, min_effect, tol)
+        use = rule_of_use.measured(effect.read.vacuous, niv, p_adj, raw_change)
         details = EdgeDetails(
             direction=claim.direction, replacement=claim.replacement, freeze_patterns=claim.freeze_patterns,
             n_prompts=ch.n_prompts, clean_metric_mean=effect.clean_mean, patched_metric_mean=effect.patched_mean,
@@ -274,7 +288,8 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
             undefined_reason=chosen.reason, p_value=effect.p_value, edge=str(claim.route), p_adjusted=p_adj,
             alpha=st.alpha, min_effect=min_effect, tolerance=tol, min_raw_change=st.min_raw_change,
             correction=CORRECTION, use=use, structurally_zero=effect.structurally_zero or None,
-            corruption=effect.corruption, intervention_change=effect.read)
+            corruption=effect.corruption, intervention_change=effect.read,
+            weights_vs_use=classify(composes, use) if weights_route else None)
         raw = f"raw change {raw_change:.3f} {unit}"
         first = paths.first_edge(claim.route)
         if effect.read.vacuous:
@@ -304,7 +319,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
         return self.result(claim, expectation=expectation,
                            verdict=edge_verdict(claim.expect, use, lo, hi, min_effect, tol), value=niv.estimate,
                            ci=[lo, hi], unit=FRACTION, rule=rule, details=details, per_prompt=chosen.per_prompt,
-                           reason=use_reason(use, lo, hi, p_adj, min_effect, tol, st, raw_change))
+                           reason=rule_of_use.reason(use, lo, hi, p_adj, raw_change))
 
     def pass_region(self, claim: RouteClaim, result: ClaimResult) -> PassRegion:
         d = self.details_of(result)
@@ -312,62 +327,63 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
             return PassRegion(low=d.min_effect, high=None, text=f"> {d.min_effect:g} (min_effect)")
         return PassRegion(low=-d.tolerance, high=d.tolerance, text=f"within ±{d.tolerance:g} (tolerance)")
 
-    def _weights_vs_use(self, claims: Sequence[Indexed[RouteClaim]], results: dict[int, ClaimResult],
-                        ctx: Context) -> None:
-        """One weights-vs-use row per claimed edge and direction: head (or group of heads) ->
-        head input with its composition test; edges with an MLP end with no score."""
-        rows: dict[tuple[names.Edge, str], list[int]] = {}
+    def route_rows(self, claims: Sequence[Indexed[RouteClaim]], ctx: Context) -> Routes:
+        """The claimed edges that get a weights-vs-use row (head, or group of heads, -> head input,
+        with its composition test; edges with an MLP end, with no score), each edge's composition
+        tested once (BH over these edges)."""
+        edges = list(dict.fromkeys(c.route for _, c in claims if isinstance(c.route, names.Edge)
+                                   and (names.is_head_route(c.route) or mlp_end(c.route))))
+        heads = [e for e in edges if names.is_head_route(e)]
+        found = dict(zip(heads, route_evidence(ctx.composition(), heads, ctx.stats), strict=True)) if heads else {}
+        return Routes(edges, found, ctx.stats.composition_alpha)
+
+
+@dataclass(frozen=True)
+class Routes:
+    """The weights side of the weights-vs-use table: its edges and their composition tests."""
+
+    edges: list[names.Edge]
+    found: dict[names.Edge, RouteEvidence]
+    alpha: float
+
+    def has(self, route: names.Edge | names.Path) -> bool:
+        return isinstance(route, names.Edge) and route in self.edges
+
+    def composes(self, route: names.Edge | names.Path) -> bool | None:
+        r = self.found.get(route) if isinstance(route, names.Edge) else None
+        return None if r is None else r.p_adjusted < self.alpha
+
+    def rows(self, claims: Sequence[Indexed[RouteClaim]], results: dict[int, ClaimResult],
+             ctx: Context) -> tuple[WeightsVsUseRow, ...]:
+        """One row per claimed edge and direction (module docstring): the use the first decisive
+        test shows, classified against the edge's composition test."""
+        by_row: dict[tuple[names.Edge, str], list[int]] = {}
         for i, c in claims:
-            route = c.route
-            if isinstance(route, names.Edge) and (names.is_head_route(route) or mlp_end(route)):
-                rows.setdefault((route, c.direction), []).append(i)
-        if not rows:
-            return
-        edges = list(dict.fromkeys(e for e, _ in rows if names.is_head_route(e)))
-        found = dict(zip(edges, route_evidence(ctx.composition(), edges, ctx.stats), strict=True)) if edges else {}
+            if self.has(c.route):
+                by_row.setdefault((c.route, c.direction), []).append(i)  # type: ignore[arg-type]
         specs = dict(claims)
-        for (edge, direction), members in rows.items():
-            r = found.get(edge)
-            composes = None if r is None else r.p_adjusted < ctx.stats.composition_alpha
+        out = []
+        for (edge, direction), members in by_row.items():
+            r = self.found.get(edge)
+            composes = self.composes(edge)
             tests = [EdgeTest(claim=results[i].id, replacement=specs[i].replacement,
-                              corruption=self.details_of(results[i]).corruption,
-                              use=self.details_of(results[i]).use, effect=results[i].value) for i in members]
+                              corruption=_details(results[i]).corruption, use=_details(results[i]).use,
+                              effect=results[i].value) for i in members]
             decider = row_use(tests)
             decided = results[next(i for i in members if results[i].id == decider.claim)]
-            cls = classify(composes, decider.use)
-            for i, t in zip(members, tests, strict=True):  # each claim: the class its own test gives
-                self.details_of(results[i]).weights_vs_use = classify(composes, t.use)
-            ctx.weights_vs_use.append(WeightsVsUseRow(
+            out.append(WeightsVsUseRow(
                 edge=str(edge), direction=direction, claim=decider.claim,
                 composition=None if r is None else r.result.score,
                 composition_p_adjusted=None if r is None else r.p_adjusted, composes=composes, effect=decided.value,
-                effect_ci=decided.ci, use=decider.use, classification=cls, tests=tests,
+                effect_ci=decided.ci, use=decider.use, classification=classify(composes, decider.use), tests=tests,
                 explained=ctx.explained(edge) if r is not None else None))
+        return tuple(out)
 
-    def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
-        d = self.details_of(result)
-        if plan.get("expect") == "used":
-            return [(d.min_effect, "min effect")]
-        return [(d.tolerance, "+tolerance"), (-d.tolerance, "-tolerance")]
 
-    def render(self, result: ClaimResult, unit: str) -> list[str]:
-        d = self.details_of(result)
-        wvu = f"; weights vs use: **{d.weights_vs_use}**" if d.weights_vs_use is not None else ""
-        where = f" (corruption {d.corruption})" if d.corruption else ""
-        out = [f"- metric: clean {fmt(d.clean_metric_mean)}, patched {fmt(d.patched_metric_mean)}, corrupted "
-               f"{fmt(d.corrupted_metric_mean)} {unit}{where}",
-               f"- raw change {fmt(d.change_mean)} {unit} {fmt_ci(d.change_ci)}; sign-flip p = {fmt_p(d.p_value)}, "
-               f"BH-adjusted {fmt_p(d.p_adjusted)}; use: **{d.use}**{wvu}"]
-        if d.normalized_summary is not None:
-            out.append(f"- per-prompt effect median {fmt(d.normalized_summary.median)}, IQR "
-                       f"{fmt(d.normalized_summary.iqr)}; {d.n_excluded_small_gap} prompt(s) excluded for a small "
-                       "clean-corrupted gap")
-        out += effects.baseline_line(d, unit)
-        if d.intervention_change is not None:
-            out.append(effects.change_line(d.intervention_change, f"the sender {d.edge.split(' -> ')[0]}'s output"))
-        if d.sensitivity is not None:
-            out.append(effects.sensitivity_line(d.sensitivity, "replacement"))
-        return out
+def _details(result: ClaimResult) -> EdgeDetails:
+    if not isinstance(result.details, EdgeDetails):
+        raise TypeError(f"claim {result.id!r}: details are {type(result.details).__name__}, not EdgeDetails")
+    return result.details
 
 
 KIND = EdgeKind()

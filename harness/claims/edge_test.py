@@ -77,7 +77,7 @@ class EdgeEffect:
     corruption: str  # the corrupted run's name
 
 
-def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool, st: Stats,
+def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool, st: Stats, *,
                 seed: int, unit: str, baseline: float | None = None, normalize: str = Normalization.CORRUPTED,
                 perm_seed: int | None = None) -> EdgeEffect:
     """Patch `edge` (runs: mech.runs.Runs) and measure its effect (module docstring); `seed` drives
@@ -93,8 +93,9 @@ def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, repla
     d = change_of(m_patched)
     jack = ([change_of(runs.patched(edge, direction, replacement, freeze, drop=k))
              for k in range(runs.reference.groups)] if replacement == Replacement.MEAN else [])
-    norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack)
-    base = (effects.normalized_effect(d, m_clean - baseline, st, seed, unit, jack, "clean-baseline")
+    norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack=jack)
+    base = (effects.normalized_effect(d, m_clean - baseline, st, seed, unit, jack=jack,
+                                      gap_name="clean-baseline")
             if noising and baseline is not None else None)
     chosen = base if normalize == "baseline" and base is not None else norm
     zero = bool(np.all(d == 0))
@@ -106,46 +107,57 @@ def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, repla
                       baseline if noising else None, runs.corruption)
 
 
-def measured_use(vacuous: bool, interval: stats.Interval | None, p_adj: float, min_effect: float,
-                 tolerance: float, st: Stats, raw_change: float) -> UseStatus:
-    """The use status of a measured effect: untested (a vacuous patch), undetermined (an
-    undefined effect), else `use_status` of its interval."""
-    if vacuous:
-        return UNTESTED
-    if interval is None:
+@dataclass(frozen=True, kw_only=True)
+class UseRule:
+    """The zones that decide a non-vacuous edge test's use status (module docstring): `min_effect`
+    and `tolerance` on the normalised effect's CI, `alpha` on the BH-adjusted p-value and
+    `min_raw_change` on the mean raw change, in the metric's units."""
+
+    min_effect: float
+    tolerance: float
+    alpha: float
+    min_raw_change: float = 0.0
+
+    @classmethod
+    def of(cls, st: Stats, min_effect: float | None = None, tolerance: float | None = None) -> UseRule:
+        """The file's `stats` zones, with a claim's own min_effect / tolerance where it gives them."""
+        return cls(min_effect=st.min_effect if min_effect is None else min_effect,
+                   tolerance=st.tolerance if tolerance is None else tolerance, alpha=st.alpha,
+                   min_raw_change=st.min_raw_change)
+
+    def status(self, lo: float, hi: float, p_adj: float, raw_change: float = 0.0) -> UseStatus:
+        """The use status from the effect's CI [lo, hi], adjusted p-value and mean raw change."""
+        if lo > self.min_effect and p_adj < self.alpha and raw_change >= self.min_raw_change:
+            return USED
+        if hi < -self.min_effect and p_adj < self.alpha and raw_change <= -self.min_raw_change:
+            return OPPOSITE
+        if -self.tolerance <= lo and hi <= self.tolerance:
+            return UNUSED
         return UNDETERMINED
-    return use_status(interval.low, interval.high, p_adj, min_effect, tolerance, st.alpha, raw_change,
-                      st.min_raw_change)
 
+    def measured(self, vacuous: bool, interval: stats.Interval | None, p_adj: float, raw_change: float) -> UseStatus:
+        """untested (a vacuous patch), undetermined (an undefined effect), else `status` of the interval."""
+        if vacuous:
+            return UNTESTED
+        if interval is None:
+            return UNDETERMINED
+        return self.status(interval.low, interval.high, p_adj, raw_change)
 
-def use_reason(use: str, lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, st: Stats,
-               raw_change: float) -> str:
-    """The use status with the comparison that decided it, in one line."""
-    ci = f"CI [{lo:.3f}, {hi:.3f}]"
-    if use == USED:
-        return f"used: {ci} above {min_effect:g}, p_adj {fmt_p(p_adj)} < {st.alpha:g}"
-    if use == OPPOSITE:
-        return f"used against the claim's direction: {ci} below -{min_effect:g}, p_adj {fmt_p(p_adj)} < {st.alpha:g}"
-    if use == UNUSED:
-        return f"unused: {ci} within ±{tolerance:g}"
-    if lo > min_effect or hi < -min_effect:
-        short = (f"p_adj {fmt_p(p_adj)} >= alpha {st.alpha:g}" if p_adj >= st.alpha
-                 else f"|raw change| {abs(raw_change):.3g} is below min_raw_change {st.min_raw_change:g}")
-        return f"undetermined: {ci} clears ±{min_effect:g} but {short}"
-    return f"undetermined: {ci} is neither beyond ±{min_effect:g} nor within ±{tolerance:g}"
-
-
-def use_status(lo: float, hi: float, p_adj: float, min_effect: float, tolerance: float, alpha: float,
-               raw_change: float = 0.0, min_raw_change: float = 0.0) -> UseStatus:
-    """The use status of a non-vacuous test from the effect's CI, adjusted p-value and
-    mean raw change (module docstring)."""
-    if lo > min_effect and p_adj < alpha and raw_change >= min_raw_change:
-        return USED
-    if hi < -min_effect and p_adj < alpha and raw_change <= -min_raw_change:
-        return OPPOSITE
-    if -tolerance <= lo and hi <= tolerance:
-        return UNUSED
-    return UNDETERMINED
+    def reason(self, use: str, lo: float, hi: float, p_adj: float, raw_change: float) -> str:
+        """The use status with the comparison that decided it, in one line."""
+        ci = f"CI [{lo:.3f}, {hi:.3f}]"
+        if use == USED:
+            return f"used: {ci} above {self.min_effect:g}, p_adj {fmt_p(p_adj)} < {self.alpha:g}"
+        if use == OPPOSITE:
+            return (f"used against the claim's direction: {ci} below -{self.min_effect:g}, p_adj {fmt_p(p_adj)} < "
+                    f"{self.alpha:g}")
+        if use == UNUSED:
+            return f"unused: {ci} within ±{self.tolerance:g}"
+        if lo > self.min_effect or hi < -self.min_effect:
+            short = (f"p_adj {fmt_p(p_adj)} >= alpha {self.alpha:g}" if p_adj >= self.alpha
+                     else f"|raw change| {abs(raw_change):.3g} is below min_raw_change {self.min_raw_change:g}")
+            return f"undetermined: {ci} clears ±{self.min_effect:g} but {short}"
+        return f"undetermined: {ci} is neither beyond ±{self.min_effect:g} nor within ±{self.tolerance:g}"
 
 
 def classify(composes: bool | None, use: UseStatus) -> str:
@@ -191,7 +203,7 @@ def prefetch(runs: Runs, specs: Sequence[EdgeTestSpec]) -> None:
         runs.with_corruption(corruption).patched_many(edges, direction, replacement)
 
 
-def edge_tests(runs: Runs, specs: Sequence[EdgeTestSpec], st: Stats, unit: str, baseline: float | None = None,
+def edge_tests(runs: Runs, specs: Sequence[EdgeTestSpec], st: Stats, unit: str, *, baseline: float | None = None,
                progress: Callable[..., Any] | None = None, label: str = "edge tests") -> list[EdgeTestResult]:
     """Patch every member (edges batched where the runs allow: resample and zero, no frozen
     patterns), measure each (edge_effect), adjust the sign-flip p-values over the family
@@ -200,16 +212,15 @@ def edge_tests(runs: Runs, specs: Sequence[EdgeTestSpec], st: Stats, unit: str, 
     prefetch(runs, specs)
     steps = specs if progress is None else progress(specs, label)
     found = [edge_effect(runs.with_corruption(s.corruption), s.route, s.direction, s.replacement, s.freeze, st,
-                         s.seed, unit, baseline, s.normalize, s.perm_seed) for s in steps]
+                         seed=s.seed, unit=unit, baseline=baseline, normalize=s.normalize, perm_seed=s.perm_seed)
+             for s in steps]
     family = [i for i, e in enumerate(found) if not e.structurally_zero]
     adjusted = dict(zip(family, stats.benjamini_hochberg([found[i].p_value for i in family]), strict=True))
     out = []
     for i, (s, e) in enumerate(zip(specs, found, strict=True)):
         p_adj = adjusted.get(i, 1.0)
         chosen = e.base if s.normalize == Normalization.BASELINE and e.base is not None else e.norm
-        min_effect = st.min_effect if s.min_effect is None else s.min_effect
-        tolerance = st.tolerance if s.tolerance is None else s.tolerance
-        use = measured_use(e.read.vacuous, chosen.interval, p_adj, min_effect, tolerance, st,
-                           e.change.interval.estimate)
+        rule = UseRule.of(st, s.min_effect, s.tolerance)
+        use = rule.measured(e.read.vacuous, chosen.interval, p_adj, e.change.interval.estimate)
         out.append(EdgeTestResult(s, e, p_adj, use))
     return out

@@ -42,7 +42,6 @@ import numpy as np
 
 from .. import stats
 from ..evidence.details import CI, Details, Num, Record, Sensitivity, Summary, Variant, optional
-from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import ClaimResult
 from ..mech import change as read_change
 from ..progress import progress
@@ -50,7 +49,6 @@ from ..spec.settings import Stats
 from ..spec.vocabulary import ABLATIONS
 
 NUMERICAL_TOL = 1e-5  # relative to the metric's scale: float32 models carry ~1e-7 relative error
-KNOCKOUT_WARN = 0.8  # a complete knockout reading below this on the corrupted scale is flagged in bold
 
 
 def metric_scale(*runs: np.ndarray) -> float:
@@ -101,7 +99,7 @@ def widen(iv: stats.Interval, thetas: Sequence[float] | None, confidence: float)
                           f"jackknife ({k} groups)")
 
 
-def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int, unit: str,
+def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int, unit: str, *,
                       jack: Sequence[np.ndarray] | None = None, gap_name: str = "clean-corrupted") -> NormalizedEffect:
     """The normalised effect of per-prompt changes `d` against per-prompt gaps `gap`;
     `jack`: d recomputed with each reference group left out of a mean (widens the CI)."""
@@ -184,18 +182,6 @@ def baseline_fields(base: NormalizedEffect | None, m_base: float | None, clean_m
             "baseline_normalized_ci": [iv.low, iv.high] if iv else None}
 
 
-def baseline_line(d: NormalizedFields, unit: str) -> list[str]:
-    """The report line of the baseline-normalised effect."""
-    if d.baseline_metric is None:
-        return []
-    below = ""
-    if d.corrupted_below_baseline and d.knockout_reads_as is not None:
-        strong = "**" if d.knockout_reads_as < KNOCKOUT_WARN else ""
-        below = (f" (the corrupted run is below it: normalised by the clean-corrupted gap, a complete knockout to "
-                 f"the baseline reads as {strong}{fmt(d.knockout_reads_as)}{strong})")
-    return [f"- against a guess with no information (metric {fmt(d.baseline_metric)} {unit}): effect "
-            f"{fmt(d.baseline_normalized)} {fmt_ci(d.baseline_normalized_ci)}{below}"]
-
 
 class InterventionChange(Record):
     """How much the intervention changed what is read (mech.change): non-vacuity."""
@@ -231,23 +217,6 @@ def head_change(runs: Any, heads: list[Any], kind: str, st: Stats) -> Interventi
                                c.joint_scored)
 
 
-def change_line(c: InterventionChange, what: str) -> str:
-    """The report line of an intervention's change (what = the sender(s))."""
-    heads = ""
-    if c.by_head and len(c.by_head) > 1:
-        low = sorted(c.by_head.items(), key=lambda hv: hv[1])[:6]
-        heads = ("; per head " if len(c.by_head) <= 6 else "; lowest heads ") + ", ".join(
-            f"{h} {v:.3f}" for h, v in low)
-    if c.vacuous_heads and not c.vacuous:
-        heads += f"; **untested for {', '.join(c.vacuous_heads)}** (unchanged there)"
-    if c.at_scored is not None:
-        heads += f"; {c.at_scored:.3f} at the scored positions alone"
-    verdict = ("nothing is written there: the route carries nothing, whatever the intervention" if c.silent
-               else "**vacuous: the intervention does not change what is read, so it tests nothing**" if c.vacuous
-               else "non-vacuous")
-    return (f"- intervention change: {what} changes by {c.relative_change:.3f} (relative) at {c.read_at}, "
-            f"{c.prompts_changed:.0%} of prompts by at least {c.min_change:g}{heads} — {verdict}")
-
 
 def sensitivity(run_variant: Callable[[str], ClaimResult], claimed: ClaimResult) -> Sensitivity:
     """The same claim under zero, mean and resample, and whether each verdict is the claim's."""
@@ -256,10 +225,3 @@ def sensitivity(run_variant: Callable[[str], ClaimResult], claimed: ClaimResult)
         r = run_variant(kind)
         rows[kind] = Variant(verdict=r.verdict, value=r.value, ci=r.ci)
     return Sensitivity(by_type=rows, agrees={v.verdict for v in rows.values()} == {claimed.verdict})
-
-
-def sensitivity_line(sens: Sensitivity, varied: str) -> str:
-    """The report line of a sensitivity run (`varied`: "replacement" or "ablation type")."""
-    cells = "; ".join(f"{k}: {v.verdict} {fmt(v.value)}" for k, v in sens.by_type.items())
-    return (f"- sensitivity across the {varied}: {cells} — "
-            f"{'verdict agrees' if sens.agrees else '**verdict depends on the ablation type**'}")

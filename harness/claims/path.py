@@ -17,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from ..evidence.result import ClaimResult
 from ..spec import names
 from ..spec.fields import PathName
 from .base import Context, Indexed
-from .edge import EdgeKind, RouteClaim
+from .edge import EdgeKind, RouteClaim, Routes
 
 
 class PathClaim(RouteClaim):
@@ -40,9 +39,9 @@ class PathKind(EdgeKind):
     spec = PathClaim
     summary = "patching a multi-hop path (path patching) moves the metric, or does not"
 
-    def _weights_vs_use(self, claims: Sequence[Indexed[RouteClaim]], results: dict[int, ClaimResult],
-                        ctx: Context) -> None:
+    def route_rows(self, claims: Sequence[Indexed[RouteClaim]], ctx: Context) -> Routes:
         """Paths have no weights-vs-use rows."""
+        return Routes([], {}, ctx.stats.composition_alpha)
 
 
 KIND = PathKind()

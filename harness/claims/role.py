@@ -25,7 +25,7 @@ from ..spec import names
 from ..spec.fields import BoundedClaim, HeadName
 from ..spec.names import hook_pattern
 from ..spec.vocabulary import AttentionRole, Rung
-from .base import ClaimKind, Context, Indexed, LadderEntry, bounded_status
+from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, bounded_status
 
 
 class RoleClaim(BoundedClaim):
@@ -73,13 +73,13 @@ class RoleKind(ClaimKind[RoleClaim, RoleDetails]):
         return [LadderEntry(str(claim.head), "head", Rung.OBSERVATION, bounded_status(claim, result),
                             f"{claim.role} score {fmt(result.value)}")]
 
-    def measure(self, claims: Sequence[Indexed[RoleClaim]], ctx: Context) -> dict[int, ClaimResult]:
+    def measure(self, claims: Sequence[Indexed[RoleClaim]], ctx: Context) -> Measured:
         out = {}
         for i, c in claims:
             pattern = ctx.runs.clean[hook_pattern(c.head.layer)][:, c.head.head]
             scores = roles.role_scores(pattern, ctx.runs.ds.clean, c.role).cpu().numpy()
             out[i] = self.evaluate(c, scores, ctx, ctx.claim_seed(i))
-        return out
+        return Measured(out)
 
     def evaluate(self, claim: RoleClaim, scores: np.ndarray, ctx: Context, seed: int) -> ClaimResult:
         """scores: per-prompt role scores of the claimed head (NaN = undefined)."""
@@ -99,10 +99,6 @@ class RoleKind(ClaimKind[RoleClaim, RoleDetails]):
                            ci=[iv.low, iv.high], unit="attention", rule=rule, details=details,
                            per_prompt=ok.tolist())
 
-    def render(self, result: ClaimResult, unit: str) -> list[str]:
-        d = self.details_of(result)
-        return [f"- per-prompt median {fmt(d.median)}, IQR {fmt(d.iqr)}; {d.n_prompts} prompts, "
-                f"{d.n_undefined} undefined"]
 
 
 KIND = RoleKind()

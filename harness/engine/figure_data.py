@@ -111,11 +111,11 @@ def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> di
     return out
 
 
-def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: Stats, seed: int, unit: str,
+def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: Stats, *, seed: int, unit: str,
               progress: Callable[..., Any]) -> dict[str, Any]:
     """Every candidate edge into the named receivers: its composition test and, for the
     patched ones, the noising resample effect and its use status under the edge claims'
-    rule (claims.edge.use_status; sign-flip p-values BH-adjusted over the patched candidates)."""
+    rule (claims.edge_test.UseRule; sign-flip p-values BH-adjusted over the patched candidates)."""
     claimed = {str(e) for e in named_edges(claims)}
     candidates = [names.Edge(h, r) for r in receivers(claims)
                   for h in names.Head.every(r.head.layer, comp.hw.n_heads)]

@@ -65,7 +65,7 @@ def by_kind(claims: Sequence[ClaimSpec]) -> dict[ClaimKind[Any, Any], list[tuple
     return out
 
 
-def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, st: Stats, processing: str,
+def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str, st: Stats, processing: str,
                 seed: int, figures: bool = True) -> Measurements:
     """Run every claim on `model` (model.loading.LoadedModel) and `ds` (model.data.Dataset)."""
 
@@ -93,12 +93,13 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
 
     ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing, baseline=m_base)
     found: dict[int, ClaimResult] = {}
+    rows: list[WeightsVsUseRow] = []
     for kind, items in by_kind(claims).items():
         stage(f"claims: {len(items)} {kind.name}")
-        found.update(kind.measure(items, ctx))
+        measured = kind.measure(items, ctx)
+        found.update(measured.results)
+        rows += measured.weights_vs_use
     results = [found[i] for i in range(len(claims))]
-    for c, r in zip(claims, results, strict=True):
-        r.pass_region = kind_of(c).pass_region(c, r)
 
     figs: dict[str, Any] = {}
     if figures:
@@ -106,9 +107,9 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], metric: str, s
         if any(kind_of(c).needs_weights(c) for c in claims):
             stage("figure data: composition matrices and the signature plot")
             figs["composition"] = figure_data.composition(ctx.composition(), claims, st)
-            figs["signature"] = figure_data.signature(ctx.composition(), claims, runs, st, seed, unit, progress)
-    return Measurements(baseline, checks, results, ctx.weights_vs_use, figs, st.warnings(),
-                        ladder.build(claims, results, ctx.weights_vs_use))
+            figs["signature"] = figure_data.signature(ctx.composition(), claims, runs, st, seed=seed, unit=unit,
+                                                      progress=progress)
+    return Measurements(baseline, checks, results, rows, figs, st.warnings(), ladder.build(claims, results, rows))
 
 
 def _mean_ci(x: np.ndarray, st: Stats, seed: int) -> dict[str, Any]:

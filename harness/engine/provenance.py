@@ -9,7 +9,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ..model.hub_cache import HF_PREFIX
+from ..model.ref import ModelRef
 
 PACKAGES = ("harness", "torch", "transformer-lens", "transformers", "numpy", "scipy", "pydantic", "pyyaml",
             "safetensors", "matplotlib", "markdown", "jsonschema")
@@ -44,7 +44,7 @@ def command_line() -> str:
 
 def shown_path(path: str | None) -> str | None:
     """A path as reports show it: relative to the working directory when inside it."""
-    if path is None or path.startswith(HF_PREFIX):  # a hub model: its name
+    if path is None or ModelRef.parse(path).is_named:  # a hub model or a registered source: its name
         return path
     p = Path(path).resolve()
     try:

@@ -64,7 +64,7 @@ def check_names(h: LoadedHypothesis, model: LoadedModel) -> None:
         raise SpecError(list(dict.fromkeys(problems)))
 
 
-def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
+def run(hypothesis: str | Path | dict[str, Any], *, seed: int | None = None,
         base_dir: str | Path | None = None, command: str | None = None,
         figures: bool = True, model: LoadedModel | str | Path | Any | None = None,
         device: str | None = None, threads: int | None = None) -> Evidence:
@@ -89,10 +89,11 @@ def run(hypothesis: str | Path | dict[str, Any], seed: int | None = None,
     the previous count is restored afterwards.
     """
     with clock():
-        return _run(hypothesis, seed, base_dir, command, figures, model, device, threads)
+        return _run(hypothesis, seed=seed, base_dir=base_dir, command=command, figures=figures, model=model,
+                    device=device, n_threads=threads)
 
 
-def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: str | Path | None,
+def _run(hypothesis: str | Path | dict[str, Any], *, seed: int | None, base_dir: str | Path | None,
          command: str | None, figures: bool, model: LoadedModel | str | Path | Any | None, device: str | None,
          n_threads: int | None) -> Evidence:
     started = provenance.now()
@@ -116,7 +117,8 @@ def _run(hypothesis: str | Path | dict[str, Any], seed: int | None, base_dir: st
         raise SpecError([f"{h.where('metric')}: {s.metric} needs 'wrong' tokens in the data"])
     with threads.using(n_threads, int(loaded.bridge.cfg.d_model)) as used:
         stage(f"measuring on {used} thread(s)")
-        m = measure_all(loaded, ds, s.claims, s.metric, s.stats, s.weight_processing, seed, figures)
+        m = measure_all(loaded, ds, s.claims, metric=s.metric, st=s.stats, processing=s.weight_processing,
+                        seed=seed, figures=figures)
     cfg = loaded.bridge.cfg
     return Evidence(
         hypothesis={"name": s.name, "description": s.description, "file": provenance.shown_path(h.path),

@@ -17,9 +17,9 @@ from .verdicts import EvidenceType, Verdict
 SCHEMA_VERSION = 4  # of evidence.json; docs/evidence-json.md lists the changes
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ClaimResult:
-    """One claim's verdict with the numbers that decided it."""
+    """One claim's verdict with the numbers that decided it (immutable: a kind builds it whole)."""
 
     id: str
     kind: str

@@ -14,16 +14,13 @@ from pydantic import BaseModel, Discriminator, Field, Tag, create_model, field_v
 
 from ..claims import registry
 from ..claims.base import ClaimKind
-from ..model import metrics
+from ..model import data_sources, metrics
 from ..spec.fields import ClaimSpec
-from ..spec.settings import FileData, GeneratorData, Stats, Strict
-from ..spec.text_data import PromptsData, TemplateData
+from ..spec.settings import Stats, Strict
 from ..spec.vocabulary import Processing
 
 FORMAT_VERSION = 1
 NAME_MAX = 100  # the name is part of report folder names
-DATA_KINDS: dict[str, type[BaseModel]] = {"generator": GeneratorData, "file": FileData, "template": TemplateData,
-                                          "prompts": PromptsData}  # the key that names each data source
 
 
 def claim_tag(kind: str) -> str:
@@ -37,18 +34,19 @@ def data_tag(kind: str) -> str:
 
 
 def _data_tag(v: Any) -> str | None:
+    sources = data_sources.kinds()
     if not isinstance(v, dict):
-        return next((data_tag(k) for k, m in DATA_KINDS.items() if isinstance(v, m)), data_tag("generator"))
-    return next((data_tag(k) for k in DATA_KINDS if k in v), data_tag("file"))
+        return next((data_tag(k) for k, s in sources.items() if isinstance(v, s.settings)), data_tag("generator"))
+    return next((data_tag(k) for k in sources if k in v), data_tag("file"))
 
 
-Data = Annotated[
-    Annotated[GeneratorData, Tag(data_tag("generator"))] | Annotated[FileData, Tag(data_tag("file"))]
-    | Annotated[TemplateData, Tag(data_tag("template"))] | Annotated[PromptsData, Tag(data_tag("prompts"))],
-    Discriminator(_data_tag),
-]
-DATA_SOURCES = ("'generator' (built-in), 'file' (JSONL of token ids or text), 'template' (text with slots) or "
-                "'prompts' (a list of text prompts)")
+def data_union(keys: tuple[str, ...]) -> Any:
+    """The schema of a `data:` mapping: a union of the registered data sources' settings, told
+    apart by the key each mapping holds (model.data_sources)."""
+    sources = data_sources.kinds()
+    members = tuple(Annotated[sources[k].settings, Tag(data_tag(k))] for k in keys)
+    union: Any = Union[members]  # noqa: UP007 (a Union built at run time from the registered sources)
+    return Annotated[union, Discriminator(_data_tag)]
 
 
 class Hypothesis(Strict):
@@ -59,7 +57,7 @@ class Hypothesis(Strict):
     name: str = Field(min_length=1, max_length=NAME_MAX, pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     model: str = Field(min_length=1)
-    data: Data
+    data: Any  # narrowed to the registered data sources by document_model (data_union)
     metric: str = "logprob"  # a registered metric (model.metrics; validated below)
     weight_processing: Processing = Processing.FOLDED
     seed: int = Field(0, ge=0)
@@ -97,24 +95,37 @@ class Hypothesis(Strict):
 
 
 def check_data_kind(v: Any) -> Any:
-    """`v` when it is a data mapping with exactly one source key (DATA_KINDS); ValueError otherwise."""
-    if isinstance(v, dict) and sum(k in v for k in DATA_KINDS) != 1:
-        raise ValueError(f"give exactly one of {DATA_SOURCES}")
+    """`v` when it is a data mapping with exactly one source key (model.data_sources); ValueError otherwise."""
+    if isinstance(v, dict) and sum(k in v for k in data_sources.kinds()) != 1:
+        raise ValueError(f"give exactly one of {data_sources.allowed()}")
     if v is not None and not isinstance(v, (dict, BaseModel)):
-        raise ValueError(f"data is a mapping with one of {DATA_SOURCES}")
+        raise ValueError(f"data is a mapping with one of {data_sources.allowed()}")
     return v
 
 
-class DataDocument(Strict):
+class DataDocumentBase(Strict):
     """A data file (`harness scan --data FILE.yaml`, `harness roles --data FILE.yaml`): the
-    `data` mapping of a hypothesis file on its own."""
+    `data` mapping of a hypothesis file on its own (`data_document_model()` narrows `data` to
+    the registered sources)."""
 
-    data: Data
+    data: Any
 
     @field_validator("data", mode="before")
     @classmethod
     def _data_kind(cls, v: Any) -> Any:
         return check_data_kind(v)
+
+
+@lru_cache(maxsize=8)
+def _data_document(keys: tuple[str, ...]) -> type[DataDocumentBase]:
+    model: type[DataDocumentBase] = create_model("DataDocument", __base__=DataDocumentBase, __module__=__name__,
+                                                 data=(data_union(keys), ...))
+    return model
+
+
+def data_document_model() -> type[DataDocumentBase]:
+    """The model that validates data files with the data sources registered now."""
+    return _data_document(tuple(data_sources.kinds()))
 
 
 def _claim_tag(v: Any) -> str | None:
@@ -125,22 +136,23 @@ def _claim_tag(v: Any) -> str | None:
 
 
 @lru_cache(maxsize=8)
-def _build(kinds: tuple[ClaimKind[Any, Any], ...]) -> type[Hypothesis]:
+def _build(kinds: tuple[ClaimKind[Any, Any], ...], sources: tuple[str, ...]) -> type[Hypothesis]:
     members = tuple(Annotated[k.spec, Tag(claim_tag(k.name))] for k in kinds)
     union: Any = Union[members]  # noqa: UP007 (a Union built at run time from the registered kinds)
     claim: Any = Annotated[union, Discriminator(_claim_tag, custom_error_type="claim_kind",
                                                 custom_error_message="unknown claim kind")]
     model: type[Hypothesis] = create_model("Hypothesis", __base__=Hypothesis, __module__=__name__,
-                                           claims=(list[claim], Field(min_length=1)))
+                                           claims=(list[claim], Field(min_length=1)),
+                                           data=(data_union(sources), ...))
     return model
 
 
 def document_model() -> type[Hypothesis]:
-    """The model that validates hypothesis files with the kinds registered now."""
-    return _build(tuple(registry.kinds().values()))
+    """The model that validates hypothesis files with the kinds and data sources registered now."""
+    return _build(tuple(registry.kinds().values()), tuple(data_sources.kinds()))
 
 
 def tags() -> dict[str, type[BaseModel]]:
     """{union tag: model} of every claim kind and data source (for error messages)."""
     out: dict[str, type[BaseModel]] = {claim_tag(k.name): k.spec for k in registry.kinds().values()}
-    return out | {data_tag(k): m for k, m in DATA_KINDS.items()}
+    return out | {data_tag(k): s.settings for k, s in data_sources.kinds().items()}

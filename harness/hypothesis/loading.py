@@ -40,7 +40,7 @@ from ..model.ref import ModelRef
 from ..spec.fields import SHAPE, BoundedClaim, ClaimSpec
 from ..spec.names import Shape
 from ..textfile import utf8
-from .document import DataDocument, Hypothesis, document_model, tags
+from .document import Hypothesis, data_document_model, document_model, tags
 
 
 @dataclass(frozen=True)
@@ -362,7 +362,7 @@ def load_data_file(path: Path) -> LoadedData:
     if dups:
         raise SpecError([f"{source.at(ln, _field(p))}: duplicate key" for ln, p in dups])
     try:
-        doc = DataDocument.model_validate({"data": raw["data"]})
+        doc = data_document_model().model_validate({"data": raw["data"]})
     except ValidationError as exc:
         raise SpecError(_problems(exc, lines, source)) from None
     return LoadedData(doc.data, str(path), str(path.resolve().parent), {_field(k): v for k, v in lines.items()})

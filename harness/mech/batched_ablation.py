@@ -46,7 +46,7 @@ def bytes_per_variant(n: int, s: int, d: int, d_mlp: int, n_heads: int, itemsize
 
 
 def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variants: list[Variant],
-                    metric_rows: Callable[[Any], np.ndarray], budget_bytes: int = DEFAULT_BUDGET,
+                    metric_rows: Callable[[Any], np.ndarray], *, budget_bytes: int = DEFAULT_BUDGET,
                     rotation: tuple[Any, Any] | None = None) -> np.ndarray:
     """[V, n] metric of each variant.  `resid`: the run's blocks.{start}.hook_resid_pre [n, pos, d];
     `metric_rows(logits_at [V' n, k, vocab])` -> [V' n] metric (answers tiled V' times); `rotation`:

@@ -118,7 +118,7 @@ def cache_names(n_layers: int, edges: list[names.Edge] | None = None) -> list[st
     return list(dict.fromkeys(out))
 
 
-def bytes_per_edge(n: int, s: int, d: int, d_head: int, k: int, vocab: int, itemsize: int = 4,
+def bytes_per_edge(n: int, s: int, d: int, d_head: int, k: int, vocab: int, *, itemsize: int = 4,
                    d_mlp: int | None = None, n_heads: int = 1, downstream: int = 0) -> int:
     """Working memory of one patched variant (a generous estimate of its live tensors).
 
@@ -188,7 +188,7 @@ class _Sweep:
 
 
 def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: dict, clean: dict,
-                    positions: Any, metric_fn: Callable, replacement: str = Replacement.RESAMPLE,
+                    positions: Any, metric_fn: Callable, *, replacement: str = Replacement.RESAMPLE,
                     budget_bytes: int = 32 * 2**20, progress: Callable = lambda it, label: it) -> np.ndarray:
     """Per-edge, per-prompt metric of every patched variant: [len(edges), n_prompts].
 
@@ -368,8 +368,8 @@ def _sender_chunk(sw: _Sweep, rc: _Receivers, edges: list[names.Edge], idx: list
     senders = [edges[i].sender for i in idx]
     chunk = list({str(x): x for x in senders}.values())
     bank = _banks(sw, lay, rc, sw.delta(chunk), {_head_input(edges[i]).which for i in idx})
-    per_row = bytes_per_edge(n, s, d, dh, k, sw.vocab, rc.mid.element_size(), sw.d_mlp, H,
-                             len(sw.model.layers) - 1 - rc.L)
+    per_row = bytes_per_edge(n, s, d, dh, k, sw.vocab, itemsize=rc.mid.element_size(), d_mlp=sw.d_mlp,
+                             n_heads=H, downstream=len(sw.model.layers) - 1 - rc.L)
     size = min(chunk_size(sw.budget // 2, per_row), _position_cap(n * rc.mid.shape[1]))
     for j in range(0, len(idx), size):
         part = idx[j:j + size]

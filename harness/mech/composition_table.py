@@ -75,7 +75,7 @@ def _c_max(comp: Composition, mode: str) -> np.ndarray:
     return np.minimum(x[:, :, None, None], y[None, None, :, :])
 
 
-def composition_data(bridge: Any, processing: str, n_draws: int, alpha: float, seed: int,
+def composition_data(bridge: Any, *, processing: str, n_draws: int, alpha: float, seed: int,
                      modes: tuple[str, ...] = weights.MODES, max_draws: int = MAX_DRAWS) -> WeightsTables | None:
     """The numbers of every mode (None for a single-layer model); pairs with p < alpha after
     n_draws are extended towards the draws BH needs (weights.draws_needed), at most `max_draws`."""

@@ -265,7 +265,7 @@ class Runs:
 
             try:
                 got = batched_edges.batched_metrics(self.bridge, todo, base, source, self.clean, self.ds.positions,
-                                                    metric_fn, replacement, budget,
+                                                    metric_fn, replacement=replacement, budget_bytes=budget,
                                                     **({"progress": progress} if progress else {}))
             except UnsupportedError:
                 got = None  # an architecture the batched arithmetic does not reproduce: one by one

@@ -134,7 +134,7 @@ def split_seed(seed: int, split: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(split.encode())) % (2**63)
 
 
-def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, seed: int = 0,
+def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, *, seed: int = 0,
                     split: str = "test", bos: bool = True, vocab_min: int = 1,
                     vocab_max: int | None = None, bos_token: int = BOS_TOKEN,
                     corruptions: tuple[str, ...] = ("first_half",), n_reference: int | None = None,

@@ -13,13 +13,15 @@ model in the local Hugging Face cache (no torch, no network).
     ref.shape()                  layers and heads from config.json alone (`harness validate`)
     ref.load(device, dtype)      the LoadedModel (model.loading)
 
-A new model source is a new way to parse a text and to load it: one branch in `parse`, its
-`shape` and `load` (docs/architecture.md, "Adding a model source").
+A new model source is a text prefix with a loader: `register(ModelSource("zoo:", load, shape))`
+makes `model: zoo:NAME` (and `--models zoo:NAME`, and every command's MODEL) load through it
+(docs/architecture.md, "Adding a model source"; tests/toy_model_source.py registers one).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +36,39 @@ HF_PREFIX = hub_cache.HF_PREFIX
 
 
 @dataclass(frozen=True)
+class ModelSource:
+    """A kind of model text registered from outside: `PREFIX` + a name.  `load(name, device,
+    dtype)` returns the LoadedModel (model.loading.from_bridge turns a TransformerBridge into one);
+    `shape(name)` gives layers and heads without loading (`harness validate`; None: unknown)."""
+
+    prefix: str  # e.g. "zoo:"; ends with ":"
+    load: Callable[[str, str | None, Any], LoadedModel]
+    shape: Callable[[str], Shape | None] = lambda name: None
+
+
+_SOURCES: dict[str, ModelSource] = {}
+
+
+def register(source: ModelSource) -> None:
+    """Add a model source; its prefix must end with ':' and be new (not `hf:`)."""
+    if not source.prefix.endswith(":") or len(source.prefix) < 2 or source.prefix == HF_PREFIX:
+        raise ValueError(f"a model source prefix is a word ending with ':' other than {HF_PREFIX}, "
+                         f"got {source.prefix!r}")
+    if source.prefix in _SOURCES:
+        raise ValueError(f"a model source {source.prefix!r} is already registered")
+    _SOURCES[source.prefix] = source
+
+
+def unregister(prefix: str) -> None:
+    _SOURCES.pop(prefix, None)
+
+
+@dataclass(frozen=True)
 class ModelRef:
     text: str  # as written
     hub: str | None = None  # ORG/NAME of a hub model
     path: Path | None = None  # the directory of a local model (absolute)
+    custom: ModelSource | None = None  # a registered source; its name is text after the prefix
 
     @classmethod
     def parse(cls, text: str | Path, base: str | Path | None = None) -> ModelRef:
@@ -45,6 +76,9 @@ class ModelRef:
         raw = str(text)
         if raw.startswith(HF_PREFIX):
             return cls(raw, hub=raw[len(HF_PREFIX):])
+        custom = next((s for p, s in _SOURCES.items() if raw.startswith(p)), None)
+        if custom is not None and not isinstance(text, Path):
+            return cls(raw, custom=custom)
         folder = Path(base) if base is not None else Path.cwd()
         try:
             p = Path(raw).expanduser()
@@ -63,8 +97,16 @@ class ModelRef:
 
     @property
     def source(self) -> str:
-        """`hf:ORG/NAME` or the absolute directory: what LoadedModel.source and reports hold."""
+        """`hf:ORG/NAME`, `PREFIX:NAME` of a registered source, or the absolute directory: what
+        LoadedModel.source and reports hold."""
+        if self.custom is not None:
+            return self.text
         return HF_PREFIX + self.hub if self.hub is not None else str(self.path)
+
+    @property
+    def is_named(self) -> bool:
+        """Whether the model is a name rather than a local directory (a hub model or a registered source)."""
+        return self.hub is not None or self.custom is not None
 
     def snapshot(self) -> hub_cache.Snapshot:
         """The cached snapshot of a hub model (hub_cache.find_snapshot: one line when missing)."""
@@ -77,13 +119,18 @@ class ModelRef:
         snapshot (None when it is not in the cache)."""
         if self.path is not None:
             return self.path
+        if self.custom is not None:
+            return None
         try:
             return self.snapshot().folder
         except (UserError, OSError):
             return None
 
     def kind(self) -> str:
-        """"hub", or "native" / "transformers" for a directory (its config.json decides)."""
+        """"hub", the prefix of a registered source, or "native" / "transformers" for a directory
+        (its config.json decides)."""
+        if self.custom is not None:
+            return self.custom.prefix.rstrip(":")
         if self.is_hub:
             return "hub"
         assert self.path is not None
@@ -93,6 +140,8 @@ class ModelRef:
         """Layers, heads and MLPs from config.json alone (None when it cannot be read: the
         loader reports why when the model loads)."""
         try:
+            if self.custom is not None:
+                return self.custom.shape(self.text[len(self.custom.prefix):])
             if self.hub is not None:
                 snap = self.snapshot()
                 return config_shape(snap.folder, snap.root)
@@ -101,7 +150,10 @@ class ModelRef:
             return None
 
     def load(self, device: str | None = None, dtype: Any = None) -> LoadedModel:
-        """The model, loaded (model.loading: safetensors only, checked, hashed; offline)."""
+        """The model, loaded (model.loading: safetensors only, checked, hashed; offline; a registered
+        source's own loader)."""
+        if self.custom is not None:
+            return self.custom.load(self.text[len(self.custom.prefix):], device, dtype)
         if self.hub is not None:
             return load_hub(self.hub, dtype, device)
         assert self.path is not None
@@ -110,7 +162,7 @@ class ModelRef:
     def relative_to(self, folder: Path) -> str:
         """How a file written in `folder` names this model: `hf:ORG/NAME`, or the directory relative
         to `folder` (absolute when no relative path leads there, e.g. another drive)."""
-        if self.hub is not None:
+        if self.is_named:
             return self.source
         assert self.path is not None
         try:

@@ -60,7 +60,7 @@ def _one_token(tok: TextTokenizer, text: str, ids: list[int], where: str, fillin
     return ids[0]
 
 
-def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: bool, d_vocab: int,
+def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: bool, d_vocab: int, *,
                  n_ctx: int | None, description: str, source: str, reference: list[str] | None = None,
                  where_reference: list[str] | None = None) -> Dataset:
     """Tokenise `prompts` into a Dataset (one scored position each).  `reference`: clean
@@ -198,7 +198,7 @@ def _check_text_reference(obj: Any, where: str) -> dict[str, Any]:
     return dict(obj, where=where)
 
 
-def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: int, limit: int | None = None,
+def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: int, *, limit: int | None = None,
                     mean_from: Path | None = None, n_ctx: int | None = None) -> Dataset:
     """Text prompts, one JSON object per line: {"text", "corrupted", "answer", "wrong"
     (optional), "corrupted_<name>" (optional, on every line or none)}; the last token is
@@ -223,6 +223,6 @@ def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: 
     names = [DEFAULT] + [k[len("corrupted_"):] for k in extra]
     desc = (f"text file {path.name}: {len(rows)} prompts{', BOS prepended' if prepend_bos else ''}; scored at the "
             f"last token; corruptions {', '.join(names)}; {means}")
-    return text_dataset(prompts, tok, prepend_bos, d_vocab, n_ctx, desc, str(path),
-                        None if ref_rows is None else [r["text"] for r in ref_rows],
-                        None if ref_rows is None else [r["where"] for r in ref_rows])
+    return text_dataset(prompts, tok, prepend_bos, d_vocab, n_ctx=n_ctx, description=desc, source=str(path),
+                        reference=None if ref_rows is None else [r["text"] for r in ref_rows],
+                        where_reference=None if ref_rows is None else [r["where"] for r in ref_rows])

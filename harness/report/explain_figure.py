@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..claims.explain_text import token
 from ..evidence.details import Explained, ExplainedDirection
 from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import Evidence
+from .explain_text import token
 from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
 
 MAX_ROUTES = 6

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..claims import registry
 from ..evidence.result import ClaimResult, Evidence
+from . import views
 from .style import VERDICT_COLOURS
 from .text import plain
 
@@ -440,7 +440,7 @@ def signature(data: dict[str, Any]) -> bytes | None:
 def draw_all(ev: Evidence) -> dict[str, Any]:
     """{file name: Figure} for every figure this evidence supports."""
     fd = ev.figures_data or {}
-    claimed = {e for c in ev.claims for e in registry.get(c.kind).claimed_edges(c)}
+    claimed = {e for c in ev.claims for e in views.get(c.kind).claimed_edges(c)}
     out = {
         "attention.png": draw_attention(fd.get("attention", [])),
         "composition.png": draw_composition(fd.get("composition", {}), claimed),

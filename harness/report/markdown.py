@@ -1,17 +1,17 @@
 """Rendering evidence as Markdown (report.md) and the claim table.  Pure text
 from the evidence alone, so `harness report` reproduces it from evidence.json;
-each claim kind renders its own details (ClaimKind.render)."""
+each claim kind's details read through its view (report.views)."""
 
 from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..claims import explain_text, registry
 from ..evidence.details import Explained, LadderRow, WeightsVsUseRow
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
 from ..spec.vocabulary import RUNGS, Rung
+from . import explain_text, views
 from .prompts import prompt_lines
 from .text import literal_result, md_block, md_cell, md_code, md_link_text, md_text, plain
 
@@ -42,7 +42,7 @@ def key_number(r: ClaimResult) -> str:
     interval with an undefined bound, e.g. from fewer than 2 prompts, reads `undefined`)."""
     if r.ci is not None and None in r.ci:
         return f"{fmt(r.value)} {fmt_ci(r.ci)}"
-    return registry.get(r.kind).key_number(r)
+    return views.get(r.kind).key_number(r)
 
 
 def anchor(index: int) -> str:
@@ -90,7 +90,7 @@ def _claim_section(r: ClaimResult, unit: str, index: int) -> list[str]:
     confidence = getattr(r.details, "confidence", None) or 0.95
     ci = f", {int(round(100 * confidence))}% CI [{fmt(r.ci[0])}, {fmt(r.ci[1])}]" if r.ci else ""
     out += [f"- expectation: {r.expectation}", f"- value: {fmt(r.value)} ({r.unit}){ci}", f"- rule: {r.rule}"]
-    return out + registry.get(r.kind).render(r, md_text(unit)) + [""]
+    return out + views.get(r.kind).lines(r, md_text(unit)) + [""]
 
 
 SYMBOLS = {"supports": "✓", "against": "✗", "inconclusive": "?", "untested": "∅"}

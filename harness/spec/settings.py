@@ -21,7 +21,17 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class GeneratorData(Strict):
+class DataSettings(Strict):
+    """The settings of a data source (model.data_sources): a `data:` mapping, named by the one
+    key of its source."""
+
+    def corruption_names(self) -> list[str] | None:
+        """The names claims may give as `corruption:` (the first is the default); None: known
+        only when the prompts are built."""
+        return None
+
+
+class GeneratorData(DataSettings):
     """Built-in generator: `[BOS] + S + S` with S uniformly random tokens, and one or
     more corruptions of it (model.data.repeated_tokens)."""
 
@@ -51,7 +61,7 @@ class GeneratorData(Strict):
         return list(self.corruptions)
 
 
-class FileData(Strict):
+class FileData(DataSettings):
     """A JSONL file of token-id prompts, or of text prompts (rows with "text"; see
     docs/data-format.md)."""
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
-from .settings import MAX_PROMPTS, Strict
+from .settings import MAX_PROMPTS, DataSettings, Strict
 
 SLOT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CORRUPTION_NAME = re.compile(r"^[A-Za-z0-9_]+$")
@@ -78,7 +78,7 @@ def default_different(slots: dict[str, list[str]]) -> list[list[str]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
-class TemplateData(Strict):
+class TemplateData(DataSettings):
     """Prompts made by filling a template's slots (model.templates); corrupted prompts
     replace slot values."""
 
@@ -233,7 +233,7 @@ class TextPrompt(Strict, extra="allow"):
         return {"default": self.corrupted} | {k[len("corrupted_"):]: extra[k] for k in sorted(extra)}
 
 
-class PromptsData(Strict):
+class PromptsData(DataSettings):
     """A list of text prompts given in the hypothesis file."""
 
     prompts: list[TextPrompt] = Field(min_length=2, max_length=MAX_PROMPTS)

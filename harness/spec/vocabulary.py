@@ -103,7 +103,7 @@ class Normalization(StrEnum):
 
 
 class UseStatus(StrEnum):
-    """Whether an edge is used, from its effect's interval (claims.edge.use_status)."""
+    """Whether an edge is used, from its effect's interval (claims.edge_test.UseRule)."""
 
     USED = "used"
     OPPOSITE = "used (opposite sign)"

@@ -14,6 +14,7 @@ from ..errors import ExitCode
 from ..evidence import document
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS
 from ..hypothesis.loading import LoadedHypothesis
+from ..report import views
 
 SCHEMA_VERSION = 3  # of sweep.json; docs/sweep-json.md lists the changes
 SCHEMA_FILE = Path(__file__).with_name("sweep.schema.json")
@@ -48,7 +49,7 @@ def job_summary(result: dict[str, Any], plans: dict[str, dict[str, Any]]) -> dic
     ev = document.load(doc, registry.kinds())
     claims = []
     for c in ev.claims:
-        lines = registry.get(c.kind).reference_lines(c, plans[c.id])
+        lines = views.get(c.kind).reference_lines(c, plans[c.id])
         claims.append({"id": c.id, "kind": c.kind, "evidence": c.evidence, "verdict": c.verdict, "value": c.value,
                        "ci": c.ci, "unit": c.unit, "rule": c.rule,
                        "reference": [{"y": y, "label": label} for y, label in lines if y is not None]})

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..model.files import list_dir, read_json
-from ..model.hub_cache import HF_PREFIX
 from ..model.ref import ModelRef
 
 CHECKPOINT_FILE = "checkpoint.json"
@@ -74,7 +73,7 @@ def expand(arguments: list[str]) -> list[SweepModel]:
     found: list[tuple[str, dict]] = []
     for arg in arguments:
         ref = ModelRef.parse(arg)
-        if ref.is_hub:  # hf:ORG/NAME, or ORG/NAME that is no directory here
+        if ref.is_named:  # hf:ORG/NAME, ORG/NAME that is no directory here, or a registered source PREFIX:NAME
             found.append((ref.source, {}))
             continue
         path = Path(arg)
@@ -108,8 +107,8 @@ def expand(arguments: list[str]) -> list[SweepModel]:
 
 
 def _labels(sources: list[str]) -> dict[str, str]:
-    """Shortest unique path suffix of each source (hf: names as given)."""
-    parts = {s: ([s] if s.startswith(HF_PREFIX) else list(Path(s).parts)) for s in sources}
+    """Shortest unique path suffix of each source (names, hf: or a registered source's, as given)."""
+    parts = {s: ([s] if ModelRef.parse(s).is_named else list(Path(s).parts)) for s in sources}
     depth = dict.fromkeys(sources, 1)
     while True:
         label = {s: "/".join(parts[s][-depth[s]:]) for s in sources}

@@ -46,7 +46,7 @@ def load_hypotheses(files: list[Path]) -> list[LoadedHypothesis]:
     return loaded
 
 
-def sweep(files: list[Path], model_args: list[str], executor: Any, seed: int | None = None,
+def sweep(files: list[Path], model_args: list[str], executor: Any, *, seed: int | None = None,
           device: str | None = None, out: Path | None = None, reports_root: Path = Path("reports"),
           command: str = "", on_done: Callable[[dict[str, Any]], None] | None = None) -> tuple[dict[str, Any], Path]:
     """Run the sweep and write its folder; return (sweep document, folder).  That the

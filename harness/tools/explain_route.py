@@ -12,7 +12,6 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..claims import explain_text
 from ..errors import UserError
 from ..evidence.details import Explained
 from ..evidence.format import fmt, fmt_ci, fmt_p
@@ -21,7 +20,7 @@ from ..mech.explain import Explainer
 from ..mech.factored import Composition
 from ..model.ref import load_model
 from ..model.tokenizer import model_tokenizer
-from ..report import explain_figure
+from ..report import explain_figure, explain_text
 from ..report.figures import png
 from ..report.text import plain
 from ..spec import names
@@ -39,7 +38,7 @@ def check_figure_path(out: Path | None) -> None:
         raise UserError(f"--out {out}: the folder {out.parent} does not exist")
 
 
-def explain_route(model: str, edge_text: str, top: int = 3, draws: int = 1000, processing: str = "folded",
+def explain_route(model: str, edge_text: str, *, top: int = 3, draws: int = 1000, processing: str = "folded",
                   seed: int = 0, device: str | None = None, out: Path | None = None) -> tuple[str, Explained]:
     """(the text summary, the record) of one route; the figure written to `out` when given.
     A name that is not a head -> head-input edge, or lies outside the model, is a UserError."""
@@ -54,7 +53,7 @@ def explain_route(model: str, edge_text: str, top: int = 3, draws: int = 1000, p
     tok = model_tokenizer(m)
     record = Explainer(hw, seed, tok.piece if tok is not None else None).record(sender, receiver, draws, top)
     score = Composition(hw, seed).result(sender, receiver, draws)
-    text = render(str(edge), model, record, score, hw.null_dim, processing, seed)
+    text = render(str(edge), model, record, score, null_dim=hw.null_dim, processing=processing, seed=seed)
     if out is not None:
         fig = explain_figure.draw_explain([(str(edge), record)])
         if fig is not None:
@@ -62,8 +61,8 @@ def explain_route(model: str, edge_text: str, top: int = 3, draws: int = 1000, p
     return text, record
 
 
-def render(edge: str, model: str, ex: Explained, score: weights.CompositionResult, null_dim: int, processing: str,
-           seed: int) -> str:
+def render(edge: str, model: str, ex: Explained, score: weights.CompositionResult, *, null_dim: int,
+           processing: str, seed: int) -> str:
     """The terminal text of one explained route."""
     sender, receiver = (part.strip() for part in edge.split("->"))
     lines = [f"{edge} in {plain(model)} (weights {processing}, null_dim {null_dim}, {ex.n_draws} null draws, "

@@ -20,7 +20,7 @@ from ..spec import names
 from ..spec.names import hook_pattern
 
 
-def role_table(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, split: str, distinct: bool = False,
+def role_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int, split: str, distinct: bool = False,
                given: tuple[DataSpec, DataSource] | None = None) -> str:
     """The printable table (with the data's description above it): on the generator's
     prompts (`distinct`: its distinct-token option), or on `given` data (a data mapping and
@@ -28,7 +28,8 @@ def role_table(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, s
     import torch
 
     ds = (build_dataset(*given, m) if given is not None else
-          data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed, split, n_ctx=m.n_ctx, distinct=distinct))
+          data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed=seed, split=split, n_ctx=m.n_ctx,
+                               distinct=distinct))
     ds = ds.to(of(m.bridge))
     with torch.no_grad():
         _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))

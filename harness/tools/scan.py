@@ -7,7 +7,7 @@ for each corruption asked for (generator: `first_half`, `second_half`, `both`;
   patching, mech.batched_edges): normalised effect with a BCa CI and a sign-flip
   p-value, Benjamini-Hochberg adjusted over the corruption's edges (structurally
   zero edges left out), how much the patch changes the sender's output where the
-  receiver reads it (mech.change), and the use status (claims.edge.use_status,
+  receiver reads it (mech.change), and the use status (claims.edge_test.UseRule,
   with the default `stats` thresholds: `untested` when the patch is vacuous,
   `used (opposite sign)` for a clear effect against the clean behaviour);
 * for head -> head-input edges, the composition score and its rotation-null
@@ -110,7 +110,7 @@ def _dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | Non
         return ds, chosen
     chosen = [str(c) for c in cfg.corruptions or DEFAULT_CORRUPTIONS]
     # every generated token is a possible answer: draw them from the ids the output vocabulary has too
-    ds = data.repeated_tokens(cfg.n_prompts, cfg.segment_length, m.d_vocab, cfg.seed, "explore",
+    ds = data.repeated_tokens(cfg.n_prompts, cfg.segment_length, m.d_vocab, seed=cfg.seed, split="explore",
                               bos_token=m.bos_token, corruptions=tuple(chosen), n_ctx=m.n_ctx,
                               distinct=cfg.distinct, vocab_max=min(m.d_vocab, m.d_vocab_out))
     return ds, chosen
@@ -139,7 +139,7 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
     rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
     table = _table(rows[:cfg.top], ds.description, len(edges), chosen)
     mapping = held_out_mapping(*given) if given is not None else None
-    _write(out, rows, model_source, cfg, chosen, mapping, unique)
+    _write(out, rows, model_source, cfg, corruptions=chosen, data=mapping, unique=unique)
     return rows, table
 
 
@@ -220,7 +220,7 @@ def starter_model(model_source: str, folder: Path) -> str:
     return ModelRef.parse(model_source).relative_to(folder)
 
 
-def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segment_length: int, metric: str,
+def starter(rows: list[dict[str, Any]], model_source: str, *, n_prompts: int, segment_length: int, metric: str,
             corruptions: list[str], data: dict[str, Any] | None = None, top: int = 5,
             folder: Path | None = None, distinct: bool = False) -> dict[str, Any]:
     """A hypothesis with the strongest used edges as claims (each under the corruption that
@@ -266,10 +266,10 @@ def starter(rows: list[dict[str, Any]], model_source: str, n_prompts: int, segme
             "data": source, "metric": metric, "claims": claims}
 
 
-def _write(out: Path, rows: list[dict[str, Any]], model_source: str, cfg: ScanSettings, corruptions: list[str],
+def _write(out: Path, rows: list[dict[str, Any]], model_source: str, cfg: ScanSettings, *, corruptions: list[str],
            data: dict[str, Any] | None, unique: bool) -> None:
-    doc = starter(rows, model_source, cfg.n_prompts, cfg.segment_length, cfg.metric, corruptions, data, folder=out,
-                  distinct=cfg.distinct)
+    doc = starter(rows, model_source, n_prompts=cfg.n_prompts, segment_length=cfg.segment_length, metric=cfg.metric,
+                  corruptions=corruptions, data=data, folder=out, distinct=cfg.distinct)
     load(doc, base_dir=out)  # the starter file must be valid
     files = {"scan.json": to_json({"edges": rows, "seed": cfg.seed, "metric": cfg.metric,
                                    "corruptions": corruptions}).encode(),

@@ -164,11 +164,12 @@ def render(t: WeightsTables | None, top: int = TOP, full: bool | None = None) ->
     return "\n".join(out)
 
 
-def composition_tables(bridge: Any, processing: str, n_draws: int, alpha: float, seed: int,
+def composition_tables(bridge: Any, *, processing: str, n_draws: int, alpha: float, seed: int,
                        modes: tuple[str, ...] = weights.MODES, max_draws: int = MAX_DRAWS, top: int = TOP,
                        full: bool | None = None) -> str:
     """The terminal text of `harness weights` (composition_data, then render)."""
-    return render(composition_data(bridge, processing, n_draws, alpha, seed, modes, max_draws), top, full)
+    return render(composition_data(bridge, processing=processing, n_draws=n_draws, alpha=alpha, seed=seed,
+                                   modes=modes, max_draws=max_draws), top, full)
 
 
 # ---------------------------------------------------------------- the files

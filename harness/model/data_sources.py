@@ -1,0 +1,191 @@
+"""Data sources: the kinds of `data:` mapping a hypothesis file (or a data file) may hold, each
+named by the one key its mapping must have, and how each becomes the Dataset a model runs on.
+
+A source is one registered object (`DataSourceKind`): its key, its settings schema (a
+spec.settings.DataSettings, torch-free: a field named by the key, and the names of its
+corruptions when they are known before the prompts are built), a one-line description for
+messages, `build(settings, where, model)` -> model.data.Dataset, and `mean_reference(settings)`,
+where mean ablation takes its per-position means, in words.  Built in:
+
+    generator   repeated random tokens (spec.settings.GeneratorData; model.data.repeated_tokens)
+    file        a JSONL file of token ids or of text (spec.settings.FileData)
+    template    text with slots (spec.text_data.TemplateData; model.templates)
+    prompts     a list of text prompts (spec.text_data.PromptsData)
+
+`register(DataSourceKind(...))` adds another (tests/toy_data_source.py registers one from
+outside the package): the hypothesis schema (hypothesis.document), `harness run`, `harness
+scan --data` and `harness roles --data` pick it up.  Problems name the field through the
+mapping's `where` (`h.yaml:5: data.template: ...`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from .. import locations
+from ..errors import SpecError
+from ..spec.settings import DataSettings, FileData, GeneratorData
+from ..spec.text_data import PromptsData, TemplateData
+from . import data, templates, text_data
+from .loading import LoadedModel
+from .text_data import TextPrompt
+from .tokenizer import TextTokenizer, require_tokenizer
+
+
+class Where(Protocol):
+    """Where a data mapping came from: `where(key)` is the prefix naming a field in
+    messages; `resolve(path)` makes a path in it absolute."""
+
+    def where(self, key: str) -> str: ...
+
+    def resolve(self, rel: str) -> Path: ...
+
+
+@dataclass(frozen=True)
+class FolderSource:
+    """A data mapping built in code (e.g. for a prompt file named on the command line):
+    fields are named as they are, paths resolve against `folder`."""
+
+    folder: Path
+
+    def where(self, key: str) -> str:
+        return key
+
+    def resolve(self, rel: str) -> Path:
+        return locations.resolve(rel, self.folder)
+
+
+@dataclass(frozen=True)
+class DataSourceKind:
+    """One kind of data mapping (module docstring)."""
+
+    key: str  # the key that names it in a `data:` mapping
+    settings: type[DataSettings]  # its schema
+    text: str  # in words, for messages: "'generator' (built-in)"
+    build: Callable[[Any, Where, LoadedModel], data.Dataset]
+    mean_reference: Callable[[Any], str]
+
+
+def _bos(setting: bool | None, tok: TextTokenizer, where: str, d_vocab: int) -> bool:
+    """Whether to prepend the BOS token: the setting, or (None) whether the tokenizer has one
+    inside the model's vocabulary (TransformerLens gives a tokenizer without one a stand-in
+    that may lie outside it)."""
+    if setting and tok.bos is None:
+        raise SpecError([f"{where}: the tokenizer of {tok.model} has no BOS token; set prepend_bos: false"])
+    return tok.bos is not None and tok.bos < d_vocab if setting is None else setting
+
+
+def _generator(d: GeneratorData, source: Where, model: LoadedModel) -> data.Dataset:
+    if d.bos_token is not None and d.bos_token >= model.d_vocab:
+        raise SpecError([f"{source.where('data.bos_token')}: token {d.bos_token} is outside the model's "
+                         f"vocabulary 0..{model.d_vocab - 1}"])
+    if d.segment_length * 2 + int(d.bos) > model.n_ctx:
+        raise SpecError([f"{source.where('data.segment_length')}: prompts of length "
+                         f"{d.segment_length * 2 + int(d.bos)} exceed the model's context {model.n_ctx}"])
+    return data.repeated_tokens(d.n_prompts, d.segment_length, model.d_vocab, seed=d.seed, split=d.split,
+                                bos=d.bos, vocab_min=d.vocab_min, vocab_max=d.vocab_max,
+                                bos_token=d.bos_token if d.bos_token is not None else model.bos_token,
+                                corruptions=tuple(d.corruptions), n_reference=d.n_reference, distinct=d.distinct)
+
+
+def _file(d: FileData, source: Where, model: LoadedModel) -> data.Dataset:
+    path = source.resolve(d.file)
+    mean_from = source.resolve(d.mean_from) if d.mean_from is not None else None
+    if text_data.is_text_file(path):
+        tok = require_tokenizer(model, source.where("data.file"))
+        bos = _bos(d.prepend_bos, tok, source.where("data.prepend_bos"), model.d_vocab)
+        return text_data.load_text_jsonl(path, tok, bos, model.d_vocab, limit=d.limit, mean_from=mean_from,
+                                         n_ctx=model.n_ctx)
+    if d.prepend_bos is not None:
+        raise SpecError([f"{source.where('data.prepend_bos')}: applies to text prompts, and {path} holds token ids "
+                         "(nothing is prepended to them): remove the key"])
+    return data.load_jsonl(path, model.d_vocab, d.limit, mean_from, model.n_ctx)
+
+
+def _template(d: TemplateData, source: Where, model: LoadedModel) -> data.Dataset:
+    tok = require_tokenizer(model, source.where("data.template"))
+    bos = _bos(d.prepend_bos, tok, source.where("data.prepend_bos"), model.d_vocab)
+    prompts, reference = templates.template_prompts(d, source.where)
+    return text_data.text_dataset(prompts, tok, bos, model.d_vocab, n_ctx=model.n_ctx,
+                                  description=templates.describe(d, len(reference)),
+                                  source=source.where("data.template"), reference=reference,
+                                  where_reference=[source.where("data.n_reference")] * len(reference))
+
+
+def _prompts(d: PromptsData, source: Where, model: LoadedModel) -> data.Dataset:
+    tok = require_tokenizer(model, source.where("data.prompts"))
+    bos = _bos(d.prepend_bos, tok, source.where("data.prepend_bos"), model.d_vocab)
+    rows = [TextPrompt(source.where(f"data.prompts[{i}]"), p.text, p.corruption_texts(), p.answer, p.wrong,
+                       source.where(f"data.prompts[{i}].answer"), source.where(f"data.prompts[{i}].wrong"))
+            for i, p in enumerate(d.prompts)]
+    names = list(rows[0].corruptions)
+    desc = (f"prompts listed in the data: {len(rows)} text prompts{', BOS prepended' if bos else ''}; scored at "
+            f"the last token; corruptions {', '.join(names)}; means leave each prompt out")
+    return text_data.text_dataset(rows, tok, bos, model.d_vocab, n_ctx=model.n_ctx, description=desc,
+                                  source=source.where("data.prompts"))
+
+
+LEAVE_ONE_OUT = "the other clean prompts (leave-one-out), per position"
+
+
+def _generator_means(d: GeneratorData) -> str:
+    n = d.n_reference if d.n_reference is not None else d.n_prompts
+    return f"{n} reference prompts (the generator's independent reference split), per position"
+
+
+def _template_means(d: TemplateData) -> str:
+    n = d.n_reference if d.n_reference is not None else d.n_prompts
+    return f"{n} reference prompts (fillings of the template from its independent reference split), per position"
+
+
+def _file_means(d: FileData) -> str:
+    return f"the clean prompts of {Path(d.mean_from).name}, per position" if d.mean_from is not None else LEAVE_ONE_OUT
+
+
+_BUILTIN = (
+    DataSourceKind("generator", GeneratorData, "'generator' (built-in)", _generator, _generator_means),
+    DataSourceKind("file", FileData, "'file' (JSONL of token ids or text)", _file, _file_means),
+    DataSourceKind("template", TemplateData, "'template' (text with slots)", _template, _template_means),
+    DataSourceKind("prompts", PromptsData, "'prompts' (a list of text prompts)", _prompts,
+                   lambda d: LEAVE_ONE_OUT),
+)
+_SOURCES: dict[str, DataSourceKind] = {s.key: s for s in _BUILTIN}
+
+
+def kinds() -> dict[str, DataSourceKind]:
+    """Every registered data source by key, built-in ones first (a copy)."""
+    return dict(_SOURCES)
+
+
+def register(source: DataSourceKind) -> None:
+    """Add a data source; its key must be new and its schema must have that key as a field."""
+    if source.key in _SOURCES:
+        raise ValueError(f"a data source called {source.key!r} is already registered")
+    if source.key not in source.settings.model_fields:
+        raise ValueError(f"data source {source.key!r}: its schema {source.settings.__name__} must have a field "
+                         f"{source.key!r} (the key that names the source in a data mapping)")
+    _SOURCES[source.key] = source
+
+
+def unregister(key: str) -> None:
+    """Remove a data source added with `register` (the built-in ones stay)."""
+    if any(s.key == key for s in _BUILTIN):
+        raise ValueError(f"{key!r} is a built-in data source")
+    _SOURCES.pop(key, None)
+
+
+def of(settings: DataSettings) -> DataSourceKind:
+    """The source whose schema `settings` is."""
+    for s in _SOURCES.values():
+        if type(settings) is s.settings:
+            return s
+    raise ValueError(f"no data source has the schema {type(settings).__name__}")
+
+
+def allowed() -> str:
+    """The keys that name a data source, in words (for messages)."""
+    texts = [s.text for s in _SOURCES.values()]
+    return ", ".join(texts[:-1]) + f" or {texts[-1]}" if len(texts) > 1 else texts[0]

@@ -22,6 +22,7 @@ from harness.mech.factored import Composition
 from harness.mech.hooks import cache_hooks
 from harness.model import data, metrics
 from harness.model.ref import load_model
+from harness.model.tokenizer import model_bos
 from harness.spec import names
 from harness.threads import configure
 
@@ -34,7 +35,8 @@ def _load(model: str) -> Any:
 
 def _prompts(m: Any, n_prompts: int, segment: int) -> Any:
 
-    return data.repeated_tokens(n_prompts, segment, m.d_vocab, seed=0, bos_token=m.bos_token, n_ctx=m.n_ctx)
+    return data.repeated_tokens(n_prompts, segment, m.d_vocab, seed=0, bos_token=model_bos(m, "benchmark"),
+                                n_ctx=m.n_ctx)
 
 
 SCORE_REPEATS = 3

@@ -52,7 +52,7 @@ from .sweep import executors
 from .sweep import report as sweep_report
 from .sweep.document import exit_code
 from .sweep.executors import EXECUTORS
-from .sweep.run import sweep
+from .sweep.run import MANIFEST, partial_report, read_manifest, sweep, write_file
 from .tools import weights_table
 from .tools.explain_route import explain_route
 from .tools.roles_table import role_table
@@ -124,9 +124,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_device(r)
 
     sw = sub.add_parser("sweep", help="run hypothesis files on many models (checkpoints, seeds); one combined report")
-    sw.add_argument("files", nargs="+", type=Path, metavar="FILE")
-    sw.add_argument("--models", nargs="+", required=True, metavar="MODEL",
+    sw.add_argument("files", nargs="*", type=Path, metavar="FILE")
+    sw.add_argument("--models", nargs="+", metavar="MODEL",
                     help="model directories, folders of model directories (e.g. checkpoints), or hf:NAME")
+    sw.add_argument("--resume", type=Path, metavar="FOLDER",
+                    help="run the unfinished jobs of this sweep folder (its files, models, seed and device are "
+                         "the ones it started with), then write its combined report")
     sw.add_argument("--out", type=Path, help="combined report folder (must not exist)")
     sw.add_argument("--reports", type=Path, default=Path("reports"),
                     help="parent folder of the new report folder (default: reports/)")
@@ -138,7 +141,8 @@ def _parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="re-render report.md/report.html/figures from evidence.json alone "
                         "(or a sweep report from sweep.json)")
-    rp.add_argument("evidence", type=Path, metavar="EVIDENCE.json")
+    rp.add_argument("evidence", type=Path, metavar="EVIDENCE.json",
+                    help="an evidence.json, a sweep.json, or an unfinished sweep folder (its report so far)")
     rp.add_argument("--out", type=Path, help="write into this new folder instead of beside the JSON")
 
     w = sub.add_parser("weights", help="composition-score matrices of a model, with the rotation null",
@@ -301,7 +305,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    writer.preflight(args.out, args.reports)  # the report can be written: checked before any work
+    if args.resume is not None:
+        if args.files or args.models or args.out is not None or args.seed is not None:
+            raise UserError("--resume FOLDER takes the files, models, seed and output folder the sweep started with: "
+                            "give no FILE, --models, --seed or --out with it")
+        read_manifest(args.resume)  # one line when FOLDER is not an unfinished sweep
+    elif not args.files or not args.models:
+        raise UserError("harness sweep needs FILE... and --models MODEL... (or --resume FOLDER)")
+    else:
+        writer.preflight(args.out, args.reports)  # the report can be written: checked before any work
     if args.device is not None and args.executor == "ray":
         check_form(args.device)  # the workers resolve it where they run
     elif args.device is not None:
@@ -321,8 +333,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{head}: JOB FAILED: {e['type']}: {e['message'].splitlines()[0] if e['message'] else ''}",
                   file=sys.stderr, flush=True)
 
-    doc, folder = sweep(args.files, args.models, executor, seed=args.seed, device=args.device, out=args.out,
-                        reports_root=args.reports, command=command_line(), on_done=progress)
+    doc, folder = sweep(args.files, args.models or [], executor, seed=args.seed, device=args.device, out=args.out,
+                        reports_root=args.reports, command=command_line(), on_done=progress, resume=args.resume)
     c = doc["counts"]
     print(f"{c['jobs']} jobs ({c['ok']} ran, {c['failed']} failed); claims: {c['PASS']} pass, "
           f"{c['FAIL']} fail, {c['INCONCLUSIVE']} inconclusive")
@@ -358,6 +370,16 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.evidence.is_dir() and (args.evidence / MANIFEST).is_file():  # an unfinished sweep: its report so far
+        if args.out is not None:
+            raise UserError("the report of an unfinished sweep is written into its folder: give no --out")
+        partial, files = partial_report(args.evidence)
+        for rel, data in files.items():
+            write_file(args.evidence / rel, data)
+        c = partial["counts"]
+        print(f"partial sweep report ({c['jobs'] - c.get('missing', 0)} of {c['jobs']} jobs have a result): "
+              f"{args.evidence / 'sweep.md'} and {args.evidence / 'sweep.html'}")
+        return ExitCode.OK
     doc = writer.read_json(args.evidence, "evidence")
     if is_scan(doc):
         raise UserError(f"{args.evidence} is a scan file (scan.json); scan results are not re-rendered: "
@@ -397,6 +419,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    if args.out is not None:
+        writer.preflight_file(args.out, "figure")  # the figure can be written: checked before any work
     text, _ = explain_route(args.model, args.edge, top=args.top, draws=args.draws, processing=args.processing,
                             seed=args.seed, device=device, out=args.out)
     print(text)

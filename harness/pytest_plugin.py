@@ -20,8 +20,8 @@ gap below min_gap) does not change the items' outcomes (the claims whose numbers
 it leaves undefined are INCONCLUSIVE on their own): it is listed in a "harness
 sanity checks" section of the terminal summary, `FILE: sanity check failed: NAME —
 DETAIL`, and pytest's exit code stays pytest's.  Schema errors are collection errors with file:line.
-One marker per registered claim kind (role, copying, composition, ablation,
-edge, circuit; e.g. `-m "not circuit"`).  Options: `--harness-report DIR` (write each file's
+One marker per registered claim kind (role, attention, copying, composition, ablation,
+edge, path, circuit; e.g. `-m "not circuit"`).  Options: `--harness-report DIR` (write each file's
 report under DIR), `--harness-seed N`, `--harness-device DEVICE` (ini:
 `harness_device`; cpu, cuda, cuda:N or mps; default: $HARNESS_DEVICE or the best
 available, as model.devices.resolve_device; the command-line option wins over the ini).

@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HARNESS_DEVICE", "cpu")
+# Ray reads its authentication mode once per process but hands the environment to the servers it
+# starts: one mode for the whole session, so a test that joins a token-less cluster does not leave
+# the next test's local instance with a driver and a server that disagree
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 pytest_plugins = ["pytester"]
 

@@ -89,7 +89,7 @@ def test_jsonl_errors(tmp_path, rows, needle):
 
 
 def test_jsonl_missing_file(tmp_path):
-    with pytest.raises(DataError, match="not found"):
+    with pytest.raises(DataError, match="cannot read the data file: no such file"):
         data.load_jsonl(tmp_path / "none.jsonl", 10)
 
 

@@ -39,6 +39,10 @@ claims:
     head: L0H7
     role: previous_token
     at_least: 0.5
+  - id: knockout
+    kind: ablation
+    heads: [L0H7]
+    at_least: 0.5
 """
 GAP_LINE = ("sanity check failed: clean and corrupted metrics differ — mean gap 0.000 nats (min_gap 0.5); "
             "normalised effects are undefined below it")
@@ -93,10 +97,10 @@ def gap_run(fixture_model, tmp_path_factory):
 def test_a_failed_gap_check_exits_3_and_is_printed_after_the_claim_table(gap_run):
     code, out, err, both, folder = gap_run
     assert code == ExitCode.SANITY == 3
-    assert "1 passed, 0 failed, 0 inconclusive" in out  # the claim table was printed, the report written
+    assert "1 passed, 0 failed, 1 inconclusive" in out  # the claim table was printed, the report written
     assert messages(err) == [GAP_LINE]
     lines = messages(both)  # after the claim table and its counts, before the report's path
-    assert lines.index("1 passed, 0 failed, 0 inconclusive") < lines.index(GAP_LINE) < len(lines) - 1
+    assert lines.index("1 passed, 0 failed, 1 inconclusive") < lines.index(GAP_LINE) < len(lines) - 1
     assert lines[-1].startswith("report: ")
     report = (folder / "report.md").read_text()
     assert "FAILED: clean and corrupted metrics differ — mean gap 0.000 nats" in report  # the report says the same
@@ -104,12 +108,28 @@ def test_a_failed_gap_check_exits_3_and_is_printed_after_the_claim_table(gap_run
     assert [c["passed"] for c in checks if c["name"] == "clean and corrupted metrics differ"] == [False]
 
 
+def test_a_gap_no_claim_reads_is_not_applicable(gap_run, tmp_path, capsys):
+    """The same prompts with only the role claim: no claim normalises by the gap, so its check is
+    recorded as not applicable and the run exits by its claims."""
+    folder = gap_run[-1]
+    h = tmp_path / "h.yaml"
+    (tmp_path / "p.jsonl").write_text((folder.parent / "p.jsonl").read_text())
+    h.write_text(GAP_HYPOTHESIS.format(model=FIXTURE).split("  - id: knockout")[0])
+    assert main(["run", str(h), "--out", str(tmp_path / "o"), "--device", "cpu"]) == ExitCode.OK
+    assert "sanity check failed" not in capsys.readouterr().err
+    check = next(c for c in json.loads((tmp_path / "o" / "evidence.json").read_text())["sanity_checks"]
+                 if c["name"] == "clean and corrupted metrics differ")
+    assert check["passed"] and check["applies"] is False and check["detail"].startswith("not applicable (no claim")
+    assert "- not applicable: clean and corrupted metrics differ — not applicable (no claim normalises by this " \
+           "gap): mean gap 0.000 nats" in (tmp_path / "o" / "report.md").read_text()
+
+
 def test_the_pytest_plugin_lists_a_failed_sanity_check(gap_run, pytester):
     folder = gap_run[-1]
     pytester.makefile(".jsonl", p=(folder.parent / "p.jsonl").read_text())
     pytester.makefile(".yaml", gap=GAP_HYPOTHESIS.format(model=FIXTURE))
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1)  # the claim's own verdict stands
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--harness-inconclusive=xfail")
+    result.assert_outcomes(passed=1, xfailed=1)  # the claims' own verdicts stand
     out = result.stdout.str()
     assert "harness sanity checks" in out
     assert f"gap.yaml: {GAP_LINE}" in out
@@ -247,7 +267,7 @@ def problems_of(tmp_path: Path, text: str, check_model: bool = False) -> list[st
      "split, vocab_min, vocab_max, corruptions, n_reference, distinct (did you mean n_prompts?)"),
     ("claims:", "stats:\n  bootstrp: 100\nclaims:", "h.yaml:8: stats.bootstrp: unknown key; allowed keys: bootstrap, "),
     ("kind: ablation", "kind: abalation", "h.yaml:14: claims[1].kind: unknown claim kind 'abalation'; allowed: role, "
-     "copying, composition, ablation, edge, path, circuit (did you mean ablation?)"),
+     "attention, copying, composition, ablation, edge, path, circuit (did you mean ablation?)"),
     ("role: previous_token", "role: previous-token", "h.yaml:11: claims[0].role: Input should be 'previous_token', "
      "'induction', 'duplicate_token' or 'first_token' (got 'previous-token') (did you mean previous_token?)"),
     ("head: L0H7", "head: LOH7", "h.yaml:10: claims[0].head: 'LOH7' is not a head; expected a head L<layer>H<head>, "
@@ -407,15 +427,18 @@ def test_report_refuses_a_scan_file_in_one_line(scanned, capsys):
     assert sorted(p.name for p in scanned.iterdir()) == before
 
 
-def test_starter_model_path_is_relative_to_the_starter_file(scanned, tmp_path, monkeypatch):
+def test_starter_model_path_is_the_shorter_of_relative_and_absolute(scanned, tmp_path, monkeypatch):
     from harness.tools.scan import starter_model
 
     written = yaml.safe_load((scanned / "starter.yaml").read_text())["model"]
-    assert not Path(written).is_absolute() and written == os.path.relpath(FIXTURE, scanned.resolve())
+    rel = os.path.relpath(FIXTURE, scanned.resolve())
+    assert written == min(rel, str(FIXTURE), key=len)  # the scan folder sits under /tmp: the absolute path wins
     monkeypatch.chdir(tmp_path)  # resolved against the file's folder, not the working directory
     h = loading.load(scanned / "starter.yaml", check_model=True)
     assert h.resolve(h.spec.model).resolve() == FIXTURE
     assert starter_model("hf:gpt2", scanned) == "hf:gpt2"
+    near = FIXTURE.parent / "scan-here"  # beside the model: the relative path is shorter
+    assert starter_model(str(FIXTURE), near) == "../induction-2l"
 
 
 def test_names_outside_the_loaded_model_name_the_claim(fixture_model, tmp_path):

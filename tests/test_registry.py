@@ -38,7 +38,7 @@ def toy():
 
 
 def test_builtin_kinds_and_their_protocol():
-    assert registry.names() == ["role", "copying", "composition", "ablation", "edge", "path", "circuit"]
+    assert registry.names() == ["role", "attention", "copying", "composition", "ablation", "edge", "path", "circuit"]
     for name, kind in registry.kinds().items():
         assert kind.name == name and kind.evidence in ("weights", "observational", "causal") and kind.summary
         assert kind.spec.model_fields["kind"].annotation.__args__[0] == name  # the schema's literal is the name
@@ -57,7 +57,7 @@ def test_builtin_kinds_and_their_protocol():
 
 
 def test_unregistered_kind_is_a_schema_error():
-    with pytest.raises(SpecError, match="unknown claim kind 'attention_entropy'; allowed: role, copying"):
+    with pytest.raises(SpecError, match="unknown claim kind 'attention_entropy'; allowed: role, attention, copying"):
         harness.load_hypothesis(DOC)
 
 

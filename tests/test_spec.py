@@ -76,7 +76,7 @@ CASES = [
     ("impossible role threshold", ("at_least: 0.5\n  - id: b", "at_least: 1.5\n  - id: b"), 8, "an attention score lies in [0, 1]; threshold 1.5 is impossible"),
     ("two bounds", ("    at_least: 0.5\n  - id: b", "    at_least: 0.5\n    at_most: 0.9\n  - id: b"), 8, "give exactly one of at_least / at_most"),
     ("no bound", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n"), 13, "claims[1]: give exactly one of at_least / at_most"),
-    ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, copying, composition, ablation, edge, path, circuit"),
+    ("unknown claim kind", ("kind: ablation", "kind: ablate"), 14, "claims[1].kind: unknown claim kind 'ablate'; allowed: role, attention, copying, composition, ablation, edge, path, circuit"),
     ("unknown claim key", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    effect: 0.5\n"), 16, "claims[1].effect: unknown key; allowed keys: id, kind, corruption, heads, ablation, measure, normalize, freeze_patterns, sensitivity, at_least, at_most, description"),
     ("unknown ablation type", ("    heads: [L0H7]\n", "    heads: [L0H7]\n    ablation: knockout\n"), 16, "claims[1].ablation: Input should be 'zero', 'mean' or 'resample'"),
     ("duplicate claim id", ("- id: b", "- id: a"), 13, "claims[1].id: claim id 'a' is used twice"),
@@ -135,7 +135,7 @@ def test_not_a_mapping(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(SpecError, match="no such hypothesis file"):
+    with pytest.raises(SpecError, match="cannot read the hypothesis file: no such file"):
         spec.load(tmp_path / "nope.yaml")
 
 

@@ -18,6 +18,7 @@ from pydantic import Field
 from harness.model import data
 from harness.model.data_sources import DataSourceKind, Where
 from harness.model.loading import LoadedModel
+from harness.model.tokenizer import model_bos
 from harness.spec.settings import DataSettings
 
 
@@ -34,7 +35,7 @@ def build(d: ReversedHalf, where: Where, model: LoadedModel) -> data.Dataset:
     import torch
 
     g = torch.Generator().manual_seed(d.seed)
-    L, n, bos = d.reversed_half, d.n_prompts, model.bos_token
+    L, n, bos = d.reversed_half, d.n_prompts, model_bos(model, where.where("data"))
     S = torch.randint(1, model.d_vocab, (n, L), generator=g)
     S = torch.where(S == bos, (S % (model.d_vocab - 1)) + 1, S)  # the start token never inside S
     start = torch.full((n, 1), bos)

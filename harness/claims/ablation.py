@@ -121,6 +121,12 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
         first = hook_resid_pre(min(h.layer for h in claim.heads))  # interventions start there (Runs.run)
         return [unit_hook(h) for h in claim.heads] + frozen + [first]
 
+    def reads_gap(self, claim: AblationClaim) -> bool:
+        return claim.measure == "normalized" and claim.normalize == Normalization.CORRUPTED
+
+    def uses_means(self, claim: AblationClaim) -> bool:
+        return claim.ablation == Ablation.MEAN or claim.sensitivity
+
     def interventions(self, claim: AblationClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
         paths: list[InterventionPath] = [HeadAblationPath(tuple(claim.heads))]
         return paths + [FrozenPatternsPath()] if claim.freeze_patterns else paths

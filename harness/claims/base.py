@@ -94,18 +94,30 @@ class LadderEntry:
     corruption: str | None = None  # for robustness across corruptions
 
 
-def bounded_status(claim: BoundedClaim, result: ClaimResult) -> LadderStatus:
-    """supports / against / inconclusive for a claim with a bound: `at_least` asserts the
-    mechanism (PASS supports it), `at_most` asserts its absence (PASS is against it)."""
+def asserts(claim: BoundedClaim, neutral: float | None = 0.0) -> bool:
+    """Whether a bounded claim asserts a mechanism (rather than its absence), in the claim's own
+    direction: `at_least` does; `at_most` asserts absence, unless its bound lies below `neutral`,
+    the value of no mechanism (0 for a copying score, an effect or a faithfulness; None: the number
+    has no sign, e.g. an attention score): `copying at_most -0.5` states a suppressing head, and an
+    ablation effect `at_most -0.2` a head whose removal helps."""
+    if claim.at_least is not None:
+        return True
+    return neutral is not None and claim.bound < neutral
+
+
+def bounded_status(claim: BoundedClaim, result: ClaimResult, neutral: float | None = 0.0) -> LadderStatus:
+    """supports / against / inconclusive for a claim with a bound: a PASS supports the mechanism
+    the claim asserts (`asserts`); a PASS of a claim that asserts absence is against it (and the
+    ladder notes the file says so)."""
     if result.verdict == Verdict.INCONCLUSIVE:
         return LadderStatus.INCONCLUSIVE
-    supports = (result.verdict == Verdict.PASS) == (claim.at_least is not None)
+    supports = (result.verdict == Verdict.PASS) == asserts(claim, neutral)
     return LadderStatus.SUPPORTS if supports else LadderStatus.AGAINST
 
 
-def supporting(claim: BoundedClaim) -> Verdict:
+def supporting(claim: BoundedClaim, neutral: float | None = 0.0) -> Verdict:
     """The verdict of a bounded claim that supports the mechanism (bounded_status)."""
-    return Verdict.PASS if claim.at_least is not None else Verdict.FAIL
+    return Verdict.PASS if asserts(claim, neutral) else Verdict.FAIL
 
 
 def sensitivity_entry(mechanism: str, type_: str, sens: Sensitivity | None,
@@ -218,6 +230,16 @@ class ClaimKind(ABC, Generic[S, D]):
         return []
 
     def needs_weights(self, claim: S) -> bool:
+        return False
+
+    def reads_gap(self, claim: S) -> bool:
+        """Whether the claim's number is normalised by the clean-corrupted gap (the gap sanity check
+        applies to the file only when some claim does)."""
+        return False
+
+    def uses_means(self, claim: S) -> bool:
+        """Whether the claim replaces activations with means over reference prompts (mean ablation,
+        mean replacement, or a sensitivity run that tries them)."""
         return False
 
     def interventions(self, claim: S, n_layers: int, n_heads: int) -> list[InterventionPath]:

@@ -142,6 +142,9 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         mlps = [hook_mlp_out(layer) for layer in range(n_layers)] if with_mlps(claim) else []
         return [hook_z(layer) for layer in range(n_layers)] + mlps + [hook_resid_pre(0)]  # Runs.run starts there
 
+    def uses_means(self, claim: CircuitClaim) -> bool:
+        return claim.ablation == Ablation.MEAN or claim.sensitivity
+
     def interventions(self, claim: CircuitClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
         return [HeadAblationPath(tuple(pool(claim, n_layers, n_heads)))]
 

@@ -211,6 +211,12 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
     def needs_weights(self, claim: RouteClaim) -> bool:
         return True  # the weights-vs-use table and the signature plot
 
+    def reads_gap(self, claim: RouteClaim) -> bool:
+        return claim.normalize == Normalization.CORRUPTED
+
+    def uses_means(self, claim: RouteClaim) -> bool:
+        return claim.replacement == Replacement.MEAN or claim.sensitivity
+
     def interventions(self, claim: RouteClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
         return [EdgePatchPath(claim.route, claim.direction, claim.freeze_patterns, claim.corruption)]
 

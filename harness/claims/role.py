@@ -70,7 +70,7 @@ class RoleKind(ClaimKind[RoleClaim, RoleDetails]):
         return [claim.head]
 
     def ladder(self, claim: RoleClaim, result: ClaimResult) -> list[LadderEntry]:
-        return [LadderEntry(str(claim.head), "head", Rung.OBSERVATION, bounded_status(claim, result),
+        return [LadderEntry(str(claim.head), "head", Rung.OBSERVATION, bounded_status(claim, result, neutral=None),
                             f"{claim.role} score {fmt(result.value)}")]
 
     def measure(self, claims: Sequence[Indexed[RoleClaim]], ctx: Context) -> Measured:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import SpecError
+from .. import locations
+from ..errors import DataError, SpecError
 from ..hypothesis.loading import load_data_file
 from ..model import data, data_sources
 from ..model.data_sources import FolderSource
@@ -66,7 +67,10 @@ def from_data_file(path: Path, split: str | None = None) -> tuple[DataSpec, Data
     """The data of a file named on the command line (`--data FILE`): a YAML data file
     (.yaml/.yml: a `data:` mapping as in a hypothesis file, hypothesis.loading.load_data_file;
     SpecError with file:line) made ready for exploring (for_exploring), or a JSONL prompt
-    file (token ids or text)."""
+    file (token ids or text).  DataError when `path` is not a readable file (locations.file_problem)."""
+    problem = locations.file_problem(path)
+    if problem is not None:
+        raise DataError(f"{path}: cannot read the data file: {problem}")
     if path.suffix.lower() in YAML_SUFFIXES:
         loaded = load_data_file(path)
         return for_exploring(loaded.data, split), loaded

@@ -82,9 +82,11 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str
     baseline = {"metric": metric, "unit": unit, "clean": _mean_ci(runs.m_clean, st, seed),
                 "corrupted": _mean_ci(runs.m_corrupt, st, seed), "gap": _mean_ci(gap, st, seed),
                 "corruption": default, "no_information": m_base}
+    read = gap_readers(claims, default)
     checks = []
     for name, (_, m_c) in corruptions.items():
-        checks.append(sanity.gap_check(runs.m_clean - m_c, st, unit, name if len(corruptions) > 1 else None))
+        check = sanity.gap_check(runs.m_clean - m_c, st, unit, name if len(corruptions) > 1 else None)
+        checks.append(check if name in read else sanity.not_applicable(check, "no claim normalises by this gap"))
     if len(corruptions) > 1:
         baseline["by_corruption"] = {name: {"corrupted": _mean_ci(m_c, st, seed),
                                             "gap": _mean_ci(runs.m_clean - m_c, st, seed)}
@@ -109,7 +111,28 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str
             figs["composition"] = figure_data.composition(ctx.composition(), claims, st)
             figs["signature"] = figure_data.signature(ctx.composition(), claims, runs, st, seed=seed, unit=unit,
                                                       progress=progress)
-    return Measurements(baseline, checks, results, rows, figs, st.warnings(), ladder.build(claims, results, rows))
+    return Measurements(baseline, checks, results, rows, figs, st.warnings() + means_warnings(claims, ds),
+                        ladder.build(claims, results, rows))
+
+
+SHARED_MATERIAL = 0.05  # share of the prompts that are also reference prompts above which means are flagged
+
+
+def gap_readers(claims: Sequence[ClaimSpec], default: str) -> set[str]:
+    """The corruptions whose clean-corrupted gap some claim normalises by (ClaimKind.reads_gap)."""
+    return {getattr(c, "corruption", None) or default for c in claims if kind_of(c).reads_gap(c)}
+
+
+def means_warnings(claims: Sequence[ClaimSpec], ds: Any) -> list[str]:
+    """The warning that prompts are also reference prompts: only when some claim takes means
+    (ClaimKind.uses_means) and more than SHARED_MATERIAL of the prompts are shared."""
+    shared = int(getattr(ds, "shared_reference", 0))
+    if not shared or shared <= SHARED_MATERIAL * ds.n or not any(kind_of(c).uses_means(c) for c in claims):
+        return []
+    return [f"data: {shared} of the {ds.n} prompts are also reference prompts, so a mean taken over the reference "
+            "prompts includes the prompt itself, which pulls mean ablation and mean replacement effects towards "
+            "zero (a template with few fillings draws the same ones again): add slot values, or use another "
+            "ablation"]
 
 
 def _mean_ci(x: np.ndarray, st: Stats, seed: int) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from ..model.devices import of, resolve_device
 from ..model.examples import examples
 from ..model.loading import LoadedModel, from_bridge
 from ..model.ref import ModelRef, load_model
-from ..model.tokenizer import model_tokenizer
+from ..model.tokenizer import bridge_tokenizer
 from ..progress import clock, stage
 from ..spec import names
 from . import data_source, provenance
@@ -132,7 +132,7 @@ def _run(hypothesis: str | Path | dict[str, Any], *, seed: int | None, base_dir:
                **dtype_record(loaded), "architecture": architecture.of(loaded.bridge).to_dict()},
         data={"description": ds.description, "n_prompts": ds.n, "seq_len": ds.seq_len,
               "bos_at_position_0": ds.has_bos, "scored_positions_per_prompt": int(ds.positions.shape[1]),
-              "examples": examples(ds, model_tokenizer(loaded))},
+              "examples": examples(ds, bridge_tokenizer(loaded.bridge, loaded.source))},
         settings={"metric": s.metric, "seed": seed, "stats": s.stats.model_dump(),
                   "weight_processing": processing_text(s.weight_processing, architecture.of(loaded.bridge)),
                   "mean_ablation_reference": data_source.mean_reference(h.spec.data),

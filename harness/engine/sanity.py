@@ -4,7 +4,10 @@
   (a NaN or infinite metric means the model's outputs are not finite, e.g. an
   overflow: SanityCheckError, the run stops); the clean-corrupted gap is
   reported; normalised effects need it >= min_gap (recorded, not fatal: every
-  normalised effect is then undefined; a non-finite mean never passes);
+  normalised effect is then undefined; a non-finite mean never passes).  The gap
+  check applies to a corruption only when some claim normalises by its gap
+  (ClaimKind.reads_gap); otherwise it is recorded as not applicable and passes, so a
+  file of weight claims on a model without the behaviour exits by its claims;
 * with interventions: every intervention hook fired (mech.hooks.run_plan raises
   otherwise), and patching a run's own activations into it reproduces its
   metric, on every intervention path the file's claims use (head ablation, over
@@ -53,6 +56,12 @@ def gap_check(gap: np.ndarray, st: Stats, unit: str, corruption: str | None = No
     return SanityCheck(name=name, passed=bool(np.isfinite(mean) and mean >= st.min_gap),
                        detail=f"mean gap {mean:.3f} {unit} (min_gap {st.min_gap:g}); "
                               "normalised effects are undefined below it")
+
+
+def not_applicable(check: SanityCheck, why: str) -> SanityCheck:
+    """`check` recorded as not applying to the file (`why`): it passes, and says what it measured."""
+    return check.model_copy(update={"passed": True, "applies": False,
+                                    "detail": f"not applicable ({why}): {check.detail}"})
 
 
 def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityCheck]:

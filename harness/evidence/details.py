@@ -83,8 +83,9 @@ class PassRegion(Record):
 
 class SanityCheck(Record):
     name: str
-    passed: bool
+    passed: bool  # a check that does not apply passes
     detail: str
+    applies: bool | None = optional()  # False: no claim of the file reads what it checks (absent: it applies)
 
 
 class EdgeTest(Record):

@@ -85,11 +85,13 @@ class Evidence:
         return ExitCode.OK if self.passed else ExitCode.CLAIMS
 
     def claim(self, claim_id: str) -> ClaimResult:
-        """The result of the claim with this id (KeyError if there is none)."""
+        """The result of the claim with this id (KeyError listing the ids if there is none)."""
         for c in self.claims:
             if c.id == claim_id:
                 return c
-        raise KeyError(claim_id)
+        ids = [c.id for c in self.claims]
+        shown = ", ".join(ids[:20]) + (f", ... ({len(ids)} in all)" if len(ids) > 20 else "")
+        raise KeyError(f"no claim {claim_id!r}; the claims are {shown}")
 
     def counts(self) -> dict[str, int]:
         out = {v.value: 0 for v in Verdict}

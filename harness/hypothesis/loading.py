@@ -205,6 +205,9 @@ def _problems(exc: ValidationError, lines: dict[KeyPath, int], source: _Source) 
         if kind == "extra_forbidden":
             allowed = allowed_keys(_model_at(loc[:-1], all_tags))
             msg = "unknown key; allowed keys: " + ", ".join(allowed) + did_you_mean(loc[-1], allowed)
+            if loc[-1] in ("at_least", "at_most") and "min_effect" in allowed:
+                msg += ("; an edge or path claim is decided by its use: expect: used with min_effect (the effect "
+                        "must be above it), or expect: unused with tolerance (within ±tolerance)")
         elif kind == "string_pattern_mismatch":
             msg = f"{PATTERN_TEXT.get(str(loc[-1]), msg)} (got {err.get('input')!r})"
         elif kind in ("literal_error", "enum"):  # a word of the vocabulary (spec.vocabulary)
@@ -226,7 +229,7 @@ def _problems(exc: ValidationError, lines: dict[KeyPath, int], source: _Source) 
 def allowed_keys(model: type[BaseModel]) -> list[str]:
     """The keys of a mapping in the order users read them: for claims id and kind
     first, the kind's own keys, the bound, description last."""
-    fields = list(model.model_fields)
+    fields = [info.alias or name for name, info in model.model_fields.items()]  # as files spell them (`from`)
     if not issubclass(model, ClaimSpec):
         return fields
     common = set(BoundedClaim.model_fields)  # id, kind, description and the bound
@@ -409,8 +412,9 @@ class _NoAliasDumper(yaml.SafeDumper):
 def read_text(path: Path) -> str:
     """The UTF-8 text of a hypothesis file (SpecError: missing, unreadable, too large,
     not UTF-8 — with the line of the first bad byte)."""
-    if not path.is_file():
-        raise SpecError([f"{path}: no such hypothesis file"])
+    problem = locations.file_problem(path)
+    if problem is not None:
+        raise SpecError([f"{path}: cannot read the hypothesis file: {problem}"])
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .. import locations
 from ..errors import DataError
 from ..spec import settings
 from ..spec.text_data import CORRUPTED_KEY
@@ -40,6 +41,10 @@ class Dataset:
                  mean over the other clean prompts (leave-one-out)
     warnings:    what the reader of a report must know about the prompts (e.g. duplicates
                  dropped)
+    shared_reference: how many clean prompts are also reference prompts (engine.measure
+                 warns when claims take means and the share is material)
+    spans:       the token span [start, end) of each occurrence of each slot of a template,
+                 `NAME#k` (k from 1), per prompt [n, 2] (attention claims to named positions)
     """
 
     clean: Any
@@ -51,6 +56,8 @@ class Dataset:
     has_bos: bool
     reference: Any | None = None
     warnings: list[str] = field(default_factory=list)
+    shared_reference: int = 0  # clean prompts that are also reference prompts (a mean over them includes them)
+    spans: dict[str, Any] = field(default_factory=dict)  # named positions of template prompts: {"S#2": [n, 2]}
 
     @property
     def corrupted(self) -> Any:
@@ -69,7 +76,7 @@ class Dataset:
 
         return Dataset(move(self.clean), {k: move(v) for k, v in self.corruptions.items()}, move(self.positions),
                        move(self.answers), move(self.wrong), self.description, self.has_bos, move(self.reference),
-                       list(self.warnings))
+                       list(self.warnings), self.shared_reference, {k: move(v) for k, v in self.spans.items()})
 
     def keep_corruptions(self, chosen: list[str]) -> Dataset:
         """The same prompts with only the `chosen` corruptions, in that order (the first the default)."""
@@ -81,7 +88,8 @@ class Dataset:
             return None if t is None else t[keep]
 
         return replace(self, clean=take(self.clean), corruptions={k: take(v) for k, v in self.corruptions.items()},
-                       positions=take(self.positions), answers=take(self.answers), wrong=take(self.wrong))
+                       positions=take(self.positions), answers=take(self.answers), wrong=take(self.wrong),
+                       spans={k: take(v) for k, v in self.spans.items()})
 
     @property
     def n(self) -> int:
@@ -249,8 +257,9 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def read_lines(path: Path) -> list[str]:
     """The lines of a UTF-8 text file, split at line feeds only (so a U+2028 inside a
     string does not shift line numbers); DataError when missing, unreadable or not UTF-8."""
-    if not path.is_file():
-        raise DataError(f"{path}: data file not found")
+    problem = locations.file_problem(path)
+    if problem is not None:
+        raise DataError(f"{path}: cannot read the data file: {problem}")
     try:
         raw = path.read_bytes()
     except OSError as exc:

@@ -32,7 +32,7 @@ from ..spec.text_data import PromptsData, TemplateData
 from . import data, templates, text_data
 from .loading import LoadedModel
 from .text_data import TextPrompt
-from .tokenizer import TextTokenizer, require_tokenizer
+from .tokenizer import TextTokenizer, model_bos, require_tokenizer
 
 
 class Where(Protocol):
@@ -87,7 +87,8 @@ def _generator(d: GeneratorData, source: Where, model: LoadedModel) -> data.Data
                          f"{d.segment_length * 2 + int(d.bos)} exceed the model's context {model.n_ctx}"])
     return data.repeated_tokens(d.n_prompts, d.segment_length, model.d_vocab, seed=d.seed, split=d.split,
                                 bos=d.bos, vocab_min=d.vocab_min, vocab_max=d.vocab_max,
-                                bos_token=d.bos_token if d.bos_token is not None else model.bos_token,
+                                bos_token=(d.bos_token if d.bos_token is not None
+                                           else model_bos(model, source.where("data.bos_token")) if d.bos else 0),
                                 corruptions=tuple(d.corruptions), n_reference=d.n_reference, distinct=d.distinct)
 
 
@@ -98,7 +99,7 @@ def _file(d: FileData, source: Where, model: LoadedModel) -> data.Dataset:
         tok = require_tokenizer(model, source.where("data.file"))
         bos = _bos(d.prepend_bos, tok, source.where("data.prepend_bos"), model.d_vocab)
         return text_data.load_text_jsonl(path, tok, bos, model.d_vocab, limit=d.limit, mean_from=mean_from,
-                                         n_ctx=model.n_ctx)
+                                         n_ctx=model.n_ctx, allow_unknown=d.allow_unknown)
     if d.prepend_bos is not None:
         raise SpecError([f"{source.where('data.prepend_bos')}: applies to text prompts, and {path} holds token ids "
                          "(nothing is prepended to them): remove the key"])
@@ -108,11 +109,15 @@ def _file(d: FileData, source: Where, model: LoadedModel) -> data.Dataset:
 def _template(d: TemplateData, source: Where, model: LoadedModel) -> data.Dataset:
     tok = require_tokenizer(model, source.where("data.template"))
     bos = _bos(d.prepend_bos, tok, source.where("data.prepend_bos"), model.d_vocab)
+    if not d.allow_unknown:  # every value of every slot, drawn or not, alone and after a space
+        text_data.check_known(tok, [(source.where(f"data.slots.{slot}"), f"slot {slot}: value", form)
+                                    for slot, values in d.slots.items() for v in values for form in (v, " " + v)])
     prompts, reference = templates.template_prompts(d, source.where)
     return text_data.text_dataset(prompts, tok, bos, model.d_vocab, n_ctx=model.n_ctx,
                                   description=templates.describe(d, len(reference)),
                                   source=source.where("data.template"), reference=reference,
-                                  where_reference=[source.where("data.n_reference")] * len(reference))
+                                  where_reference=[source.where("data.n_reference")] * len(reference),
+                                  allow_unknown=d.allow_unknown)
 
 
 def _prompts(d: PromptsData, source: Where, model: LoadedModel) -> data.Dataset:
@@ -125,7 +130,7 @@ def _prompts(d: PromptsData, source: Where, model: LoadedModel) -> data.Dataset:
     desc = (f"prompts listed in the data: {len(rows)} text prompts{', BOS prepended' if bos else ''}; scored at "
             f"the last token; corruptions {', '.join(names)}; means leave each prompt out")
     return text_data.text_dataset(rows, tok, bos, model.d_vocab, n_ctx=model.n_ctx, description=desc,
-                                  source=source.where("data.prompts"))
+                                  source=source.where("data.prompts"), allow_unknown=d.allow_unknown)
 
 
 LEAVE_ONE_OUT = "the other clean prompts (leave-one-out), per position"

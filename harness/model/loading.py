@@ -6,11 +6,11 @@ Model directory formats (see docs/model-format.md):
   plus `model.safetensors` holding the bridge state dict (TL-format keys).
   Booted with `TransformerBridge.boot_native`, then the weights are loaded.
 * **Hugging Face**: a directory written by `save_pretrained` (its config.json
-  has `architectures` or `model_type`), booted with
-  `TransformerBridge.boot_transformers`.  Its weights are exactly
-  `model.safetensors`, or the shards named by `model.safetensors.index.json`.
-  A directory without tokenizer files is loaded by harness itself and wrapped with
-  TransformerLens's `build_bridge_from_module` (the same bridge, no tokenizer).
+  has `architectures` or `model_type`), loaded as `TransformerBridge.boot_transformers`
+  loads it, by harness itself and wrapped with TransformerLens's `build_bridge_from_module`
+  (the same bridge), without its tokenizer: the tokenizer files are read only when
+  something needs them (model.tokenizer).  Its weights are exactly `model.safetensors`,
+  or the shards named by `model.safetensors.index.json`.
 * **hub name** (`ORG/NAME`, `hf:ORG/NAME`): the snapshot folder of the local Hugging
   Face cache (model.hub_cache), loaded like a directory, offline.
 * **a TransformerBridge the user holds** (`from_bridge`): wrapped without reloading,
@@ -106,13 +106,6 @@ class LoadedModel:
     @property
     def n_ctx(self) -> int:
         return int(self.bridge.cfg.n_ctx)
-
-    @property
-    def bos_token(self) -> int:
-        """The tokenizer's start token id; 0 for models without a tokenizer (fixtures)."""
-        tok = getattr(self.bridge, "tokenizer", None)
-        bos = getattr(tok, "bos_token_id", None) if tok is not None else None
-        return int(bos) if bos is not None else 0
 
     @property
     def has_mlp(self) -> bool:
@@ -275,7 +268,7 @@ def has_tokenizer_files(folder: Path) -> bool:
     return any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
-def _file_hash(files: ModelFiles, contents: dict[Path, bytes] | None = None) -> str:
+def files_hash(files: ModelFiles, contents: dict[Path, bytes] | None = None) -> str:
     """sha256 over (name, bytes) of `files.hashed()`, in name order; names are
     relative to the directory (UTF-8).  `contents` supplies files already read."""
     h = hashlib.sha256()
@@ -302,7 +295,7 @@ def directory_hash(path: Path) -> str:
     `model_files` (`model.safetensors`, or `model.safetensors.index.json` and its
     shards), in name order.  Other files (model card, training logs, tokenizer
     files, stray *.safetensors) do not change the hash."""
-    return _file_hash(model_files(path.resolve()))
+    return files_hash(model_files(path.resolve()))
 
 
 def stored_dtype(header: dict[str, TensorInfo]) -> str | None:
@@ -397,7 +390,7 @@ def load_native(files: ModelFiles, dtype: Any = None, device: str | None = None)
         raise ModelLoadError(f"{weights} does not match config.json: missing "
                              f"{result.missing_keys}, unexpected {result.unexpected_keys}")
     bridge.eval()
-    return bridge, _file_hash(files, {weights: data}), stored_dtype(header)
+    return bridge, files_hash(files, {weights: data}), stored_dtype(header)
 
 
 def _weight_renamings(model: Any) -> list[Any]:
@@ -530,12 +523,13 @@ def offline() -> Iterator[None]:
 
 
 def _boot_without_tokenizer(path: str, dtype: Any, device: str | None, weights: str | None) -> Any:
-    """The bridge `TransformerBridge.boot_transformers(path)` builds, for a directory without
-    tokenizer files (boot_transformers always builds a tokenizer and fails there): the
-    model is loaded as boot_transformers loads it (the config with output_attentions, the
-    adapter's attention implementation, else eager; safetensors only; `dtype`, default
-    float32; then `device`) and wrapped with TransformerLens's `build_bridge_from_module`.
-    The bridge has no tokenizer (`bridge.tokenizer` is None)."""
+    """The bridge `TransformerBridge.boot_transformers(path)` builds, without its tokenizer
+    (boot_transformers always builds a tokenizer, and fails on a directory without tokenizer
+    files or with unreadable ones): the model is loaded as boot_transformers loads it (the
+    config with output_attentions, the adapter's attention implementation, else eager;
+    safetensors only; `dtype`, default float32; then `device`) and wrapped with
+    TransformerLens's `build_bridge_from_module`.  The bridge has no tokenizer
+    (`bridge.tokenizer` is None) until model.tokenizer reads it."""
     import torch
     from transformer_lens.factories import architecture_adapter_factory
     from transformer_lens.model_bridge.sources._bridge_builder import (
@@ -569,35 +563,21 @@ def _boot_without_tokenizer(path: str, dtype: Any, device: str | None, weights: 
 
 
 def load_transformers(name_or_path: str, dtype: Any = None, device: str | None = None,
-                      weights: str | None = None, tokenizer: bool = True) -> Any:
-    """Boot a bridge around a Hugging Face model directory (or cache snapshot), offline.
+                      weights: str | None = None) -> Any:
+    """Boot a bridge around a Hugging Face model directory (or cache snapshot), offline, without its
+    tokenizer (`_boot_without_tokenizer`: the bridge boot_transformers builds).
 
     transformers loads safetensors only (`use_safetensors=True`), and exactly the
     file `weights` (`model.safetensors` or the index) when given: it is set as the
-    config's `transformers_weights`, overriding config.json's.  With `tokenizer`
-    (the directory has tokenizer files) this is `TransformerBridge.boot_transformers`;
-    without, `_boot_without_tokenizer` (the same bridge, no tokenizer).  No network
-    request is made (`offline`).  Every parameter is finite after loading (in `dtype`,
-    default float32)."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    kwargs: dict = {}
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    if device is not None:
-        kwargs["device"] = device
+    config's `transformers_weights`, overriding config.json's.  No network request is
+    made (`offline`).  Every parameter is finite after loading (in `dtype`, default float32)."""
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()  # no "Loading weights" bar between the stage lines
     hf_logging.disable_progress_bar()
     try:
         with offline():
-            if tokenizer:
-                bridge = TransformerBridge.boot_transformers(name_or_path, model_class=_SafetensorsOnly,
-                                                             hf_config_overrides={"transformers_weights": weights},
-                                                             **kwargs)
-            else:
-                bridge = _boot_without_tokenizer(name_or_path, dtype, device, weights)
+            bridge = _boot_without_tokenizer(name_or_path, dtype, device, weights)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         if "use_safetensors" in str(exc):  # transformers found no safetensors checkpoint
             raise ModelLoadError(f"cannot load Hugging Face model {name_or_path!r}: it has no model.safetensors "
@@ -624,9 +604,8 @@ def _load_files(files: ModelFiles, shown: str, dtype: Any, device: str | None,
         bridge, digest, stored = load_native(files, dtype, device)
     else:
         stored = check_hf_weights(files, dtype)
-        digest = _file_hash(files)
-        bridge = load_transformers(str(files.folder), dtype, device, files.pinned,
-                                   tokenizer=has_tokenizer_files(files.folder))
+        digest = files_hash(files)
+        bridge = load_transformers(str(files.folder), dtype, device, files.pinned)
     return LoadedModel(bridge, shown, files.kind, digest, revision, stored)
 
 
@@ -642,7 +621,12 @@ def load_hub(name: str, dtype: Any = None, device: str | None = None) -> LoadedM
 
 def load_directory(path: Path, dtype: Any = None, device: str | None = None) -> LoadedModel:
     """A model directory (native or Hugging Face, model_files) onto `device` (devices.resolve_device)."""
-    path = Path(path).resolve()
+    try:
+        path = Path(path).resolve()
+    except (OSError, RuntimeError) as exc:  # Python reports a symlink loop as a RuntimeError
+        loop = "Symlink loop" in str(exc) or getattr(exc, "errno", None) == 40
+        raise ModelLoadError(f"model path {path}: " + ("a symlink loop (a link that leads back to itself)" if loop
+                                                       else f"cannot be resolved ({one_line(exc)})")) from None
     return _load_files(model_files(path), str(path), dtype, resolve_device(device))
 
 

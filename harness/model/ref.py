@@ -30,6 +30,7 @@ from ..errors import UserError
 from ..spec.names import Shape
 from . import hub_cache
 from .loading import LoadedModel, load_directory, load_hub, model_files
+from .loading import files_hash as loading_hash
 from .shape import config_shape
 
 HF_PREFIX = hub_cache.HF_PREFIX
@@ -159,16 +160,30 @@ class ModelRef:
         assert self.path is not None
         return load_directory(self.path, dtype, device)
 
+    def content_hash(self) -> str | None:
+        """The sha256 the loader would record (model.loading: config.json and the weight files, read
+        but not loaded); None for a registered source (its loader computes its own)."""
+        if self.custom is not None:
+            return None
+        if self.hub is not None:
+            snap = self.snapshot()
+            return loading_hash(model_files(snap.folder, root=snap.root))
+        assert self.path is not None
+        return loading_hash(model_files(self.path.resolve()))
+
     def relative_to(self, folder: Path) -> str:
-        """How a file written in `folder` names this model: `hf:ORG/NAME`, or the directory relative
-        to `folder` (absolute when no relative path leads there, e.g. another drive)."""
+        """How a file written in `folder` names this model: `hf:ORG/NAME` (or a registered source's
+        name), or the directory: relative to `folder` when that is no longer than the absolute path
+        (`../fixtures/m`, not `../../../../work/fixtures/m`), else absolute (also when no relative
+        path leads there, e.g. another drive)."""
         if self.is_named:
             return self.source
         assert self.path is not None
         try:
-            return Path(os.path.relpath(self.path, folder.resolve())).as_posix()
+            rel = Path(os.path.relpath(self.path, folder.resolve())).as_posix()
         except ValueError:
             return str(self.path)
+        return rel if len(rel) <= len(str(self.path)) else str(self.path)
 
 
 def load_model(source: str | Path, dtype: Any = None, device: str | None = None) -> LoadedModel:

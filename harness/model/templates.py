@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import DataError
-from ..spec.text_data import NEW, TemplateData, parse_template, render
+from ..spec.text_data import NEW, TemplateData, parse_template, render, slot_spans
 from .data import split_seed
 from .text_data import TextPrompt
 
@@ -118,7 +118,7 @@ def template_prompts(d: TemplateData, where: Callable[[str], str]) -> tuple[list
             f"{where('data.template')} ({_filling_text(values)})", text, corrupted,
             None if answer_parts is None else render(answer_parts, values)[0],
             None if wrong_parts is None else render(wrong_parts, values)[0],
-            where("data.answer"), where("data.wrong"), before, _filling_text(values)))
+            where("data.answer"), where("data.wrong"), before, _filling_text(values), slot_spans(parts, values)))
     n_ref = d.n_reference if d.n_reference is not None else d.n_prompts
     reference = [render(parts, {s: d.slots[s][i] for s, i in zip(names, f, strict=True)})[0]
                  for f in draw_fillings(d, n_ref, split_seed(d.seed, "reference"), where("data.n_reference"))]

@@ -34,6 +34,8 @@ class TextPrompt:
                     token is scored
     where_answer, where_wrong: name the answer and wrong strings in messages
     filling:        the slot values, shown in messages (templates)
+    slots:          each slot occurrence's surrounding text (spec.text_data.slot_spans), for the
+                    token spans of named positions
     """
 
     where: str
@@ -45,6 +47,18 @@ class TextPrompt:
     where_wrong: str
     before_marker: str | None = None
     filling: str = ""
+    slots: dict[str, tuple[str, str]] | None = None  # templates: NAME#k -> (text before it, text through it)
+
+
+def _texts(p: TextPrompt) -> list[tuple[str, str, str]]:
+    """(where, what, text) of every text of a prompt: the clean and corrupted prompts, answer and wrong."""
+    how = f" ({p.filling})" if p.filling else ""
+    out = [(p.where, f"the clean prompt{how}", p.clean)]
+    out += [(p.where, "the corrupted prompt" if c == DEFAULT else f"corruption {c}", t)
+            for c, t in p.corruptions.items()]
+    ends = ((p.where_answer, "the answer", p.answer), (p.where_wrong, "the wrong token", p.wrong))
+    out += [(w, what, t) for w, what, t in ends if t is not None]
+    return out
 
 
 def _show(tok: TextTokenizer, ids: list[int]) -> str:
@@ -60,17 +74,46 @@ def _one_token(tok: TextTokenizer, text: str, ids: list[int], where: str, fillin
     return ids[0]
 
 
+def unknown_words(tok: TextTokenizer, text: str) -> list[str]:
+    """The words of `text` (split at white space) that the tokenizer reads as its unknown token."""
+    if tok.unk is None:
+        return []
+    words = text.split()
+    found = [w for w, ids in zip(words, tok.encode(words), strict=True) if tok.unk in ids]
+    return found or ([text] if tok.unk in tok.encode([text])[0] else [])
+
+
+def check_known(tok: TextTokenizer, texts: list[tuple[str, str, str]]) -> None:
+    """DataError for the first text that holds the tokenizer's unknown token: (where, what, text) name it."""
+    if tok.unk is None:
+        return
+    encoded = tok.encode([t for _, _, t in texts])
+    for (where, what, text), ids in zip(texts, encoded, strict=True):
+        if tok.unk in ids:
+            words = unknown_words(tok, text) or [text]
+            raise DataError(f"{where}: {what} {text!r}: the tokenizer of {tok.model} does not know "
+                            f"{', '.join(repr(w) for w in words)} (it becomes the unknown token "
+                            f"{tok.piece(tok.unk)!r}): use words it knows, or set data.allow_unknown: true if the "
+                            "unknown token is meant")
+
+
 def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: bool, d_vocab: int, *,
                  n_ctx: int | None, description: str, source: str, reference: list[str] | None = None,
-                 where_reference: list[str] | None = None) -> Dataset:
+                 where_reference: list[str] | None = None, allow_unknown: bool = False) -> Dataset:
     """Tokenise `prompts` into a Dataset (one scored position each).  `reference`: clean
     texts that per-position means are taken over (None: leave-one-out), named by
     `where_reference` in messages.  DataError for a token-length mismatch (clean vs
     corrupted, or between prompts, or a reference prompt), an answer or wrong string that
     is not one token, a marker inside a token, a token id the model does not have, or
-    prompts longer than `n_ctx`.  Prompts that repeat an earlier one are dropped
+    prompts longer than `n_ctx`, or (unless `allow_unknown`) text the tokenizer reads as its
+    unknown token (check_known).  Prompts that repeat an earlier one are dropped
     (data.drop_duplicates, `source` naming the data)."""
     import torch
+
+    if not allow_unknown:
+        check_known(tok, [item for p in prompts for item in _texts(p)]
+                    + [(where_reference[j] if where_reference is not None else f"reference prompt {j}",
+                        "the reference prompt", t) for j, t in enumerate(reference or [])])
 
     names = list(prompts[0].corruptions)
     bos = [tok.bos] if prepend_bos and tok.bos is not None else []
@@ -152,12 +195,36 @@ def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: boo
                  description, has_bos=bool(bos), reference=ref)
     if ref is not None:
         shared = {tuple(r) for r in ref.tolist()} & {tuple(c) for c in clean}
-        if shared:
-            ds.warnings.append(f"data: {len(shared)} of the {len(clean)} prompts are also reference prompts, so a "
-                               "mean taken over the reference prompts includes the prompt itself, which pulls mean "
-                               "ablation and mean replacement effects towards zero (a template with few fillings "
-                               "draws the same ones again): add slot values, or use another ablation")
+        ds.shared_reference = sum(tuple(c) in shared for c in clean)
+    if prompts[0].slots:
+        ds.spans = _spans(prompts, clean, tok, bos)
     return drop_duplicates(ds, source, [p.where for p in prompts])
+
+
+def _spans(prompts: list[TextPrompt], clean: list[list[int]], tok: TextTokenizer, bos: list[int]) -> dict[str, Any]:
+    """{NAME#k: [n, 2]} the token span [start, end) of each slot occurrence in each prompt: the tokens
+    of the text through it less those of the text before it (without its trailing space).  DataError
+    when a slot's value does not begin and end at token boundaries (its tokens merge with the text
+    around it)."""
+    import torch
+
+    keys = list(prompts[0].slots or {})
+    out: dict[str, list[list[int]]] = {k: [] for k in keys}
+    for p, ids in zip(prompts, clean, strict=True):
+        parts = p.slots or {}
+        texts = [t for k in keys for t in (parts[k][0].rstrip(), parts[k][1])]
+        encoded = tok.encode([t for t in texts if t])
+        it = iter(encoded)
+        for k in keys:
+            before_text = parts[k][0].rstrip()
+            before = bos + (next(it) if before_text else [])
+            through = bos + next(it)
+            if ids[:len(before)] != before or ids[:len(through)] != through or len(through) <= len(before):
+                raise DataError(f"{p.where}: slot occurrence {k} of {p.clean!r} does not begin and end at token "
+                                f"boundaries (the text through it is {_show(tok, through)}, the prompt "
+                                f"{_show(tok, ids)}), so it has no token span: attention claims cannot name it")
+            out[k].append([len(before), len(through)])
+    return {k: torch.tensor(v, dtype=torch.long) for k, v in out.items()}
 
 
 def first_row(path: Path) -> Any:
@@ -199,7 +266,8 @@ def _check_text_reference(obj: Any, where: str) -> dict[str, Any]:
 
 
 def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: int, *, limit: int | None = None,
-                    mean_from: Path | None = None, n_ctx: int | None = None) -> Dataset:
+                    mean_from: Path | None = None, n_ctx: int | None = None,
+                    allow_unknown: bool = False) -> Dataset:
     """Text prompts, one JSON object per line: {"text", "corrupted", "answer", "wrong"
     (optional), "corrupted_<name>" (optional, on every line or none)}; the last token is
     scored.  `mean_from`: a JSONL file of {"text"} lines that means are taken over."""
@@ -225,4 +293,5 @@ def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: 
             f"last token; corruptions {', '.join(names)}; {means}")
     return text_dataset(prompts, tok, prepend_bos, d_vocab, n_ctx=n_ctx, description=desc, source=str(path),
                         reference=None if ref_rows is None else [r["text"] for r in ref_rows],
-                        where_reference=None if ref_rows is None else [r["where"] for r in ref_rows])
+                        where_reference=None if ref_rows is None else [r["where"] for r in ref_rows],
+                        allow_unknown=allow_unknown)

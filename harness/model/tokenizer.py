@@ -1,20 +1,32 @@
 """The model's tokenizer, as text data and reports use it.
 
 A Hugging Face model directory's tokenizer files (tokenizer.json, or vocab.json and
-merges.txt, ...) are loaded with the model by TransformerBridge.boot_transformers
-(`bridge.tokenizer`); a hub model takes them from its cache snapshot.  Native model
-directories (the shipped fixtures) have none, and a Hugging Face directory without
-tokenizer files is loaded without one (loading.TOKENIZER_FILES): token-id data runs on
-them, text data is refused in one line saying why.
+merges.txt, ...; a hub model's in its cache snapshot) are read only when something needs
+the tokenizer (`model_tokenizer`): text data, the generator's start token, token texts in
+`harness explain`.  Models load without them, so token-id data runs whatever they hold;
+files that cannot be read give one line naming the file (DataError), never a traceback.
+Native model directories (the shipped fixtures) have none; text data on a model without a
+tokenizer is refused in one line saying why.  A handed-over bridge keeps its own.
+
+The start token (`bos`) is the tokenizer's BOS token when that token is in its vocabulary
+(TransformerLens gives a tokenizer without one a stand-in, often outside it), else None;
+the unknown token (`unk`) likewise.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from .loading import TOKENIZER_FILES, LoadedModel, has_tokenizer_files
+from .loading import TOKENIZER_FILES, LoadedModel, has_tokenizer_files, offline
 from .ref import ModelRef
+from .tensors import one_line
+
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                    "sentencepiece.bpe.model")
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
 
 class TextTokenizer:
@@ -25,8 +37,8 @@ class TextTokenizer:
     def __init__(self, tokenizer: Any, model: str):
         self.tokenizer = tokenizer
         self.model = model  # names the model in messages
-        bos = getattr(tokenizer, "bos_token_id", None)
-        self.bos: int | None = int(bos) if bos is not None else None
+        self.bos: int | None = _special(tokenizer, "bos")
+        self.unk: int | None = _special(tokenizer, "unk")
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """The token ids of each text (no special tokens added)."""
@@ -61,10 +73,109 @@ class TextTokenizer:
         return out
 
 
+def _special(tokenizer: Any, which: str) -> int | None:
+    """The id of the tokenizer's `which` token (bos, unk) when its text is in the vocabulary, else None."""
+    text = getattr(tokenizer, f"{which}_token", None)
+    tid = getattr(tokenizer, f"{which}_token_id", None)
+    if not isinstance(text, str) or tid is None:
+        return None
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a readable vocabulary: trust its id
+        return int(tid)
+    return int(vocab[text]) if text in vocab else None
+
+
 def model_tokenizer(m: LoadedModel) -> TextTokenizer | None:
-    """The model's tokenizer, or None when it has none (a native model, or a Hugging
-    Face directory without tokenizer files)."""
+    """The model's tokenizer: the bridge's own, else the one its tokenizer files build (read once,
+    then kept on the bridge); None when it has none (a native model, or a Hugging Face directory
+    without tokenizer files).  DataError, one line naming the file, when the files cannot be read."""
+    tok = bridge_tokenizer(m.bridge, m.source)
+    if tok is not None:
+        return tok
+    folder = ModelRef.parse(m.source).folder() if m.kind != "bridge" else None
+    if folder is None or not has_tokenizer_files(folder):
+        return None
+    m.bridge.tokenizer = read_tokenizer(folder, m.source)
     return bridge_tokenizer(m.bridge, m.source)
+
+
+def shown_tokenizer(m: LoadedModel) -> TextTokenizer | None:
+    """model_tokenizer for showing token texts: None where it has none or its files cannot be read."""
+    try:
+        return model_tokenizer(m)
+    except DataError:
+        return None
+
+
+def read_tokenizer(folder: Path, model: str) -> Any:
+    """The transformers tokenizer of `folder`'s files, offline; DataError naming the file when a
+    file is not what a tokenizer file must be (invalid JSON, a special token that is not text, a
+    tokenizer.json the tokenizers library refuses, no vocabulary file at all)."""
+    present = [n for n in TOKENIZER_FILES if (folder / n).is_file()]
+    where = f"the tokenizer of {model}"
+    if not any((folder / n).is_file() for n in VOCABULARY_FILES):
+        raise DataError(f"{where}: {', '.join(present)} but no vocabulary file ({', '.join(VOCABULARY_FILES[:4])}): "
+                        "the tokenizer cannot be built; write it with tokenizer.save_pretrained(DIR)")
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json", "vocab.json",
+                 "added_tokens.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise DataError(f"{where}: {path}: not a valid JSON file ({one_line(exc)})") from None
+        if name in ("tokenizer_config.json", "special_tokens_map.json") and isinstance(doc, dict):
+            _check_config(doc, path, where)
+        if name == "tokenizer.json":
+            _check_tokenizer_json(path, where)
+    try:
+        from transformers import AutoTokenizer
+
+        with offline():
+            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # transformers raises many types for a bad file; any of them is one line here
+        raise DataError(f"{where}: cannot read its tokenizer files ({', '.join(present)}): {one_line(exc)}") from None
+
+
+def _check_config(doc: dict[str, Any], path: Path, where: str) -> None:
+    for key in SPECIAL_KEYS:
+        v = doc.get(key)
+        if v is not None and not isinstance(v, str) and not (isinstance(v, dict) and isinstance(v.get("content"), str)):
+            raise DataError(f"{where}: {path}: {key}: expected the token's text, got {v!r}")
+    v = doc.get("model_max_length")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+        raise DataError(f"{where}: {path}: model_max_length: expected a number, got {v!r}")
+    v = doc.get("tokenizer_class")
+    if v is not None and not isinstance(v, str):
+        raise DataError(f"{where}: {path}: tokenizer_class: expected a class name, got {v!r}")
+
+
+def _check_tokenizer_json(path: Path, where: str) -> None:
+    try:
+        from tokenizers import Tokenizer
+
+        Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises a bare Exception for a malformed file
+        raise DataError(f"{where}: {path}: the tokenizers library cannot read it ({one_line(exc)})") from None
+
+
+def model_bos(m: LoadedModel, where: str) -> int:
+    """The start token the generator puts at position 0: the tokenizer's BOS token (model_tokenizer), or
+    0 for a model without a tokenizer (the fixtures); DataError when the tokenizer has no BOS token in its
+    vocabulary or its files cannot be read (`where` names the setting that avoids it)."""
+    try:
+        tok = model_tokenizer(m)
+    except DataError as exc:
+        raise DataError(f"{where}: the generator's start token is the tokenizer's BOS token, and {exc}; or set "
+                        "data.bos_token") from None
+    if tok is None:
+        return 0
+    if tok.bos is None:
+        raise DataError(f"{where}: the tokenizer of {m.source} has no BOS token in its vocabulary: set "
+                        "data.bos_token to the start token's id, or data.bos: false")
+    return tok.bos
 
 
 def bridge_tokenizer(bridge: Any, model: str) -> TextTokenizer | None:
@@ -79,7 +190,10 @@ def require_tokenizer(m: LoadedModel, where: str) -> TextTokenizer:
     """model_tokenizer(m); DataError (one line, prefixed with `where`) when the model has none,
     saying why: a Hugging Face directory without tokenizer files, a native directory, a
     handed-over bridge without a tokenizer."""
-    tok = model_tokenizer(m)
+    try:
+        tok = model_tokenizer(m)
+    except DataError as exc:
+        raise DataError(f"{where}: text data needs the model's tokenizer, and {exc}") from None
     if tok is None:
         if m.kind == "transformers" and not _has_tokenizer_files(m):
             why = (f"the model directory has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...), which text "

@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from .. import locations
 from ..errors import OutputExistsError, OutputWriteError
 
 
@@ -93,6 +94,16 @@ def preflight(out: Path | None = None, reports_root: Path | None = None) -> None
     if os.path.lexists(root) and not root.is_dir():
         raise OutputWriteError(f"{root}: cannot write reports there: it is not a folder")
     _probe(root, "reports")
+
+
+def preflight_file(path: Path, what: str) -> None:
+    """Raise a UserError now, before any work, unless a file can be written at `path`: its folder
+    accepts a new file, and `path` is absent or a regular file (replaced)."""
+    if os.path.lexists(path):
+        problem = locations.file_problem(path)
+        if problem is not None:
+            raise OutputWriteError(f"{path}: cannot write the {what} there: it is {problem}")
+    _probe(Path(path).parent, what)
 
 
 def _temp_sibling(target: Path, tag: str) -> Path:

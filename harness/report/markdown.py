@@ -223,5 +223,6 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
     if ev.warnings:
         out += ["## Warnings", ""] + [f"- {t(w)}" for w in ev.warnings] + [""]
     out += ["## Sanity checks", ""]
-    out += [f"- {'ok' if ch.passed else 'FAILED'}: {t(ch.name)} — {t(ch.detail)}" for ch in ev.sanity_checks]
+    out += [f"- {'not applicable' if ch.applies is False else 'ok' if ch.passed else 'FAILED'}: {t(ch.name)} — "
+            f"{t(ch.detail)}" for ch in ev.sanity_checks]
     return "\n".join(out) + "\n"

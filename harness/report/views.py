@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from ..claims.ablation import AblationDetails
+from ..claims.attention import AttentionDetails
 from ..claims.circuit import CircuitDetails
 from ..claims.composition import CompositionDetails
 from ..claims.copying import CopyingDetails
@@ -121,6 +122,13 @@ class RoleView(ClaimView):
                 f"{d.n_undefined} undefined"]
 
 
+class AttentionView(ClaimView):
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, AttentionDetails)
+        return [f"- from {d.from_position} to {d.to_position}: per-prompt median {fmt(d.median)}, IQR {fmt(d.iqr)}; "
+                f"{d.n_prompts} prompts"]
+
+
 class CopyingView(ClaimView):
     def lines(self, result: ClaimResult, unit: str) -> list[str]:
         d = details(result, CopyingDetails)
@@ -219,9 +227,9 @@ class CircuitView(ClaimView):
         return out
 
 
-_BUILTIN: dict[str, ClaimView] = {"role": RoleView(), "copying": CopyingView(), "composition": CompositionView(),
-                                  "ablation": AblationView(), "edge": EdgeView(), "path": EdgeView(),
-                                  "circuit": CircuitView()}
+_BUILTIN: dict[str, ClaimView] = {"role": RoleView(), "attention": AttentionView(), "copying": CopyingView(),
+                                  "composition": CompositionView(), "ablation": AblationView(), "edge": EdgeView(),
+                                  "path": EdgeView(), "circuit": CircuitView()}
 _VIEWS: dict[str, ClaimView] = dict(_BUILTIN)
 DEFAULT = ClaimView()
 

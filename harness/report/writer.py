@@ -20,14 +20,15 @@ from ..errors import EvidenceFormatError, UserError
 from ..evidence import document
 from ..evidence.result import Evidence
 from . import explain_figure, figures
-from .folders import check_new, default_folder, preflight, replace_folder, write_folder
+from .folders import check_new, default_folder, preflight, preflight_file, replace_folder, write_folder
 from .html import render_html
 from .markdown import render_markdown
 from .reading import load_bytes, parse, read_json
 from .text import plain
 
-__all__ = ["check_new", "default_folder", "preflight", "read_json", "write_folder", "write_report", "rerender",
-           "render_files", "report_files", "load_evidence", "validate_evidence", "replace_in_place", "render_error"]
+__all__ = ["check_new", "default_folder", "preflight", "preflight_file", "read_json", "write_folder", "write_report",
+           "rerender", "render_files", "report_files", "load_evidence", "validate_evidence", "replace_in_place",
+           "render_error"]
 
 REPORT_FILES = frozenset({"report.md", "report.html", "figures"})
 

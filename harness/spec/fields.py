@@ -130,6 +130,11 @@ class ClaimSpec(Strict):
         """The named corruptions the claim runs on (checked against the data's)."""
         return []
 
+    def check_data(self, data: Any) -> str | None:
+        """A problem with this claim under the file's `data` mapping (a spec.settings.DataSettings),
+        or None.  Override when the claim names something of the data (e.g. a template's slot)."""
+        return None
+
 
 
 

@@ -291,7 +291,7 @@ def parse_sender(text: str, fits: Fits = SENDER, shape: Shape | None = None) -> 
             raise ComponentNameError(f"{text!r} is not {fits.noun}")
         return node
     if fits is not SENDER:
-        raise ComponentNameError(f"{text!r}: {fits.noun} is one {fits.text}, not a group")
+        raise ComponentNameError(f"{text!r}: {fits.noun} is a single name ({fits.text}), not a group")
     nodes: list[Node] = []
     for part in parts:
         node = parse_as(part, fits, shape)

@@ -69,6 +69,7 @@ class FileData(DataSettings):
     limit: int | None = Field(None, ge=2, le=MAX_PROMPTS)
     mean_from: str | None = None
     prepend_bos: StrictBool | None = None  # text files only; None: when the tokenizer has a BOS token
+    allow_unknown: StrictBool = False  # text files only: text the tokenizer does not know is an error unless true
 
     def corruption_names(self) -> list[str] | None:
         """None: known only when the file is read (`default`, and one per corrupted_<name> key)."""

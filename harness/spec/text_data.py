@@ -64,6 +64,27 @@ def render(parts: list[Part], values: dict[str, str]) -> tuple[str, str | None]:
     return "".join(out), before
 
 
+def slot_spans(parts: list[Part], values: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """For each occurrence of each slot, named `NAME#k` (k from 1, in reading order): (the filled
+    text before it, the filled text through it), the marker removed."""
+    out: dict[str, tuple[str, str]] = {}
+    seen: dict[str, int] = {}
+    text = ""
+    for kind, value in parts:
+        if kind == "slot":
+            seen[value] = seen.get(value, 0) + 1
+            out[f"{value}#{seen[value]}"] = (text, text + values[value])
+            text += values[value]
+        elif kind == "text":
+            text += value
+    return out
+
+
+def occurrences(parts: list[Part], slot: str) -> int:
+    """How often a parsed template uses slot `slot`."""
+    return sum(1 for k, v in parts if k == "slot" and v == slot)
+
+
 def slots_in(parts: list[Part]) -> list[str]:
     """The slot names a parsed template uses, in order of first use."""
     return list(dict.fromkeys(v for k, v in parts if k == "slot"))
@@ -91,6 +112,7 @@ class TemplateData(DataSettings):
     n_prompts: int = Field(200, ge=2, le=MAX_PROMPTS)
     n_reference: int | None = Field(None, ge=2, le=MAX_PROMPTS)
     prepend_bos: StrictBool | None = None
+    allow_unknown: StrictBool = False  # text the tokenizer does not know is an error unless this is true
     seed: int = Field(0, ge=0)
     split: Literal["test", "explore"] = "test"
 
@@ -238,6 +260,7 @@ class PromptsData(DataSettings):
 
     prompts: list[TextPrompt] = Field(min_length=2, max_length=MAX_PROMPTS)
     prepend_bos: StrictBool | None = None
+    allow_unknown: StrictBool = False  # text the tokenizer does not know is an error unless this is true
 
     @model_validator(mode="after")
     def _same_keys(self) -> PromptsData:

@@ -16,7 +16,7 @@ from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS
 from ..hypothesis.loading import LoadedHypothesis
 from ..report import views
 
-SCHEMA_VERSION = 3  # of sweep.json; docs/sweep-json.md lists the changes
+SCHEMA_VERSION = 4  # of sweep.json; docs/sweep-json.md lists the changes
 SCHEMA_FILE = Path(__file__).with_name("sweep.schema.json")
 
 
@@ -72,18 +72,18 @@ def failed_sanity_checks(evidence: dict[str, Any]) -> list[dict[str, str]]:
 def counts(jobs: list[dict[str, Any]]) -> dict[str, int]:
     out = {"jobs": len(jobs), "ok": 0, "failed": 0, PASS.value: 0, FAIL.value: 0, INCONCLUSIVE.value: 0}
     for j in jobs:
-        out[j["status"]] += 1
+        out[j["status"]] = out.get(j["status"], 0) + 1
         for c in j.get("claims", []):
             out[c["verdict"]] += 1
     return out
 
 
 def exit_code(doc: dict[str, Any]) -> int:
-    """JOB_FAILED (4) when a job failed (a fatal sanity check fails its job); else SANITY (3)
-    when a job that ran recorded a failed sanity check; else OK (0) when every claim of every
-    job passed, CLAIMS (1) otherwise."""
+    """JOB_FAILED (4) when a job failed (a fatal sanity check fails its job) or has not run yet
+    (a partial sweep's `missing` jobs); else SANITY (3) when a job that ran recorded a failed
+    sanity check; else OK (0) when every claim of every job passed, CLAIMS (1) otherwise."""
     c = doc["counts"]
-    if c["failed"]:
+    if c["failed"] or c.get("missing"):
         return ExitCode.JOB_FAILED
     if any(j.get("sanity_failed") for j in doc["jobs"]):
         return ExitCode.SANITY

@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import UserError
 
 EXECUTORS = ("inprocess", "ray")
+RETRIES = 1  # Ray: runs of a job after its worker died
 
 
 def failure_result(exc: BaseException, where: str = "") -> dict:
@@ -78,7 +79,8 @@ class Ray:
                 raise UserError(f"--executor ray: cannot start or join {where}: {exc}") from None
             started = True
         try:
-            task = ray.remote(num_cpus=1, num_gpus=self.gpus_per_job)(fn)
+            # a worker that dies (out of memory, killed) is run again once; a second death is the job's failure
+            task = ray.remote(num_cpus=1, num_gpus=self.gpus_per_job, max_retries=RETRIES)(fn)
             refs = {task.remote(job): i for i, job in enumerate(jobs)}
             results: list[dict | None] = [None] * len(jobs)
             pending = list(refs)

@@ -27,6 +27,7 @@ from . import figures as sweep_figures
 from .document import folder_name, plan_of
 
 ERROR_CELL = "job failed"
+MISSING_CELL = "not run yet"
 SWEEP_FILES = frozenset({"sweep.md", "sweep.html", "figures", "runs"})
 
 
@@ -59,7 +60,7 @@ def verdict_rows(doc: dict, hypothesis: str) -> list[list[str]]:
         for m in doc["models"]:
             j = jobs.get(m["label"])
             if j is None or j["status"] != "ok":
-                row.append(ERROR_CELL)
+                row.append(MISSING_CELL if j is not None and j["status"] == "missing" else ERROR_CELL)
             else:
                 row.append(next(x["verdict"] for x in j["claims"] if x["id"] == c["id"]))
         rows.append(row)
@@ -120,7 +121,13 @@ def render_markdown(doc: dict, figures: set[str]) -> str:
             "table reads left to right along training; each column header links to that job's "
             "full evidence report. Weight evidence proposes routes; only the causal claims show a "
             "route is used.", ""]
-    failed = [j for j in doc["jobs"] if j["status"] != "ok"]
+    missing = [j for j in doc["jobs"] if j["status"] == "missing"]
+    if missing:
+        out += ["## Not run yet", "", f"**This sweep is unfinished**: {len(missing)} of {len(doc['jobs'])} jobs have "
+                "no result yet (`harness sweep --resume FOLDER` runs them). Their cells read "
+                f"*{MISSING_CELL}*.", "", _table([(j["hypothesis"], j["model"]) for j in missing],
+                                                  ["hypothesis", "model"]), ""]
+    failed = [j for j in doc["jobs"] if j["status"] == "failed"]
     if failed:
         out += ["## Failed jobs", "", "These jobs did not produce evidence; every other job's result is kept.", ""]
         failures = [(j["hypothesis"], j["model"], j["error"]["type"], j["error"]["where"],

@@ -12,14 +12,14 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..errors import UserError
+from ..errors import OutputWriteError, UserError
 from ..evidence.details import Explained
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..mech import weights
 from ..mech.explain import Explainer
 from ..mech.factored import Composition
 from ..model.ref import load_model
-from ..model.tokenizer import model_tokenizer
+from ..model.tokenizer import shown_tokenizer
 from ..report import explain_figure, explain_text
 from ..report.figures import png
 from ..report.text import plain
@@ -50,14 +50,17 @@ def explain_route(model: str, edge_text: str, *, top: int = 3, draws: int = 1000
     if not isinstance(sender, names.Head) or not isinstance(receiver, names.HeadInput):  # parse_edge checked
         raise UserError(f"{edge} is not a head -> head-input edge")
     hw = weights.head_weights(m.bridge, processing)
-    tok = model_tokenizer(m)
+    tok = shown_tokenizer(m)
     record = Explainer(hw, seed, tok.piece if tok is not None else None).record(sender, receiver, draws, top)
     score = Composition(hw, seed).result(sender, receiver, draws)
     text = render(str(edge), model, record, score, null_dim=hw.null_dim, processing=processing, seed=seed)
     if out is not None:
         fig = explain_figure.draw_explain([(str(edge), record)])
         if fig is not None:
-            out.write_bytes(png(fig, tight=False))
+            try:
+                out.write_bytes(png(fig, tight=False))
+            except OSError as exc:  # checked before the work (report.folders.preflight_file); changed since
+                raise OutputWriteError(f"{out}: cannot write the figure: {exc.strerror or exc}") from None
     return text, record
 
 

@@ -47,6 +47,7 @@ from ..mech.runs import base_runs
 from ..model import data, metrics
 from ..model.devices import of, resolve_device
 from ..model.ref import ModelRef, load_model
+from ..model.tokenizer import model_bos
 from ..progress import progress
 from ..report.figures import signature
 from ..report.writer import write_folder
@@ -111,7 +112,7 @@ def _dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | Non
     chosen = [str(c) for c in cfg.corruptions or DEFAULT_CORRUPTIONS]
     # every generated token is a possible answer: draw them from the ids the output vocabulary has too
     ds = data.repeated_tokens(cfg.n_prompts, cfg.segment_length, m.d_vocab, seed=cfg.seed, split="explore",
-                              bos_token=m.bos_token, corruptions=tuple(chosen), n_ctx=m.n_ctx,
+                              bos_token=model_bos(m, "harness scan"), corruptions=tuple(chosen), n_ctx=m.n_ctx,
                               distinct=cfg.distinct, vocab_max=min(m.d_vocab, m.d_vocab_out))
     return ds, chosen
 
@@ -125,6 +126,13 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
     hooks = batched_edges.cache_names(L) + [hook_pattern(L - 1)]
     runs = base_runs(bridge, ds.keep_corruptions(chosen), hooks, cfg.metric)
     st = SCAN_STATS.model_copy(update={"bootstrap": cfg.bootstrap})
+    unit = metrics.get(cfg.metric).unit
+    unusable = unusable_corruptions(runs, chosen, st, unit)
+    if len(unusable) == len(chosen):
+        raise UserError("no corruption to scan with: " + "; ".join(f"{u['corruption']}: {u['reason']}"
+                                                                   for u in unusable))
+    skipped = {u["corruption"] for u in unusable}
+    chosen = [c for c in chosen if c not in skipped]
     composition = _composition(Composition(weights.head_weights(bridge, cfg.processing), cfg.seed), edges, cfg.draws)
     rows: list[dict[str, Any]] = []
     for c_i, name in enumerate(chosen):
@@ -137,10 +145,34 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
                            label=f"statistics ({name})")
         rows += _rows(tests, composition, st, name)
     rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
-    table = _table(rows[:cfg.top], ds.description, len(edges), chosen)
+    table = _table(rows[:cfg.top], ds.description, len(edges), chosen, unusable)
     mapping = held_out_mapping(*given) if given is not None else None
-    _write(out, rows, model_source, cfg, corruptions=chosen, data=mapping, unique=unique)
+    if mapping is not None and skipped and "corruptions" in mapping:
+        kept = mapping["corruptions"]
+        mapping["corruptions"] = ([c for c in kept if c not in skipped] if isinstance(kept, list)
+                                  else {k: v for k, v in kept.items() if k not in skipped})
+    _write(out, rows, model_source, cfg, corruptions=chosen, data=mapping, unique=unique, unusable=unusable)
     return rows, table
+
+
+def unusable_corruptions(runs: Any, chosen: list[str], st: Stats, unit: str) -> list[dict[str, Any]]:
+    """The corruptions a scan cannot use, each with its mean clean-corrupted gap and why: a negative gap
+    (the corrupted prompts score higher: the corruption gives the metric's answer, e.g. it puts the
+    wrong token where the answer was) or one below min_gap (the corruption barely changes the metric)."""
+    out = []
+    for name in chosen:
+        gap = float(np.mean(runs.m_clean - runs.with_corruption(name).m_corrupt))
+        if gap < 0:
+            why = (f"mean clean-corrupted gap {gap:.3g} {unit} is negative: the corrupted prompts score higher than "
+                   "the clean ones, so the corruption gives the answer rather than taking it away (is the metric's "
+                   "wrong token the value the corruption puts in?)")
+        elif gap < st.min_gap:
+            why = (f"mean clean-corrupted gap {gap:.3g} {unit} is below min_gap {st.min_gap:g}: the corruption "
+                   "barely changes the metric, so no effect can be normalised by it")
+        else:
+            continue
+        out.append({"corruption": name, "gap": gap, "reason": why})
+    return out
 
 
 def held_out_mapping(d: DataSpec, source: DataSource) -> dict[str, Any]:
@@ -190,7 +222,8 @@ def _rows(tests: list[EdgeTestResult], composition: dict[int, tuple], st: Stats,
     return rows
 
 
-def _table(rows: list[dict[str, Any]], desc: str, n: int, corruptions: list[str]) -> str:
+def _table(rows: list[dict[str, Any]], desc: str, n: int, corruptions: list[str],
+           unusable: list[dict[str, Any]] | None = None) -> str:
     from tabulate import tabulate
 
     several = len(corruptions) > 1
@@ -201,7 +234,9 @@ def _table(rows: list[dict[str, Any]], desc: str, n: int, corruptions: list[str]
             for r in rows]
     headers = ["edge", *(["corruption"] if several else []), "effect [CI]", "p_adj", "use", "changed",
                "composition", "comp. p (uncorr.)", "weights vs use"]
-    return (f"{desc}\n{n} edges x {len(corruptions)} corruption(s) ({', '.join(corruptions)}; noising, resample); "
+    skipped = "".join(f"not used: corruption {u['corruption']}: {u['reason']}\n" for u in unusable or [])
+    return (f"{desc}\n{skipped}{n} edges x {len(corruptions)} corruption(s) ({', '.join(corruptions)}; noising, "
+            "resample); "
             f"top {len(rows)} by effect; changed = how much the patch changes the sender's output where the "
             f"receiver reads it (below {SCAN_STATS.min_change:g}: untested):\n\n" + tabulate(body, headers=headers))
 
@@ -267,12 +302,12 @@ def starter(rows: list[dict[str, Any]], model_source: str, *, n_prompts: int, se
 
 
 def _write(out: Path, rows: list[dict[str, Any]], model_source: str, cfg: ScanSettings, *, corruptions: list[str],
-           data: dict[str, Any] | None, unique: bool) -> None:
+           data: dict[str, Any] | None, unique: bool, unusable: list[dict[str, Any]]) -> None:
     doc = starter(rows, model_source, n_prompts=cfg.n_prompts, segment_length=cfg.segment_length, metric=cfg.metric,
                   corruptions=corruptions, data=data, folder=out, distinct=cfg.distinct)
     load(doc, base_dir=out)  # the starter file must be valid
     files = {"scan.json": to_json({"edges": rows, "seed": cfg.seed, "metric": cfg.metric,
-                                   "corruptions": corruptions}).encode(),
+                                   "corruptions": corruptions, "unusable_corruptions": unusable}).encode(),
              "starter.yaml": yaml.safe_dump(doc, sort_keys=False).encode()}
     claimed = {c["edge"] for c in doc["claims"]}
     first = [r for r in rows if r["corruption"] == corruptions[0]]

@@ -1,5 +1,6 @@
 """Command line: `harness validate`, `harness run`, `harness sweep`, `harness report`,
-`harness weights`, `harness explain`, `harness roles`, `harness scan`, `harness selftest`.
+`harness weights`, `harness explain`, `harness roles`, `harness scan`, `harness discover`,
+`harness selftest`.
 
 Exit codes (errors.ExitCode): 0 every claim passed (or every file valid), 1 a
 claim failed or was inconclusive, 2 bad input (the message says file:line,
@@ -16,7 +17,7 @@ input (every line of it), `sanity check failed: ...`, `warning: ...`.
 Every command calls the library; heavy imports (torch,
 TransformerLens, matplotlib) happen inside the library functions that need them, so
 `harness --help` and `harness validate` stay fast.  Those that
-load or build one (run, sweep, weights, explain, scan, roles, selftest) take `--device`
+load or build one (run, sweep, weights, explain, scan, discover, roles, selftest) take `--device`
 (model.devices.resolve_device), checked before any model loads.
 """
 
@@ -54,6 +55,8 @@ from .sweep.document import exit_code
 from .sweep.executors import EXECUTORS
 from .sweep.run import MANIFEST, partial_report, read_manifest, sweep, write_file
 from .tools import weights_table
+from .tools.discover import METHODS as DISCOVER_METHODS
+from .tools.discover import RANKS, discover, is_discovery
 from .tools.explain_route import explain_route
 from .tools.roles_table import role_table
 from .tools.scan import is_scan, scan
@@ -201,6 +204,34 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("--seed", type=SEED, default=0)
     _add_device(sc)
 
+    dc = sub.add_parser("discover", help="find an edge circuit on some prompts and confirm it on others: "
+                                         "attribution scores, exact patching, the faithfulness curve")
+    dc.add_argument("source", metavar="HYPOTHESIS-OR-MODEL",
+                    help="a hypothesis file (its model, data on the explore split, metric; an edge circuit claim "
+                         "in it is the known circuit), or a model directory or hf:NAME")
+    dc.add_argument("--out", type=Path, help="new folder for discovery.json, discover.md/.html, figures/, "
+                                              "starter.yaml")
+    dc.add_argument("--method", choices=DISCOVER_METHODS, default="eap-ig",
+                    help="how edges are scored on the discovery prompts (default eap-ig; exact: patch every edge)")
+    dc.add_argument("--steps", type=int, default=5, help="EAP-IG's points between corrupted and clean (default 5)")
+    dc.add_argument("--rank", choices=RANKS, default="abs",
+                    help="abs: by |score summed over positions| (default); positions: by the sum of |score| per "
+                         "position (no cancellation)")
+    dc.add_argument("--confirm-fraction", type=float, default=0.5,
+                    help="share of the prompts held out for confirmation (default 0.5)")
+    dc.add_argument("--top", type=int, default=50, help="edges patched exactly on the confirmation prompts")
+    dc.add_argument("--bound", type=float, default=0.8,
+                    help="faithfulness the starter circuit's interval must clear (default 0.8)")
+    dc.add_argument("--metric", choices=metrics.names(), default=None,
+                    help="default: the hypothesis file's, else logprob")
+    dc.add_argument("--n-prompts", type=PROMPTS, default=200, help="generated prompts, for a model without --data")
+    dc.add_argument("--segment-length", type=SEGMENT, default=20)
+    dc.add_argument("--data", type=Path, metavar="FILE", help=DATA_HELP)
+    dc.add_argument("--corruption", metavar="NAME", help="the corruption (default: the data's default)")
+    dc.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of every interval")
+    dc.add_argument("--seed", type=SEED, default=0)
+    _add_device(dc)
+
     st = sub.add_parser("selftest", help="check the harness against constructed models with known answers")
     st.add_argument("--out", type=Path, help="keep the constructed models and files here (default: temp dir)")
     st.add_argument("--null-seeds", type=int, default=20, help="null models for the false-positive rates")
@@ -225,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,
         "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan, "sweep": cmd_sweep,
-        "explain": cmd_explain}
+        "explain": cmd_explain, "discover": cmd_discover}
     try:
         with clock():
             if getattr(args, "threads", None) is not None:  # the same as HARNESS_THREADS (workers inherit it)
@@ -358,6 +389,22 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_discover(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    if args.bootstrap < 100:
+        raise UserError("--bootstrap must be at least 100")
+    writer.preflight(args.out, Path("reports"))
+    out = check_new(args.out) if args.out is not None else default_folder("discover", Path("reports"))
+    _, summary = discover(args.source, out, device=device, data_file=args.data, unique=args.out is None,
+                          method=args.method, steps=args.steps, rank=args.rank,
+                          confirm_fraction=args.confirm_fraction, top=args.top, bound=args.bound,
+                          metric=args.metric, n_prompts=args.n_prompts, segment_length=args.segment_length,
+                          corruption=args.corruption, bootstrap=args.bootstrap, seed=args.seed)
+    print(summary)
+    print(f"\nwrote {out / 'discover.md'} (and discover.html, discovery.json, figures/, starter.yaml)")
+    return ExitCode.OK
+
+
 def cmd_selftest(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.null_seeds < 1:
@@ -384,6 +431,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if is_scan(doc):
         raise UserError(f"{args.evidence} is a scan file (scan.json); scan results are not re-rendered: "
                         "run `harness scan` again")
+    if is_discovery(doc):
+        raise UserError(f"{args.evidence} is a discovery file (discovery.json); its report is written with it: "
+                        "run `harness discover` again")
     if sweep_document.is_sweep(doc):
         folder = sweep_report.rerender(args.evidence, args.out)
         stem = "sweep"

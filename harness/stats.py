@@ -111,3 +111,89 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
 
     ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="exact")
     return float(ci.low), float(ci.high)
+
+
+def beat_likelihood_ratio(k: int, n: int, rate: float, above: bool = True) -> float:
+    """The mixture likelihood ratio of k successes in n Bernoulli draws against success rate `rate`:
+
+        above  H1: p > rate, p uniform on (rate, 1]:  LR = int_rate^1 p^k (1-p)^(n-k) dp / (1 - rate)
+        below  H1: p < rate, p uniform on [0, rate):  LR = int_0^rate p^k (1-p)^(n-k) dp / rate
+
+    each divided by rate^k (1 - rate)^(n - k).  Under any p <= rate (above; p >= rate, below) the
+    sequence of LRs over growing n is a nonnegative supermartingale with mean <= 1, so by Ville's
+    inequality P(LR_n >= 1/alpha for some n) <= alpha: a test that stops as soon as it crosses
+    1/alpha, looking as often as it likes, keeps its error rate."""
+    from scipy.special import betainc, betaincc, betaln
+
+    if not 0 <= k <= n:
+        raise ValueError(f"k = {k} successes in n = {n} draws")
+    if rate <= 0.0:
+        if not above:
+            return 0.0  # no rate below 0
+        return float("inf") if k > 0 else 1.0 / (n + 1)
+    part = betaincc(k + 1, n - k + 1, rate) if above else betainc(k + 1, n - k + 1, rate)
+    if part <= 0.0:
+        return 0.0
+    width = 1.0 - rate if above else rate
+    log_null = k * np.log(rate) + ((n - k) * np.log1p(-rate) if n > k else 0.0)
+    return float(np.exp(betaln(k + 1, n - k + 1) + np.log(part) - np.log(width) - log_null))
+
+
+@dataclass(frozen=True)
+class BeatTest:
+    """A sequential test of whether a claimed circuit beats random circuits more often than
+    `rate` (sequential_beat_test)."""
+
+    beaten: int
+    drawn: int
+    max_draws: int
+    rate: float
+    alpha: float
+    decision: str  # "more" (p > rate shown), "not more" (p < rate shown), "undecided"
+    p_value: float  # anytime-valid: min(1, 1 / the largest above-LR seen at a look)
+    looks: tuple[int, ...]  # the draw counts after which the test looked
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.drawn < self.max_draws
+
+
+ROUNDS_FIRST = 8  # draws of the first round; each later round doubles the draws so far
+
+
+def beat_rounds(max_draws: int, first: int = ROUNDS_FIRST) -> list[int]:
+    """The sizes of the rounds of draws: first, then as many as drawn so far, up to max_draws."""
+    out, total = [], 0
+    while total < max_draws:
+        size = min(max_draws - total, first if total == 0 else total)
+        out.append(size)
+        total += size
+    return out
+
+
+def sequential_beat_test(draw: Callable[[int], Sequence[bool]], max_draws: int, rate: float,
+                         alpha: float, first: int = ROUNDS_FIRST) -> BeatTest:
+    """Draw in rounds (beat_rounds: 8, 8, 16, 32, ... up to max_draws; `draw(m)` returns m new
+    outcomes, True where the claimed circuit beat the random one) and stop at the first look where
+    the above-LR (beat_likelihood_ratio) reaches 1/alpha ("more": the rate is exceeded) or the
+    below-LR does ("not more"); else "undecided" after max_draws.  Error rates, for any p:
+    P("more" | p <= rate) <= alpha and P("not more" | p >= rate) <= alpha."""
+    beaten = drawn = 0
+    best = 0.0
+    looks: list[int] = []
+    decision = "undecided"
+    for size in beat_rounds(max_draws, first):
+        got = list(draw(size))
+        beaten += int(sum(bool(x) for x in got))
+        drawn += len(got)
+        looks.append(drawn)
+        up = beat_likelihood_ratio(beaten, drawn, rate, above=True)
+        best = max(best, up)
+        if up >= 1.0 / alpha:
+            decision = "more"
+            break
+        if beat_likelihood_ratio(beaten, drawn, rate, above=False) >= 1.0 / alpha:
+            decision = "not more"
+            break
+    return BeatTest(beaten, drawn, max_draws, rate, alpha, decision, min(1.0, 1.0 / best) if best > 0 else 1.0,
+                    tuple(looks))

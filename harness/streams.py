@@ -29,6 +29,12 @@ class Stream(IntEnum):
     #: `explain` (mech.explain): the rotation null of a route's spectrum statistics (the blocks F
     #: themselves, drawn as ROTATION_NULL's); keys: block size r (d_head), null_dim, chunk index
     EXPLAIN_NULL = 12
+    DISCOVER = 13  #: `harness discover`: the split into discovery and confirmation prompts; no key
+    DISCOVER_EFFECT = 14  #: `harness discover`: bootstrap of the confirmation of the edge ranked r; key: r
+    DISCOVER_PERMUTATION = 15  #: `harness discover`: sign-flip test of the edge ranked r; key: r
+    #: `harness discover`: the faithfulness curve's intervals; keys: the curve point's index (then CPR, CMD,
+    #: the known circuit and the top-|known| circuit)
+    DISCOVER_CURVE = 16
 
 
 def derive_seed(*keys: int) -> int:

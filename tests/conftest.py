@@ -89,3 +89,28 @@ def tiny_native(tmp_path_factory):
     bridge = boot_random_native(cfg, seed=1)
     path = save_native(bridge, cfg, tmp_path_factory.mktemp("tiny") / "model")
     return bridge, path
+
+
+@pytest.fixture
+def ray_reaped():
+    """For a test that starts Ray in this process: afterwards Ray is shut down and every
+    child process it left (its servers stop a moment after `ray.shutdown`) is waited for, so
+    that no Popen of a still-running child is collected during a later test (a
+    ResourceWarning pytest would pin on that test)."""
+    yield
+    import gc
+    import subprocess
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance reads __class__, which some proxies (torch.distributed's
+        # deprecated names) answer with a warning
+        if issubclass(type(obj), subprocess.Popen) and obj.returncode is None:
+            try:
+                obj.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                obj.kill()
+                obj.wait()

@@ -98,8 +98,11 @@ def test_circuit_faithfulness_and_random_comparison(model_dirs, tmp_path):
     ], tmp_path)
     right, wrong = ev.claims
     assert right.verdict == "PASS" and right.value == pytest.approx(1.0, abs=1e-9)
-    # of the 6 two-head circuits only {L0H0, L1H0} is faithful: random ones beat it 1/6 of the time
-    assert right.details.beaten >= 40
+    # of the 6 two-head circuits only {L0H0, L1H0} is faithful: it beats every other one, and the sequential
+    # test decides "more than the rate 0.5" at its first look (8 of 8 beaten) instead of drawing all 60
+    d = right.details
+    assert d.beat_decision == "more" and d.beaten == d.random_circuits and d.random_circuits < 60
+    assert d.random_draws_max == 60 and d.beat_p_value < 0.05
     assert wrong.verdict == "FAIL" and wrong.value == pytest.approx(0.0, abs=1e-9)
     assert any(ch.name == "identity interventions reproduce the base run" for ch in ev.sanity_checks)
 
@@ -194,5 +197,8 @@ def test_demo_edges_on_the_fixture(demo_evidence):
     k_edge = next(c for c in ev.claims if c.id == "prev-token-feeds-induction-keys")
     assert k_edge.ci[0] > 0.1 and k_edge.verdict == "PASS"
     circuit = next(c for c in ev.claims if c.kind == "circuit")
-    assert circuit.verdict == "PASS" and circuit.details.beaten > 80
-    assert np.isfinite(circuit.details.binomial_p_value)
+    d = circuit.details
+    # some random 13-of-16 circuits beat it (their F reaches 0.96), so the test needs a few rounds, not all 100
+    assert circuit.verdict == "PASS" and d.random_circuits < 100 and d.beaten > 0.75 * d.random_circuits
+    assert d.beat_decision == "more" and d.beat_p_value < 0.05 and d.random_draws_max == 100
+    assert d.binomial_p_value is None

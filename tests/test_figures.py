@@ -152,7 +152,7 @@ def test_one_p_value_format(demo_evidence):
     assert fmt_p(9.999000099990002e-05) == "0.0001" and fmt_p(1.6e-19) == "1.6e-19" and fmt_p(1.0) == "1"
     md = render_markdown(demo_evidence)
     assert "9.999e-05" not in md and "sign-flip p = 0.0001" in md
-    printed = re.findall(r"(?:p =|p_adj|BH-adjusted|binomial p) ([0-9][0-9.e+-]*[0-9])", md)
+    printed = re.findall(r"(?:p =|p_adj|BH-adjusted|, p) ([0-9][0-9.e+-]*[0-9])", md)
     assert len(printed) > 10
     assert all(fmt_p(float(x)) == x for x in printed), printed
 
@@ -187,17 +187,26 @@ def test_terminal_table_says_why_not_pass(demo_evidence):
 
 
 def test_circuit_reason_names_what_held_it_back():
-    """A faithful circuit that beats only 53/100 random circuits is INCONCLUSIVE, and says so."""
-    verdict, rule, reason = random_comparison(Verdict.PASS, "CI [0.590, 0.628] lies at or above 0.25", 53, 100,
-                                              0.3086, 0.05, 0.5)
+    """A faithful circuit whose sequential test stays undecided is INCONCLUSIVE, and says so; one
+    the test decides against FAILs; one it decides for PASSes, saying after how many draws."""
+    from harness.stats import BeatTest
+
+    def test(k, n, decision, p):
+        return BeatTest(k, n, 100, 0.5, 0.05, decision, p, (8, 16, 32, 64, 100)[:4 if n == 64 else 5])
+
+    verdict, rule, reason = random_comparison(Verdict.PASS, "CI [0.590, 0.628] lies at or above 0.25",
+                                              test(53, 100, "undecided", 0.31))
     assert verdict == Verdict.INCONCLUSIVE
     assert reason == ("faithfulness CI [0.590, 0.628] lies at or above 0.25, but it beats 53/100 random circuits "
-                      "(binomial p 0.309 >= alpha 0.05): not clearly more than the rate 0.5")
-    assert "beats 53/100 random circuits, binomial p = 0.309 (>= alpha 0.05)" in rule
-    verdict, _, reason = random_comparison(Verdict.PASS, "CI ok", 40, 100, 0.98, 0.05, 0.5)
-    assert verdict == Verdict.FAIL and reason.startswith("beats only 40/100 random circuits")
-    verdict, _, reason = random_comparison(Verdict.PASS, "CI ok", 92, 100, 1.6e-19, 0.05, 0.5)
-    assert verdict == Verdict.PASS and "binomial p 1.6e-19 < alpha 0.05" in reason
+                      "(sequential test undecided after 100 of at most 100 draws, p 0.31 at alpha 0.05): not clearly "
+                      "more than the rate 0.5")
+    assert "beats 53/100 random circuits (sequential test undecided" in rule
+    verdict, _, reason = random_comparison(Verdict.PASS, "CI ok", test(20, 64, "not more", 1.0))
+    assert verdict == Verdict.FAIL and reason.startswith("beats only 20/64 random circuits")
+    decided = BeatTest(8, 8, 100, 0.5, 0.05, "more", 0.0176, (8,))
+    verdict, _, reason = random_comparison(Verdict.PASS, "CI ok", decided)
+    assert verdict == Verdict.PASS
+    assert "decided after 8 of at most 100 draws: more than the rate 0.5, p 0.0176" in reason
 
 
 def test_pass_regions_in_evidence(demo_evidence):
@@ -208,6 +217,6 @@ def test_pass_regions_in_evidence(demo_evidence):
     assert regions["prev-token-not-via-queries"] == PassRegion(low=-0.05, high=0.05, text="within ±0.05 (tolerance)")
     assert regions["K-comp-L0H7-L1H5"] is None
     doc = demo_evidence.to_dict()
-    assert doc["schema_version"] == 4
+    assert doc["schema_version"] == 5
     assert doc["claims"][0]["pass_region"] == {"low": 0.8, "high": None, "text": "at least 0.8"}
     assert re.match(r"^CI \[", doc["claims"][0]["reason"] or doc["claims"][0]["rule"])

@@ -267,7 +267,7 @@ def problems_of(tmp_path: Path, text: str, check_model: bool = False) -> list[st
      "split, vocab_min, vocab_max, corruptions, n_reference, distinct (did you mean n_prompts?)"),
     ("claims:", "stats:\n  bootstrp: 100\nclaims:", "h.yaml:8: stats.bootstrp: unknown key; allowed keys: bootstrap, "),
     ("kind: ablation", "kind: abalation", "h.yaml:14: claims[1].kind: unknown claim kind 'abalation'; allowed: role, "
-     "attention, copying, composition, ablation, edge, path, circuit (did you mean ablation?)"),
+     "attention, copying, composition, ablation, attribution, edge, path, circuit (did you mean ablation?)"),
     ("role: previous_token", "role: previous-token", "h.yaml:11: claims[0].role: Input should be 'previous_token', "
      "'induction', 'duplicate_token' or 'first_token' (got 'previous-token') (did you mean previous_token?)"),
     ("head: L0H7", "head: LOH7", "h.yaml:10: claims[0].head: 'LOH7' is not a head; expected a head L<layer>H<head>, "

@@ -38,9 +38,11 @@ def toy():
 
 
 def test_builtin_kinds_and_their_protocol():
-    assert registry.names() == ["role", "attention", "copying", "composition", "ablation", "edge", "path", "circuit"]
+    assert registry.names() == ["role", "attention", "copying", "composition", "ablation", "attribution", "edge",
+                                "path", "circuit"]
     for name, kind in registry.kinds().items():
-        assert kind.name == name and kind.evidence in ("weights", "observational", "causal") and kind.summary
+        assert kind.evidence in ("weights", "observational", "attribution", "causal")
+        assert kind.name == name and kind.summary
         assert kind.spec.model_fields["kind"].annotation.__args__[0] == name  # the schema's literal is the name
         assert type(views.get(name)) is not views.ClaimView  # every built-in kind has its own view in report.views
     with pytest.raises(HarnessError, match="already registered"):

@@ -49,3 +49,39 @@ def test_summary():
 ])
 def test_threshold_verdicts(lo, hi, least, most, verdict):
     assert threshold_verdict(lo, hi, least, most)[0] == verdict
+
+
+# ---------------------------------------------------------------- the sequential beat test
+def _simulate(p: float, runs: int, max_draws: int = 100, alpha: float = 0.05, seed: int = 0):
+    from harness.stats import sequential_beat_test
+
+    rng = np.random.default_rng(seed)
+    return [sequential_beat_test(lambda m: (rng.random(m) < p).tolist(), max_draws, 0.5, alpha) for _ in range(runs)]
+
+
+def test_sequential_beat_test_keeps_its_error_rates_by_simulation():
+    """At the boundary p = rate (the hardest null for both errors) neither wrong decision exceeds
+    alpha, although the test looks after 8, 16, 32, 64 and 100 draws; 4000 simulated sequences, so a
+    rate of 0.05 would show as 0.05 +- 0.0034 (one s.e.)."""
+    tests = _simulate(0.5, 4000)
+    more = np.mean([t.decision == "more" for t in tests])
+    not_more = np.mean([t.decision == "not more" for t in tests])
+    assert more <= 0.05 and not_more <= 0.05
+    assert all(t.looks == (8, 16, 32, 64, 100)[:len(t.looks)] for t in tests)
+    assert all((t.decision == "more") == (t.p_value <= 0.05) for t in tests)  # the p-value is the LR's bound
+
+
+def test_sequential_beat_test_stops_early_when_the_answer_is_clear():
+    """A circuit that beats every random one is decided after the first 8 draws; one that beats 90%
+    of them within 32 draws nearly always; one at 10% is decided "not more" as fast."""
+    from harness.stats import beat_likelihood_ratio, sequential_beat_test
+
+    t = sequential_beat_test(lambda m: [True] * m, 100, 0.5, 0.05)
+    assert (t.decision, t.drawn, t.beaten) == ("more", 8, 8) and t.stopped_early
+    assert beat_likelihood_ratio(8, 8, 0.5) == pytest.approx((1 - 0.5 ** 9) / 9 / 0.5 / 0.5 ** 8)
+    good = _simulate(0.9, 500, seed=1)
+    assert np.mean([x.decision == "more" for x in good]) > 0.98 and np.median([x.drawn for x in good]) <= 16
+    bad = _simulate(0.1, 500, seed=2)
+    assert np.mean([x.decision == "not more" for x in bad]) > 0.98 and np.median([x.drawn for x in bad]) <= 16
+    edge = sequential_beat_test(lambda m: [False] * m, 100, 0.0, 0.05)  # nothing is below a rate of 0
+    assert edge.decision != "not more"

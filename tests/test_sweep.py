@@ -174,7 +174,7 @@ def _comparable(j):
     return [(c["id"], c["verdict"], c["value"], c["ci"]) for c in j["claims"]]
 
 
-def test_ray_local_instance_gives_the_in_process_results(swept, tmp_path):
+def test_ray_local_instance_gives_the_in_process_results(swept, tmp_path, ray_reaped):
     import ray
 
     from harness.sweep.run import sweep
@@ -197,7 +197,7 @@ def test_ray_local_instance_gives_the_in_process_results(swept, tmp_path):
         committed.assert_matches(theirs["claims"], j["claims"], scale=1.0, where=f"{j['model']}.claims")
 
 
-def test_ray_worker_crash_is_one_failed_job():
+def test_ray_worker_crash_is_one_failed_job(ray_reaped):
     import os
 
     def job_fn(x):  # a closure: Ray ships it by value
@@ -290,7 +290,7 @@ def test_training_script_saves_loadable_checkpoints(tmp_path, monkeypatch):
     assert [m.step for m in sweep_models.expand([str(ckpts)])] == [3, 6]
 
 
-def test_ray_address_joins_a_running_cluster_and_leaves_it_running(swept, tmp_path, monkeypatch):
+def test_ray_address_joins_a_running_cluster_and_leaves_it_running(swept, tmp_path, monkeypatch, ray_reaped):
     """`ray start --head` stands in for a cluster: the sweep joins it, gets the in-process
     numbers, and does not stop it.  (Token authentication off on both sides: this checks
     joining, not Ray's auth set-up.)"""

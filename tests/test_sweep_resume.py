@@ -125,7 +125,7 @@ def _always_dies(job):
     os._exit(1)
 
 
-def test_ray_runs_a_dead_worker_again_once_and_records_a_second_death(tmp_path):
+def test_ray_runs_a_dead_worker_again_once_and_records_a_second_death(tmp_path, ray_reaped):
     pytest.importorskip("ray")
     ray = executors.Ray(num_cpus=1)
     results = ray.run(_dies_once, [str(tmp_path / "a")])

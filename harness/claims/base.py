@@ -78,7 +78,13 @@ class FrozenPatternsPath:
     """Every attention pattern held at the clean run's values."""
 
 
-InterventionPath = HeadAblationPath | EdgePatchPath | FrozenPatternsPath
+@dataclass(frozen=True)
+class EdgeCircuitPath:
+    """Edge circuits (mech.graph_run): checked with every edge removed and the clean run's own
+    writes as the replacement, which must give the clean run."""
+
+
+InterventionPath = HeadAblationPath | EdgePatchPath | FrozenPatternsPath | EdgeCircuitPath
 
 
 # ---------------------------------------------------------------- the evidence ladder

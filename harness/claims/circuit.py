@@ -1,41 +1,55 @@
-"""Claim kind `circuit`: keeping only these heads (ablating every other head)
-recovers at least a fraction of the clean behaviour, and more than random
-circuits of the same size (causal evidence, node level).
+"""Claim kind `circuit`: keeping only these heads, or only these edges, recovers at least a
+fraction of the clean behaviour, and more than random circuits of the same size (causal
+evidence).
+
+A node circuit (`heads:`) keeps its heads (and MLPs) and ablates every other head (every
+other head and MLP when it names an MLP) on `hook_z` / `hook_mlp_out`.  An edge circuit
+(`edges:`) keeps exactly its edges: every other edge from a sender (embed, a head, an MLP) to
+a receiver (a head's q/k/v input, an MLP's input, the logits) carries the sender's
+replacement write, each receiver's input rebuilt exactly (mech.graph_run).  A node circuit
+is the edge circuit of all edges among its nodes, from embed and to the logits
+(mech.graph.Graph.node_mask: the two give the same numbers).
 
     faithfulness F = sum(m_C - m_empty) / sum(m_full - m_empty)
 
-over prompts with m_full - m_empty >= min_prompt_gap (defined when that mean gap
-is >= min_gap; claims.effects), with m_full the clean run, m_C the run with
-every head outside C ablated and m_empty the run with every head ablated.  For
-`at_least` claims it is compared with N random circuits of the same size (never
-C itself): k = #{F_random < F}, one-sided binomial test of H0: P(beat) <= beat_rate.
-PASS needs the bound met and p < alpha; FAIL when the bound fails or
-k / N <= beat_rate.
+over prompts with m_full - m_empty >= min_prompt_gap (defined when that mean gap is >=
+min_gap; claims.effects), with m_full the clean run (an edge circuit: every edge kept),
+m_C the circuit and m_empty nothing kept.  For `at_least` claims it is compared with random
+circuits of the same size (never C itself): node circuits draw as many heads (and MLPs)
+uniformly, edge circuits as many edges into each receiver as C has, uniformly among that
+receiver's senders (matched per receiver).  They are drawn in rounds (8, 8, 16, 32, ... up
+to `random_circuits`) and the sequential test of P(beat) > beat_rate (stats.sequential_beat_test,
+anytime-valid at `alpha`) stops as soon as it decides.  PASS needs the bound met and the test
+deciding "more"; FAIL when the bound fails, the test decides "not more", or after every draw
+the share of circuits beaten is at most beat_rate.
 
-Non-vacuity (mech.change): ablating a head outside C that leaves its output as it
-was (relative change below `min_change`) does not test whether C needs it; a
+Non-vacuity (mech.change): ablating a head outside C (for an edge circuit: a sender whose
+edges are removed) that leaves its output as it was does not test whether C needs it; a
 PASS with such a head is INCONCLUSIVE, naming the heads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
-from math import comb
-from typing import Literal
+from dataclasses import dataclass, replace
+from math import comb, prod
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, StrictBool
+from pydantic import Field, StrictBool, model_validator
 
 from .. import stats
+from ..errors import UnsupportedError
 from ..evidence.details import CI, Details, Num, Sensitivity, Summary, optional
 from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_verdict
+from ..mech import graph_run
+from ..mech.graph import Graph
 from ..mech.runs import Runs
 from ..progress import stage
 from ..spec import names
-from ..spec.fields import BoundedCausalClaim, UnitList
+from ..spec.fields import BoundedCausalClaim, CircuitEdgeList, UnitList
 from ..spec.names import hook_mlp_out, hook_resid_pre, hook_z
 from ..spec.settings import Stats
 from ..spec.vocabulary import Ablation, LadderStatus, Rung
@@ -43,6 +57,7 @@ from . import effects
 from .base import (
     ClaimKind,
     Context,
+    EdgeCircuitPath,
     HeadAblationPath,
     Indexed,
     InterventionPath,
@@ -59,24 +74,35 @@ UNIT = "faithfulness"
 
 
 class CircuitClaim(BoundedCausalClaim):
-    """Keeping only these heads recovers at least (or at most) a fraction of the behaviour."""
+    """Keeping only these heads (or these edges) recovers at least (or at most) a fraction of the behaviour."""
 
     kind: Literal["circuit"]
-    heads: UnitList  # heads and MLPs (L1.mlp)
+    heads: UnitList | None = None  # heads and MLPs (L1.mlp): a node circuit
+    edges: CircuitEdgeList | None = None  # an edge circuit
     ablation: Ablation = Ablation.RESAMPLE
-    random_circuits: int = Field(100, ge=20, le=100_000)
+    random_circuits: int = Field(100, ge=20, le=100_000)  # the most random circuits drawn
     beat_rate: float = Field(0.5, ge=0.0, lt=1.0)
     sensitivity: StrictBool = False
 
+    @model_validator(mode="after")
+    def _one_set(self) -> CircuitClaim:
+        if (self.heads is None) == (self.edges is None):
+            raise ValueError("give exactly one of heads (a node circuit) / edges (an edge circuit)")
+        return self
+
+    @property
+    def size(self) -> int:
+        return len(self.heads if self.heads is not None else self.edges or [])
+
 
 class CircuitDetails(Details):
-    heads: list[str]
+    heads: list[str]  # the heads (and MLPs) kept; of an edge circuit, the nodes its edges join
     ablation: str
     full_metric_mean: float
     circuit_metric_mean: float
     empty_metric_mean: float
     n_prompts: int
-    random_circuits: int  # random circuits compared (0: no comparison)
+    random_circuits: int  # random circuits drawn (0: no comparison)
     beat_rate: float
     confidence: float
     n_excluded_small_gap: int
@@ -89,46 +115,152 @@ class CircuitDetails(Details):
     random_faithfulness_summary: Summary | None = optional()
     random_faithfulness_max: Num = optional()
     beaten: int | None = optional()
-    binomial_p_value: Num = optional()
+    binomial_p_value: Num = optional()  # documents before version 5: the fixed-N binomial test
+    beat_p_value: Num = optional()  # the sequential test's anytime-valid p-value (stats.sequential_beat_test)
+    beat_decision: str | None = optional()  # more / not more / undecided
+    random_draws_max: int | None = optional()  # the claim's random_circuits
+    random_draw: str | None = optional()  # how random circuits are drawn
     alpha: float | None = optional()
     corruption: str | None = optional()
-    intervention_change: effects.InterventionChange | None = optional()  # of the heads outside the circuit
+    intervention_change: effects.InterventionChange | None = optional()  # of the heads (senders) outside the circuit
     sensitivity: Sensitivity | None = optional()  # faithfulness under each ablation type (bound only)
+    edges: list[str] | None = optional()  # an edge circuit's edges
+    graph_edges: int | None = optional()  # edges of the model's graph (edge circuits)
+    edge_classes: dict[str, dict[str, int]] | None = optional()  # the kept edges by sender and receiver kind
 
 
-def random_faithfulness(runs: Runs, claim: CircuitClaim, m_empty: np.ndarray, kept: np.ndarray,
-                        seed: int) -> np.ndarray | None:
-    """Faithfulness of `claim.random_circuits` random circuits of the claim's size (never
-    the claimed one), over the kept prompts; None when no other circuit of that size exists."""
-    every = pool(claim, runs.n_layers, runs.n_heads)
-    size = len(claim.heads)
-    if comb(len(every), size) <= 1:
+@dataclass(frozen=True)
+class RandomComparison:
+    """What the random circuits showed: their faithfulness and the sequential test."""
+
+    faithfulness: np.ndarray
+    test: stats.BeatTest
+    how: str
+
+
+# ---------------------------------------------------------------- the two kinds of circuit
+class NodeCircuit:
+    """Variants are the units ablated; the random circuits: as many units drawn uniformly."""
+
+    def __init__(self, claim: CircuitClaim, runs: Runs):
+        self.runs, self.claim = runs, claim
+        self.every = pool(claim, runs.n_layers, runs.n_heads)
+        keep = set(claim.heads or [])
+        self.rest = [h for h in self.every if h not in keep]
+        self.how = f"{claim.size} of the {len(self.every)} {'heads and MLPs' if with_mlps(claim) else 'heads'}, " \
+                   "uniformly"
+
+    def base(self, kind: str, drop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(m_full, m_circuit, m_empty)."""
+        m_c, m_e = self.runs.ablated_many([self.rest, self.every], kind, [drop, drop])
+        return self.runs.m_clean, m_c, m_e
+
+    def can_draw(self) -> bool:
+        return comb(len(self.every), self.claim.size) > 1
+
+    def random(self, rng: np.random.Generator, n: int, kind: str) -> list[np.ndarray]:
+        claimed = sorted(self.every.index(h) for h in self.claim.heads or [])
+        complements = []
+        for _ in range(n):
+            pick = claimed
+            while pick == claimed:
+                pick = sorted(rng.choice(len(self.every), size=self.claim.size, replace=False).tolist())
+            chosen = set(pick)
+            complements.append([h for j, h in enumerate(self.every) if j not in chosen])
+        return self.runs.ablated_many(complements, kind)
+
+    def outside(self) -> list[names.Unit]:
+        return self.rest
+
+
+class EdgeCircuit:
+    """Variants are edge masks; the random circuits: as many edges into each receiver as the claimed
+    circuit has, drawn uniformly among that receiver's senders."""
+
+    def __init__(self, claim: CircuitClaim, runs: Runs):
+        self.runs, self.claim = runs, claim
+        self.graph: Graph = runs.graph_model().graph
+        try:
+            self.mask = self.graph.mask(claim.edges or [])
+        except ValueError as exc:
+            raise UnsupportedError(f"claim {claim.id!r}: {exc} (its receiver reads the residual stream before the "
+                                   "sender writes to it)") from None
+        self.per_receiver = self.mask.sum(0)
+        self.how = f"{claim.size} edges, as many into each receiver as the circuit has, uniformly among its senders"
+
+    def base(self, kind: str, drop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        g = self.graph
+        m_f, m_c, m_e = self.runs.edge_circuits([g.full(), self.mask, np.zeros_like(self.mask)], kind, drop)
+        return m_f, m_c, m_e
+
+    def can_draw(self) -> bool:
+        adj = self.graph.adjacency
+        return prod(comb(int(adj[:, j].sum()), int(c)) for j, c in enumerate(self.per_receiver) if c) > 1
+
+    def random(self, rng: np.random.Generator, n: int, kind: str) -> list[np.ndarray]:
+        adj = self.graph.adjacency
+        masks = []
+        for _ in range(n):
+            while True:
+                m = np.zeros_like(self.mask)
+                for j in np.nonzero(self.per_receiver)[0]:
+                    m[rng.choice(np.nonzero(adj[:, j])[0], size=int(self.per_receiver[j]), replace=False), j] = True
+                if not np.array_equal(m, self.mask):
+                    break
+            masks.append(m)
+        return self.runs.edge_circuits(masks, kind)
+
+    def outside(self) -> list[names.Unit]:
+        """The heads and MLPs some of whose edges are removed (embed's change is not an ablation)."""
+        removed = (self.graph.adjacency & ~self.mask).any(1)
+        return [u for u, r in zip(self.graph.senders, removed) if r and isinstance(u, (names.Head, names.Mlp))]
+
+
+Plan = NodeCircuit | EdgeCircuit
+
+
+def random_faithfulness_test(plan: Plan, claim: CircuitClaim, m_empty: np.ndarray, gap: np.ndarray,
+                             kept: np.ndarray, f_claimed: float, seed: int, st: Stats) -> RandomComparison | None:
+    """Random circuits of the claim's size drawn in rounds until the sequential test decides
+    (stats.sequential_beat_test); None when no other circuit of that size exists."""
+    if not plan.can_draw():
         return None
-    gap = runs.m_clean - m_empty
     rng = np.random.default_rng(seed)
-    claimed = sorted(every.index(h) for h in claim.heads)
-    complements = []
-    for _ in range(claim.random_circuits):
-        pick = claimed
-        while pick == claimed:
-            pick = sorted(rng.choice(len(every), size=size, replace=False).tolist())
-        chosen = set(pick)
-        complements.append([h for j, h in enumerate(every) if j not in chosen])
-    stage(f"random circuits ({claim.id}): {len(complements)}, stacked along the batch")
-    m_r = runs.ablated_many(complements, claim.ablation)
-    return np.asarray([float((m - m_empty)[kept].sum() / gap[kept].sum()) for m in m_r])
+    found: list[float] = []
+
+    def draw(n: int) -> list[bool]:
+        ms = plan.random(rng, n, claim.ablation)
+        fs = [float((m - m_empty)[kept].sum() / gap[kept].sum()) for m in ms]
+        found.extend(fs)
+        return [f < f_claimed for f in fs]
+
+    test = stats.sequential_beat_test(draw, claim.random_circuits, claim.beat_rate, st.alpha)
+    stage(f"random circuits ({claim.id}): {test.drawn} of at most {claim.random_circuits} drawn (sequential test: "
+          f"{test.decision})")
+    return RandomComparison(np.asarray(found), test, plan.how)
 
 
 def with_mlps(claim: CircuitClaim) -> bool:
-    """Whether the circuit is drawn from heads and MLPs: when it names an MLP (a circuit of
+    """Whether a node circuit is drawn from heads and MLPs: when it names an MLP (a circuit of
     heads alone keeps every MLP)."""
-    return any(isinstance(h, names.Mlp) for h in claim.heads)
+    return any(isinstance(h, names.Mlp) for h in claim.heads or [])
 
 
 def pool(claim: CircuitClaim, n_layers: int, n_heads: int) -> list[names.Unit]:
-    """What the circuit keeps or ablates: every head, and every MLP when it names one."""
+    """What a node circuit keeps or ablates: every head, and every MLP when it names one."""
     heads: list[names.Unit] = list(names.Head.every(n_layers, n_heads))
     return heads + ([names.Mlp(layer) for layer in range(n_layers)] if with_mlps(claim) else [])
+
+
+def nodes_of(edges: Sequence[names.Edge]) -> list[str]:
+    """The heads and MLPs an edge circuit's edges join, in forward order."""
+    found: set[names.Unit] = set()
+    for e in edges:
+        for n in (*names.members(e.sender), e.receiver):
+            owner = n.head if isinstance(n, names.HeadInput) else n
+            if isinstance(owner, (names.Head, names.Mlp)):
+                found.add(owner)
+    return [str(u) for u in sorted(found, key=lambda u: (names.layer_of(u), str(u)))]
 
 
 class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
@@ -136,9 +268,11 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
     spec = CircuitClaim
     details = CircuitDetails
     evidence = "causal"
-    summary = "keeping only these heads recovers the behaviour (faithfulness) better than random circuits"
+    summary = "keeping only these heads or edges recovers the behaviour (faithfulness) better than random circuits"
 
     def hooks(self, claim: CircuitClaim, n_layers: int) -> list[str]:
+        if claim.edges is not None:
+            return graph_run.cache_names(n_layers, True)
         mlps = [hook_mlp_out(layer) for layer in range(n_layers)] if with_mlps(claim) else []
         return [hook_z(layer) for layer in range(n_layers)] + mlps + [hook_resid_pre(0)]  # Runs.run starts there
 
@@ -146,6 +280,8 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         return claim.ablation == Ablation.MEAN or claim.sensitivity
 
     def interventions(self, claim: CircuitClaim, n_layers: int, n_heads: int) -> list[InterventionPath]:
+        if claim.edges is not None:
+            return [EdgeCircuitPath()]
         return [HeadAblationPath(tuple(pool(claim, n_layers, n_heads)))]
 
     def ladder(self, claim: CircuitClaim, result: ClaimResult) -> list[LadderEntry]:
@@ -153,7 +289,11 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         status = bounded_status(claim, result)
         if d.intervention_change is not None and d.intervention_change.vacuous_heads:
             status = LadderStatus.UNTESTED if status == LadderStatus.INCONCLUSIVE else status
-        mechanism = f"circuit {heads_mechanism(claim.heads)[0]}"
+        if claim.edges is not None:  # the sufficiency rung of every edge of the circuit
+            note = f"kept in an edge circuit of {claim.size} edges: faithfulness {fmt(result.value)}"
+            return [LadderEntry(str(e), "edge" if names.is_head_route(e) else "route", Rung.SUFFICIENCY, status, note,
+                                d.corruption) for e in claim.edges]
+        mechanism = f"circuit {heads_mechanism(claim.heads or [])[0]}"
         return ([LadderEntry(mechanism, "heads", Rung.SUFFICIENCY, status,
                              f"faithfulness {fmt(result.value)} with the rest {claim.ablation}-ablated", d.corruption)]
                 + sensitivity_entry(mechanism, "heads", d.sensitivity, supporting(claim)))
@@ -163,51 +303,51 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         out = {}
         for i, c in claims:
             runs, seed = ctx.runs_for(c.corruption), ctx.claim_seed(i)
-            every = pool(c, runs.n_layers, runs.n_heads)
-            keep = set(c.heads)
-            rest = [h for h in every if h not in keep]
-            m_circuit, m_empty = runs.ablated_many([rest, every], c.ablation)
-            kept = (runs.m_clean - m_empty) >= st.min_prompt_gap
-            random_f = None
-            if c.at_least is not None and kept.sum() > 0:
-                random_f = random_faithfulness(runs, c, m_empty, kept, seed)
-            change = effects.head_change(runs, rest, c.ablation, st) if rest else None
+            plan: Plan = EdgeCircuit(c, runs) if c.edges is not None else NodeCircuit(c, runs)
+            m_full, m_circuit, m_empty = plan.base(c.ablation)
+            gap = m_full - m_empty
+            kept = gap >= st.min_prompt_gap
+            random = None
+            if c.at_least is not None and not effects.undefined_reason(gap, st, ctx.unit):  # F is defined
+                f_point = float((m_circuit - m_empty)[kept].sum() / gap[kept].sum())
+                random = random_faithfulness_test(plan, c, m_empty, gap, kept, f_point, seed, st)
+            outside = plan.outside()
+            change = effects.head_change(runs, outside, c.ablation, st) if outside else None
             jack = None
             if c.ablation == Ablation.MEAN:
-                groups = list(range(runs.reference.groups))
-                both = runs.ablated_many([rest] * len(groups) + [every] * len(groups), Ablation.MEAN, groups + groups)
-                jack = list(zip(both[:len(groups)], both[len(groups):], strict=True))
-            result = self.evaluate(c, runs.m_clean, m_circuit, m_empty, random_f, st, seed, ctx.unit, change,
-                                   runs.corruption, jack=jack)
+                jack = [plan.base(Ablation.MEAN, k)[1:] for k in range(runs.reference.groups)]
+            extra = self.edge_fields(plan) if isinstance(plan, EdgeCircuit) else {}
+            result = self.evaluate(c, m_full, m_circuit, m_empty, random, st, seed, ctx.unit, change=change,
+                                   corruption=runs.corruption, jack=jack, extra=extra)
             if c.sensitivity:
-                def variant(kind: str, c: CircuitClaim = c, runs: Runs = runs, rest: list[names.Unit] = rest,
-                            every: list[names.Unit] = every, seed: int = seed) -> ClaimResult:
+                def variant(kind: str, c: CircuitClaim = c, runs: Runs = runs, plan: Plan = plan, seed: int = seed,
+                            extra: dict[str, Any] = extra) -> ClaimResult:
                     v = c.model_copy(update={"ablation": kind})
-                    ch = effects.head_change(runs, rest, kind, st) if rest else None
-                    return self.evaluate(v, runs.m_clean, runs.ablated(rest, kind), runs.ablated(every, kind), None,
-                                         st, seed, ctx.unit, ch, runs.corruption, compare=False)
+                    ch = effects.head_change(runs, plan.outside(), kind, st) if plan.outside() else None
+                    return self.evaluate(v, *plan.base(kind), None, st, seed, ctx.unit, change=ch,
+                                         corruption=runs.corruption, compare=False, extra=extra)
                 result = with_details(result, sensitivity=effects.sensitivity(variant, result))
             out[i] = result
         return Measured(out)
 
-    def evaluate(self, claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndarray, m_empty: np.ndarray,
-                 random_f: np.ndarray | None, st: Stats, seed: int, unit: str,
-                 change: effects.InterventionChange | None = None, corruption: str | None = None,
-                 compare: bool = True, jack: list[tuple[np.ndarray, np.ndarray]] | None = None) -> ClaimResult:
-        """random_f: faithfulness of random circuits of the same size (never the claimed
-        one; over the same kept prompts), or None when no other circuit of that size exists.
-        The random comparison applies to at_least claims only.  jack: (m_C, m_empty) with
-        each reference group left out of the mean (mean ablation), widening F's CI."""
-        from scipy.stats import binomtest
+    @staticmethod
+    def edge_fields(plan: EdgeCircuit) -> dict[str, Any]:
+        edges = plan.graph.edges_of(plan.mask)
+        return {"edges": [str(e) for e in edges], "graph_edges": plan.graph.n_edges,
+                "edge_classes": plan.graph.counts(plan.mask), "heads": nodes_of(edges)}
 
+    def evaluate(self, claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndarray, m_empty: np.ndarray,
+                 random: RandomComparison | None, st: Stats, seed: int, unit: str, *,
+                 change: effects.InterventionChange | None = None, corruption: str | None = None,
+                 compare: bool = True, jack: list[tuple[np.ndarray, np.ndarray]] | None = None,
+                 extra: dict[str, Any] | None = None) -> ClaimResult:
+        """random: the random circuits of the same size and the sequential test (None when no other
+        circuit of that size exists).  The random comparison applies to at_least claims only.
+        jack: (m_C, m_empty) with each reference group left out of the mean (mean ablation),
+        widening F's CI.  extra: an edge circuit's own details."""
         compare = compare and claim.at_least is not None
-        n_mlps = sum(isinstance(h, names.Mlp) for h in claim.heads)
-        n_heads = len(claim.heads) - n_mlps
-        members = (f"{n_heads} head{'s' * (n_heads != 1)} and {n_mlps} MLP{'s' * (n_mlps != 1)} ({claim.ablation} "
-                   "elsewhere, MLPs included)" if n_mlps else f"{len(claim.heads)} heads ({claim.ablation} elsewhere)")
-        expectation = (f"keep {members}: faithfulness "
-                       f"{claim.bound_text()}"
-                       + (f", beats random circuits (rate > {claim.beat_rate:g})" if compare else ""))
+        expectation = f"keep {self.members(claim)}: faithfulness {claim.bound_text()}" + (
+            f", beats random circuits (rate > {claim.beat_rate:g})" if compare else "")
         num, gap = m_circuit - m_empty, m_full - m_empty
         # the "gap" of a circuit is full minus empty: same rules as a normalised effect
         norm = effects.normalized_effect(num, gap, st, seed, unit, gap_name="full-empty")
@@ -216,12 +356,20 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             thetas = [float((mc - me)[kept].sum() / (m_full - me)[kept].sum()) for mc, me in jack]
             norm = replace(norm, interval=effects.widen(norm.interval, thetas, st.confidence))
         iv = norm.interval
-        details = CircuitDetails(
-            heads=[str(h) for h in claim.heads], ablation=claim.ablation, full_metric_mean=float(m_full.mean()),
-            circuit_metric_mean=float(m_circuit.mean()), empty_metric_mean=float(m_empty.mean()),
-            n_prompts=int(len(num)), random_circuits=0 if random_f is None else int(len(random_f)),
-            beat_rate=claim.beat_rate, confidence=st.confidence, **effects.effect_fields(norm, "faithfulness"),
-            corruption=corruption, intervention_change=change)
+        fields: dict[str, Any] = {
+            "heads": [str(h) for h in claim.heads or []], "ablation": claim.ablation,
+            "full_metric_mean": float(m_full.mean()), "circuit_metric_mean": float(m_circuit.mean()),
+            "empty_metric_mean": float(m_empty.mean()), "n_prompts": int(len(num)),
+            "random_circuits": 0 if random is None else int(random.test.drawn), "beat_rate": claim.beat_rate,
+            "confidence": st.confidence, **effects.effect_fields(norm, "faithfulness"), "corruption": corruption,
+            "intervention_change": change, **(extra or {})}
+        if random is not None and compare and iv is not None:
+            t = random.test
+            fields.update(random_faithfulness_summary=Summary(**stats.summary(random.faithfulness)),
+                          random_faithfulness_max=float(np.max(random.faithfulness)), beaten=t.beaten,
+                          beat_p_value=t.p_value, beat_decision=t.decision, random_draws_max=t.max_draws,
+                          random_draw=random.how, alpha=st.alpha)
+        details = CircuitDetails(**fields)
         if iv is None:
             return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE, value=None, ci=None, unit=UNIT,
                                details=details, rule=f"faithfulness undefined: {norm.reason}")
@@ -243,50 +391,56 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
         if not compare:
             return done(f_verdict, f"faithfulness {f_rule}")
-        if random_f is None or len(random_f) == 0:
+        if random is None:
             return done(FAIL if f_verdict == FAIL else INCONCLUSIVE,
-                        f"faithfulness {f_rule}; no other circuit of {len(claim.heads)} heads exists, so the "
-                        "random-circuit comparison is undefined")
-        k = int(np.sum(random_f < iv.estimate))
-        test = binomtest(k, len(random_f), claim.beat_rate, alternative="greater")
-        details = details.model_copy(update={
-            "random_faithfulness_summary": Summary(**stats.summary(random_f)),
-            "random_faithfulness_max": float(np.max(random_f)), "beaten": k, "binomial_p_value": float(test.pvalue),
-            "alpha": st.alpha})
-        return done(*random_comparison(f_verdict, f_rule, k, len(random_f), float(test.pvalue), st.alpha,
-                                       claim.beat_rate))
+                        f"faithfulness {f_rule}; no other circuit of {claim.size} "
+                        f"{'edges' if claim.edges is not None else 'heads'} exists, so the random-circuit comparison "
+                        "is undefined")
+        return done(*random_comparison(f_verdict, f_rule, random.test))
 
+    @staticmethod
+    def members(claim: CircuitClaim) -> str:
+        if claim.edges is not None:
+            return f"{claim.size} edge{'s' * (claim.size != 1)} ({claim.ablation} on every other edge)"
+        heads = claim.heads or []
+        n_mlps = sum(isinstance(h, names.Mlp) for h in heads)
+        n_heads = len(heads) - n_mlps
+        if n_mlps:
+            return (f"{n_heads} head{'s' * (n_heads != 1)} and {n_mlps} MLP{'s' * (n_mlps != 1)} ({claim.ablation} "
+                    "elsewhere, MLPs included)")
+        return f"{len(heads)} heads ({claim.ablation} elsewhere)"
 
 
 KIND = CircuitKind()
 
 
-def random_comparison(f_verdict: Verdict, f_rule: str, k: int, n: int, p: float, alpha: float,
-                      beat_rate: float) -> tuple[Verdict, str, str]:
-    """(verdict, rule, reason) of a circuit claim from its faithfulness verdict and the
-    random-circuit comparison: it beats k of n random circuits, one-sided binomial p of
-    k/n > beat_rate.  PASS needs the faithfulness PASS and p < alpha; FAIL follows a
-    faithfulness FAIL or k/n <= beat_rate; otherwise INCONCLUSIVE (the reason names which
-    part held it back)."""
-    better = p < alpha
-    worse = k / n <= beat_rate
+def random_comparison(f_verdict: Verdict, f_rule: str, test: stats.BeatTest) -> tuple[Verdict, str, str]:
+    """(verdict, rule, reason) of a circuit claim from its faithfulness verdict and the sequential
+    test against random circuits (it beat `test.beaten` of `test.drawn`): PASS needs the
+    faithfulness PASS and the test deciding "more"; FAIL follows a faithfulness FAIL, a test
+    deciding "not more", or, undecided after every draw, a share beaten at most the rate;
+    otherwise INCONCLUSIVE (the reason names which part held it back)."""
+    k, n, rate, alpha = test.beaten, test.drawn, test.rate, test.alpha
+    better = test.decision == "more"
+    worse = test.decision == "not more" or (test.decision == "undecided" and k / n <= rate)
     if f_verdict == PASS and better:
         verdict = PASS
     elif f_verdict == FAIL or worse:
         verdict = FAIL
     else:
         verdict = INCONCLUSIVE
-    beats = f"beats {k}/{n} random circuits (binomial p {fmt_p(p)} {'<' if better else '>='} alpha {alpha:g})"
+    what = (f"decided after {n} of at most {test.max_draws} draws: {test.decision} than the rate {rate:g}"
+            if test.decision != "undecided" else f"undecided after {n} of at most {test.max_draws} draws")
+    beats = f"beats {k}/{n} random circuits (sequential test {what}, p {fmt_p(test.p_value)} at alpha {alpha:g})"
     if verdict == PASS:
         reason = f"faithfulness {f_rule}; {beats}"
     elif f_verdict == FAIL:
         reason = f"faithfulness {f_rule}"
     elif worse:
-        reason = f"beats only {k}/{n} random circuits, not more than the rate {beat_rate:g} (faithfulness {f_rule})"
+        reason = f"beats only {k}/{n} random circuits, not more than the rate {rate:g} (faithfulness {f_rule})"
     elif f_verdict == PASS:
-        reason = f"faithfulness {f_rule}, but it {beats}: not clearly more than the rate {beat_rate:g}"
+        reason = f"faithfulness {f_rule}, but it {beats}: not clearly more than the rate {rate:g}"
     else:
         reason = f"faithfulness {f_rule}; {beats}"
-    rule = (f"faithfulness {f_rule}; beats {k}/{n} random circuits, binomial p = {fmt_p(p)} "
-            f"({'<' if better else '>='} alpha {alpha:g})")
-    return verdict, rule, reason
+    return verdict, f"faithfulness {f_rule}; {beats}", reason
+

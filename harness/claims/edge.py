@@ -168,6 +168,14 @@ class EdgeDetails(effects.NormalizedFields):
     sensitivity: Sensitivity | None = optional()
 
 
+def read_hooks(edge: names.Edge, n_layers: int) -> list[str]:
+    """What the non-vacuity check of `edge` reads beyond the patch's own hooks: the receiver's
+    attention weights where it reads keys or values (cached anyway below the last layer)."""
+    r = edge.receiver
+    return ([hook_pattern(r.head.layer)] if isinstance(r, names.HeadInput) and r.which in "kv"
+            and r.head.layer == n_layers - 1 else [])
+
+
 def edge_verdict(expect: str, use: UseStatus, lo: float, hi: float, min_effect: float, tolerance: float) -> Verdict:
     """The verdict of an `expect` claim given its use status and CI (module docstring)."""
     if use == UNTESTED:
@@ -200,9 +208,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
 
     def hooks(self, claim: RouteClaim, n_layers: int) -> list[str]:
         frozen = [hook_pattern(layer) for layer in range(n_layers)] if claim.freeze_patterns else []
-        r = paths.first_edge(claim.route).receiver  # its attention weights where its keys/values are read
-        reads = ([hook_pattern(r.head.layer)] if isinstance(r, names.HeadInput) and r.which in "kv"
-                 and r.head.layer == n_layers - 1 else [])
+        reads = read_hooks(paths.first_edge(claim.route), n_layers)
         route = claim.route
         cached = (paths.cache_names(route, n_layers) if paths.needs_paths(route) or not isinstance(route, names.Edge)
                   else patching.cache_names([route], n_layers))

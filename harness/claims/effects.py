@@ -99,21 +99,30 @@ def widen(iv: stats.Interval, thetas: Sequence[float] | None, confidence: float)
                           f"jackknife ({k} groups)")
 
 
+def undefined_reason(gap: np.ndarray, st: Stats, unit: str, gap_name: str = "clean-corrupted") -> str:
+    """Why a normalised effect against per-prompt gaps `gap` is undefined ("" when it is defined):
+    the mean gap over all prompts is below min_gap (keeping only prompts with a large gap would
+    otherwise pick the positive tail of pure noise), or fewer than 2 prompts have a gap of at
+    least min_prompt_gap."""
+    keep = gap >= st.min_prompt_gap
+    gap_mean = float(gap.mean())
+    if gap_mean < st.min_gap:
+        return f"mean {gap_name} gap {gap_mean:.3f} {unit} over all prompts is below min_gap {st.min_gap:g}"
+    if keep.sum() < 2:
+        return (f"only {int(keep.sum())} prompt(s) have a {gap_name} gap of at least min_prompt_gap "
+                f"{st.min_prompt_gap:g} {unit}")
+    return ""
+
+
 def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int, unit: str, *,
                       jack: Sequence[np.ndarray] | None = None, gap_name: str = "clean-corrupted") -> NormalizedEffect:
-    """The normalised effect of per-prompt changes `d` against per-prompt gaps `gap`;
-    `jack`: d recomputed with each reference group left out of a mean (widens the CI)."""
+    """The normalised effect sum(d) / sum(gap) over the prompts with gap >= min_prompt_gap, with a
+    BCa interval (undefined as undefined_reason says); `jack`: d recomputed with each reference
+    group left out of a mean (widens the CI)."""
     keep = gap >= st.min_prompt_gap
     n_excluded, gap_mean = int((~keep).sum()), float(gap.mean())
     kept_mean = float(gap[keep].mean()) if keep.any() else None
-    # the gap must be there on average over all prompts: keeping only prompts with a
-    # large gap would otherwise pick the positive tail of pure noise
-    reason = ""
-    if gap_mean < st.min_gap:
-        reason = f"mean {gap_name} gap {gap_mean:.3f} {unit} over all prompts is below min_gap {st.min_gap:g}"
-    elif keep.sum() < 2:
-        reason = (f"only {int(keep.sum())} prompt(s) have a {gap_name} gap of at least min_prompt_gap "
-                  f"{st.min_prompt_gap:g} {unit}")
+    reason = undefined_reason(gap, st, unit, gap_name)
     if reason:
         return NormalizedEffect(None, n_excluded, gap_mean, kept_mean, None, None, reason, keep)
     iv = stats.bootstrap_ci([d[keep], gap[keep]], stats.ratio_of_means, st.bootstrap, st.confidence, seed)

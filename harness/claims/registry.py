@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from typing import Any, get_args
 
 from ..errors import HarnessError
-from . import ablation, attention, circuit, composition, copying, edge, path, role
+from . import ablation, attention, attribution, circuit, composition, copying, edge, path, role
 from .base import ClaimKind
 
 _BUILTIN: tuple[ClaimKind[Any, Any], ...] = (role.KIND, attention.KIND, copying.KIND, composition.KIND,
-                                              ablation.KIND, edge.KIND, path.KIND, circuit.KIND)
+                                              ablation.KIND, attribution.KIND, edge.KIND, path.KIND, circuit.KIND)
 _KINDS: dict[str, ClaimKind[Any, Any]] = {k.name: k for k in _BUILTIN}
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..claims.base import EdgePatchPath, FrozenPatternsPath, HeadAblationPath, InterventionPath
+from ..claims.base import EdgeCircuitPath, EdgePatchPath, FrozenPatternsPath, HeadAblationPath, InterventionPath
 from ..claims.effects import NUMERICAL_TOL
 from ..errors import SanityCheckError
 from ..evidence.details import SanityCheck
@@ -90,6 +90,13 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
             if p.freeze_patterns:
                 plan = hooks.Plan(plan.hooks + patching.freeze_patterns_plan(runs.patterns(base)).hooks)
             checks.append((p.label, runs.run(tokens, base, plan), m))
+    if any(isinstance(p, EdgeCircuitPath) for p in paths):
+        gm = runs.graph_model()
+        own = runs.writes(runs.clean)
+        empty = gm.graph.adjacency & False
+        assert runs.metric_rows is not None
+        got = gm.circuits(own, own, empty[None], runs.ds.positions, runs.metric_rows)[0]
+        checks.append(("edge circuit (every edge removed, the clean run's own writes)", got, runs.m_clean))
     if any(isinstance(p, FrozenPatternsPath) for p in paths):
         plan = patching.freeze_patterns_plan(runs.patterns(runs.clean))
         checks.append(("frozen patterns", runs.run(runs.ds.clean, runs.clean, plan), runs.m_clean))

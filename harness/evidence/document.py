@@ -85,9 +85,12 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
     2 -> 3: a weights-vs-use row was one edge claim; now one edge and direction with
             the `tests` of its claims (an old row becomes a row with its one test).
     3 -> 4: claims gain `reason` and `pass_region`, signature points `use`; all three may
-            be absent (a claim then reads with the rule as its reason and no pass region)."""
+            be absent (a claim then reads with the rule as its reason and no pass region).
+    4 -> 5: circuit claims gain the sequential test's keys (`beat_p_value`, `beat_decision`, ...;
+            a version-4 circuit keeps its `binomial_p_value`), edge circuits, attribution claims
+            and the `attribution` rung: only added keys."""
     version = doc.get("schema_version")
-    if version in (3, SCHEMA_VERSION):  # 3 -> 4 only added keys that may be absent
+    if version in (3, 4, SCHEMA_VERSION):  # 3 -> 4 -> 5 only added keys that may be absent
         return doc if version == SCHEMA_VERSION else dict(doc, schema_version=SCHEMA_VERSION)
     out = dict(doc, schema_version=SCHEMA_VERSION)
     claims = doc.get("claims", [])

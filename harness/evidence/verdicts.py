@@ -26,10 +26,12 @@ class Verdict(StrEnum):
 
 PASS, FAIL, INCONCLUSIVE = Verdict.PASS, Verdict.FAIL, Verdict.INCONCLUSIVE
 
-EvidenceType = Literal["weights", "observational", "causal"]
+EvidenceType = Literal["weights", "observational", "attribution", "causal"]
 EVIDENCE_TYPES: dict[str, str] = {
     "weights": "Weight evidence: what the parameters allow (proposes routes; not evidence of use)",
     "observational": "Observational evidence: what the model does on the data (attention patterns)",
+    "attribution": "Attribution estimates: what a first-order expansion predicts an intervention would change "
+                   "(estimates, not interventions)",
     "causal": "Causal evidence: what changes when the model is intervened on",
 }
 

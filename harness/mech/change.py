@@ -92,9 +92,18 @@ def up_to_last(runs: Runs) -> Any:
 
 def relative_change(delta: Any, out: Any, weights: Any) -> PerPrompt:
     """r_n (module docstring) from Δ and out [n, pos, d] and weights [n, pos]."""
+    return ratio(*squares(delta, out, weights))
+
+
+def squares(delta: Any, out: Any, weights: Any) -> tuple[Any, Any]:
+    """(sum_p w_p |Δ_p|^2, sum_p w_p |out_p|^2) per prompt: r_n's numerator and denominator, which
+    add over units changed together (their outputs side by side)."""
     w = weights.to(delta.device)
-    num = (w * (delta ** 2).sum(-1)).sum(-1)
-    den = (w * (out ** 2).sum(-1)).sum(-1)
+    return (w * (delta ** 2).sum(-1)).sum(-1), (w * (out ** 2).sum(-1)).sum(-1)
+
+
+def ratio(num: Any, den: Any) -> PerPrompt:
+    """r_n = sqrt(num / den), NaN where den is 0."""
     r = (num / den.clamp_min(1e-300)).sqrt()
     return np.asarray(r.where(den > 0, torch_nan(r)).cpu().numpy())
 
@@ -152,7 +161,8 @@ def _head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges
     means = runs.mean_z({h.layer for h in only_heads}) if kind == Ablation.MEAN else {}
     mlp_means = runs.mean_mlp(mlps) if kind == Ablation.MEAN else {}
     per_head: dict[names.Unit, PerPrompt] = {}
-    deltas, outs = [], []
+    joint = [0.0, 0.0]  # every unit's numerator and denominator together, over weights and over scored
+    scored_sums = [0.0, 0.0]
     for h in heads:
         if isinstance(h, names.Mlp):
             base = wide(runs.clean[hook_mlp_out(h.layer)])
@@ -169,8 +179,9 @@ def _head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges
                 z_new = wide(runs.corrupt[hook_z(h.layer)][:, :, h.head])
             base = writes.output(runs.bridge, runs.clean, h)  # z W_O, or inside a post-attention norm
             delta = writes.change(runs.bridge, runs.clean, h, {h: z_new})
-        per_head[h] = relative_change(delta, base, weights)
-        deltas.append(delta)
-        outs.append(base)
-    delta, out = torch.cat(deltas, -1), torch.cat(outs, -1)
-    return HeadChanges(per_head, relative_change(delta, out, weights), relative_change(delta, out, scored))
+        num, den = squares(delta, base, weights)
+        per_head[h] = ratio(num, den)
+        joint = [joint[0] + num, joint[1] + den]
+        num_s, den_s = squares(delta, base, scored)
+        scored_sums = [scored_sums[0] + num_s, scored_sums[1] + den_s]
+    return HeadChanges(per_head, ratio(*joint), ratio(*scored_sums))

@@ -197,6 +197,8 @@ def for_architecture(bridge: Any, wanted: list[str]) -> list[str]:
     for name in dict.fromkeys(wanted):
         if name == HOOK_POS_EMBED and arch.positions != "learned":
             continue
+        if not arch.has_mlp and name.endswith(".hook_mlp_out"):
+            continue
         if arch.parallel and name.endswith(".hook_resid_mid"):
             out.append(name.replace(".hook_resid_mid", ".hook_resid_pre"))
             continue

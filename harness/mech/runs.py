@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import UnsupportedError
-from ..model import metrics
+from ..model import architecture, metrics
+from ..model.devices import wide
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
-from . import batched_ablation, batched_edges, hooks, patching, paths, writes
+from . import batched_ablation, batched_edges, graph_run, hooks, patching, paths, writes
 from .hooks import Cache
 
 if TYPE_CHECKING:
@@ -101,6 +102,10 @@ class Runs:
     reference_source: Lazy = field(default_factory=lambda: Lazy(None))
     memo: dict[tuple[Any, ...], PerPrompt] = field(default_factory=dict)  # interventions done, shared by every view
     clean_logp: Any = None  # the clean log-probabilities at the scored positions, for metrics that compare with them
+    #: logits at the scored positions [R, k, vocab] of rows showing prompts `idx` [R] -> the metric [R] (torch, float64,
+    #: differentiable: edge circuits and attribution read it)
+    metric_rows: Callable[[Any, Any], Any] | None = None
+    graph_source: Lazy = field(default_factory=lambda: Lazy(None))  # the edge-graph arithmetic, made on first use
 
     @property
     def n_layers(self) -> int:
@@ -272,11 +277,85 @@ class Runs:
             if got is not None:
                 for e, m in zip(todo, got, strict=True):
                     self.memo[self._edge_key(e, direction, replacement, False, None)] = m
+        self._graph_patched(edges, direction, replacement)
         return [self.patched(e, direction, replacement) for e in edges]
+
+    def _graph_patched(self, edges: Sequence[names.Edge], direction: str, replacement: str) -> None:
+        """Edges with an MLP end, patched together through the edge graph (mech.graph_run: each edge is
+        the circuit of every edge but it, with the base run's writes kept and the source's replacing
+        it), when the base runs cached what the graph reads; memoised as `patched` would."""
+        import torch
+
+        todo = [e for e in dict.fromkeys(edges) if isinstance(e, names.Edge) and paths.needs_paths(e)
+                and not isinstance(e.sender, names.Group)
+                and self._edge_key(e, direction, replacement, False, None) not in self.memo]
+        if len(todo) < 2 or self.metric_rows is None or self.graph_source.get() is None:
+            return
+        if direction != Direction.NOISING and replacement != Replacement.RESAMPLE:
+            return
+        gm = self.graph_model()
+        g = gm.graph
+        if not all(g.has(e) for e in todo):
+            return
+        noising = direction == Direction.NOISING
+        base = self.writes(self.clean if noising else self.corrupt)
+        rep = (self.writes(self.corrupt if noising else self.clean) if replacement == Replacement.RESAMPLE
+               else self.mean_writes() if replacement == Replacement.MEAN else base.zeros())
+        masks = np.repeat(g.full()[None], len(todo), axis=0)
+        for i, e in enumerate(todo):
+            masks[i, g.sender_index(e.sender), g.receiver_index(e.receiver)] = False  # type: ignore[arg-type]
+        with torch.no_grad():
+            got = gm.circuits(base, rep, masks, self.ds.positions, self.metric_rows)
+        for e, m in zip(todo, got, strict=True):
+            self.memo[self._edge_key(e, direction, replacement, False, None)] = m
 
     def _edge_key(self, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool,
                   drop: int | None) -> tuple[Any, ...]:
         return ("edge", self.corruption, str(edge), direction, replacement, freeze, drop)
+
+    def graph_model(self) -> graph_run.GraphModel:
+        """The model's arithmetic with one input per receiver (mech.graph_run), checked on the clean run."""
+        gm = self.graph_source.get()
+        if gm is None:
+            raise ValueError("these runs were not built for edge circuits")
+        return gm
+
+    def writes(self, run: Cache) -> graph_run.Writes:
+        """Every sender's write in `run` (mech.graph_run.run_writes), at the positions the graph computes."""
+        gm = self.graph_model()
+        return graph_run.run_writes(self.bridge, run, gm.s, run[hook_resid_pre(0)].dtype)
+
+    def mean_writes(self, drop: int | None = None) -> graph_run.Writes:
+        """Every sender's per-position mean write over the reference prompts (see Reference.mean)."""
+        ref, s = self.reference, self.graph_model().s
+        ref_writes = graph_run.run_writes(self.bridge, ref.cache, s, ref.cache[hook_z(0)].dtype)
+        return graph_run.Writes(ref.mean(ref_writes.embed, drop), [ref.mean(z, drop) for z in ref_writes.z],
+                                [None if m is None else ref.mean(m, drop) for m in ref_writes.mlp])
+
+    def edge_circuits(self, masks: Sequence[np.ndarray], kind: str, drop: int | None = None) -> list[PerPrompt]:
+        """Metric of the clean prompts keeping only each mask's edges ([senders, receivers] bool, mech.graph),
+        every other edge carrying `kind`'s replacement (resample: this corruption's run; mean: the
+        reference means, group `drop` left out; zero); each distinct circuit computed once per run."""
+        import hashlib
+
+        keys = [("circuit", self.corruption if kind == Replacement.RESAMPLE else "", str(kind), drop,
+                 hashlib.sha1(np.packbits(m).tobytes()).hexdigest()) for m in masks]
+        todo: list[int] = []
+        for i, k in enumerate(keys):
+            if k not in self.memo and all(keys[t] != k for t in todo):
+                todo.append(i)
+        if todo:
+            gm = self.graph_model()
+            clean = self.writes(self.clean)
+            rep = (self.writes(self.corrupt) if kind == Replacement.RESAMPLE else self.mean_writes(drop)
+                   if kind == Replacement.MEAN else clean.zeros())
+            metric = self.metric_rows
+            if metric is None:
+                raise ValueError("these runs have no per-row metric")
+            got = gm.circuits(clean, rep, np.stack([masks[i] for i in todo]), self.ds.positions, metric)
+            for i, m in zip(todo, got, strict=True):
+                self.memo[keys[i]] = m
+        return [self.memo[k] for k in keys]
 
 
 def _heads(units: Sequence[names.Unit]) -> list[names.Head]:
@@ -307,6 +386,12 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
     def metric_of(logits: Any) -> np.ndarray:
         return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong, clean_for(1)).cpu().numpy()
 
+    def metric_rows(logits_at: Any, idx: Any) -> Any:  # rows [R, k, vocab] showing prompts idx [R]
+        m = metrics.get(metric)
+        ref = clean_for(1)
+        return m.fn(wide(logits_at), ds.answers[idx], None if ds.wrong is None else ds.wrong[idx],
+                    None if ref is None else wide(ref[idx]))  # the rows first: the whole reference is large
+
     def metric_at(logits_at: Any) -> np.ndarray:  # logits at the scored positions [V n, k, vocab]
         V = logits_at.shape[0] // ds.n
         at = torch.arange(ds.positions.shape[1], device=logits_at.device).expand(V * ds.n, -1)
@@ -334,7 +419,14 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
         cache.pop("logits_at", None)  # a large vocabulary makes these the biggest tensors, and no mean reads them
         return Reference(cache, loo=False)
 
+    def graph() -> graph_run.GraphModel | None:
+        if not all(n in clean for n in hooks.for_architecture(bridge, graph_run.cache_names(
+                int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp))):
+            return None  # the base runs did not cache what the graph reads
+        return graph_run.GraphModel.build(bridge, clean, ds.positions)
+
     default = ds.default_corruption
     return Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
                 metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference),
-                clean_logp=reference_lp[0] if reference_lp else None)
+                clean_logp=reference_lp[0] if reference_lp else None, metric_rows=metric_rows,
+                graph_source=Lazy(graph))

@@ -54,7 +54,17 @@ def gelu_tanh(x: Any) -> Any:
 
     c = 2 * math.sqrt(2 / math.pi)
     t = torch.addcmul(x.new_full((), c), x, x, value=0.044715 * c)  # 2u / x
+    if _tracked(x):  # autograd needs the intermediate values kept: no in-place steps
+        return x * torch.sigmoid(t * x)
     return t.mul_(x).sigmoid_().mul_(x)
+
+
+def _tracked(x: Any) -> bool:
+    """Whether autograd records operations on x (mech.attribution differentiates through these
+    functions; in-place steps and oneDNN's fused linear are then avoided)."""
+    import torch
+
+    return torch.is_grad_enabled() and bool(x.requires_grad)
 
 
 def activation(name: str | None) -> tuple[Callable, tuple[str, str]] | None:
@@ -85,8 +95,23 @@ class _Norm:
         if self.kind == "none":
             return x
         c = x - x.mean(-1, keepdim=True) if self.kind == "ln" else x
+        if _tracked(x):
+            return c * (c.square().mean(-1, keepdim=True) + self.eps).rsqrt()
         r = torch.linalg.vector_norm(c, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(self.eps).rsqrt_()
         return c.mul_(r) if self.kind == "ln" else c * r
+
+    def standardize_vjp(self, y: Any, x: Any, g: Any) -> Any:
+        """d L / d x from g = d L / d standardize(x) (y = standardize(x), r = 1 / sqrt(mean(c^2) + eps)):
+        rms  r (g - y mean(g y));  ln  r (g - mean(g) - y mean(g y));  none  g.  g may carry extra
+        axes before the last (several readers of the same x); x and y broadcast against it."""
+        if self.kind == "none":
+            return g
+        c = x - x.mean(-1, keepdim=True) if self.kind == "ln" else x
+        r = (c.square().mean(-1, keepdim=True) + self.eps).rsqrt()
+        out = g - y * (g * y).mean(-1, keepdim=True)
+        if self.kind == "ln":
+            out = out - g.mean(-1, keepdim=True)
+        return r * out
 
     def __call__(self, x: Any) -> Any:
         import torch
@@ -122,6 +147,9 @@ class Dense:
     def __call__(self, x: Any) -> Any:
         import torch
 
+        if self.Wt is not None and _tracked(x):
+            y = torch.nn.functional.linear(x, self.Wt, self.b)
+            return y if self.act is None else self.act[0](y)
         if self.Wt is not None:
             attr, algorithm = self.act[1] if self.act is not None else ("none", "")
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.Wt, self.b, attr, [], algorithm)
@@ -355,7 +383,8 @@ def _layer(w: _Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = True) 
                 up = Dense(*_fold(norm2, w.of(L, "W_in"), b_in), w.dnn)
 
                 def gated(h: Any, gate: Dense = gate, up: Dense = up, fc_out: Dense = fc_out) -> Any:
-                    return fc_out(gate(h).mul_(up(h)))
+                    a = gate(h)
+                    return fc_out(a * up(h) if _tracked(a) else a.mul_(up(h)))
                 inner = gated
             else:
                 fc_in = Dense(*_fold(norm2, w.of(L, "W_in"), b_in), w.dnn, w.act)
@@ -529,7 +558,9 @@ def attend(q: Any, k: Any, v: Any, bias: Any, cap: float | None = None) -> Any:
     lead, sq, s = q.shape[:-2], q.shape[-2], k.shape[-2]
     q3, k3, v3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
     scores = torch.bmm(q3, k3.transpose(1, 2))
-    if cap:
+    if cap and _tracked(scores):
+        scores = torch.tanh(scores / cap) * cap
+    elif cap:
         scores = scores.div_(cap).tanh_().mul_(cap)
     scores.view(*lead, sq, s).add_(bias)
     return torch.bmm(torch.softmax(scores, dim=-1), v3).view(*lead, sq, v.shape[-1])

@@ -10,7 +10,7 @@ from ..evidence.details import Explained, LadderRow, WeightsVsUseRow
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
-from ..spec.vocabulary import RUNGS, Rung
+from ..spec.vocabulary import Rung
 from . import explain_text, views
 from .prompts import prompt_lines
 from .text import literal_result, md_block, md_cell, md_code, md_link_text, md_text, plain
@@ -102,9 +102,10 @@ def ladder_table(rows: list[LadderRow]) -> list[str]:
     if not rows:
         return []
     body = []
+    shown = [r for r in Rung if r != Rung.ATTRIBUTION or any(Rung.ATTRIBUTION in row.rungs for row in rows)]
     for r in rows:
         cells = []
-        for rung in Rung:
+        for rung in shown:
             steps = r.rungs.get(rung)
             cells.append(" ".join(f"{SYMBOLS[s.status]} {md_cell(s.claim)}" for s in steps) if steps
                          else "—" if rung in r.missing else "")
@@ -114,7 +115,7 @@ def ladder_table(rows: list[LadderRow]) -> list[str]:
             "Per mechanism the file names, the levels of evidence this run reached, lowest first: ✓ supports it, "
             "✗ is against it, ? inconclusive, ∅ untested (the intervention changed nothing it reads), — applies "
             "but no claim tested it. A high rung does not erase a contradiction on a lower one.", "",
-            tabulate(body, headers=["mechanism", *RUNGS, "highest", "contradictions"], tablefmt="github",
+            tabulate(body, headers=["mechanism", *shown, "highest", "contradictions"], tablefmt="github",
                      disable_numparse=True), ""]
 
 
@@ -179,7 +180,10 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
         group = [r for r in ev.claims if r.evidence == kind]
         if not group:
             continue
-        out += [f"### {title}", ""] + _figure(FIGURE_PLACES[kind], figures)
+        place = FIGURE_PLACES.get(kind)
+        if kind == "attribution" and not any(r.evidence == "causal" for r in ev.claims):
+            place = FIGURE_PLACES["causal"]  # the effects figure shows estimates too
+        out += [f"### {title}", ""] + (_figure(place, figures) if place else [])
         out += _figure("explain.png", figures) if kind == "weights" else []
         for r in group:
             out += _claim_section(r, b["unit"], ev.claims.index(r))

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from ..claims.ablation import AblationDetails
 from ..claims.attention import AttentionDetails
+from ..claims.attribution import AttributionDetails
 from ..claims.circuit import CircuitDetails
 from ..claims.composition import CompositionDetails
 from ..claims.copying import CopyingDetails
@@ -103,6 +104,19 @@ def sensitivity_line(sens: Sensitivity, varied: str) -> str:
     cells = "; ".join(f"{k}: {v.verdict} {fmt(v.value)}" for k, v in sens.by_type.items())
     return (f"- sensitivity across the {varied}: {cells} — "
             f"{'verdict agrees' if sens.agrees else '**verdict depends on the ablation type**'}")
+
+
+def prompt_effect_line(d: NormalizedFields, what: str) -> list[str]:
+    """The line of the per-prompt ratios of a normalised effect (none while it is undefined)."""
+    if d.normalized_summary is None:
+        return []
+    return [f"- per-prompt {what} median {fmt(d.normalized_summary.median)}, IQR {fmt(d.normalized_summary.iqr)}; "
+            f"{d.n_excluded_small_gap} prompt(s) excluded for a small clean-corrupted gap"]
+
+
+def use_reference_lines(used: bool, min_effect: float, tolerance: float) -> list[tuple[Num, str]]:
+    """A use claim's lines on a sweep plot: min_effect (expected used) or the ±tolerance band."""
+    return [(min_effect, "min effect")] if used else [(tolerance, "+tolerance"), (-tolerance, "-tolerance")]
 
 
 def explained_lines(ex: Explained | None, edge: str) -> list[str]:
@@ -189,10 +203,7 @@ class EdgeView(ClaimView):
                f"{fmt(d.corrupted_metric_mean)} {unit}{where}",
                f"- raw change {fmt(d.change_mean)} {unit} {fmt_ci(d.change_ci)}; sign-flip p = {fmt_p(d.p_value)}, "
                f"BH-adjusted {fmt_p(d.p_adjusted)}; use: **{d.use}**{wvu}"]
-        if d.normalized_summary is not None:
-            out.append(f"- per-prompt effect median {fmt(d.normalized_summary.median)}, IQR "
-                       f"{fmt(d.normalized_summary.iqr)}; {d.n_excluded_small_gap} prompt(s) excluded for a small "
-                       "clean-corrupted gap")
+        out += prompt_effect_line(d, "effect")
         out += baseline_line(d, unit)
         if d.intervention_change is not None:
             out.append(change_line(d.intervention_change, f"the sender {d.edge.split(' -> ')[0]}'s output"))
@@ -202,34 +213,71 @@ class EdgeView(ClaimView):
 
     def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
         d = details(result, EdgeDetails)
-        if plan.get("expect") == "used":
-            return [(d.min_effect, "min effect")]
-        return [(d.tolerance, "+tolerance"), (-d.tolerance, "-tolerance")]
+        return use_reference_lines(plan.get("expect") == "used", d.min_effect, d.tolerance)
 
     def claimed_edges(self, result: ClaimResult) -> list[str]:
         return [details(result, EdgeDetails).edge]
 
 
+class AttributionView(ClaimView):
+    """Attribution claims: an estimate, said so on every line."""
+
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, AttributionDetails)
+        how = d.method + (f", {d.steps} steps" if d.method == "eap-ig" else "")
+        where = f" (corruption {d.corruption})" if d.corruption else ""
+        out = [f"- attribution score ({how}; estimates clean minus patched metric): mean {fmt(d.score_mean)} {unit} "
+               f"{fmt_ci(d.score_ci)}{where}; sign-flip p = {fmt_p(d.p_value)}, BH-adjusted {fmt_p(d.p_adjusted)}; "
+               f"estimated use: **{d.use}** — an estimate, not an intervention"]
+        out += prompt_effect_line(d, "estimated effect")
+        if d.intervention_change is not None:
+            out.append(change_line(d.intervention_change, f"the sender {d.edge.split(' -> ')[0]}'s output"))
+        return out
+
+    def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
+        d = details(result, AttributionDetails)
+        return use_reference_lines(plan.get("expect", "used") == "used", d.min_effect, d.tolerance)
+
+    def claimed_edges(self, result: ClaimResult) -> list[str]:
+        return [details(result, AttributionDetails).edge]
+
+
 class CircuitView(ClaimView):
     def lines(self, result: ClaimResult, unit: str) -> list[str]:
         d = details(result, CircuitDetails)
+        kept = (f"{len(d.edges)} of the model's {d.graph_edges} edges kept, joining {', '.join(d.heads) or 'no heads'}"
+                if d.edges is not None else f"heads kept: {', '.join(d.heads)}")
         out = [f"- metric: full {fmt(d.full_metric_mean)}, circuit {fmt(d.circuit_metric_mean)}, empty "
-               f"{fmt(d.empty_metric_mean)} {unit}; heads kept: {', '.join(d.heads)}"]
-        if d.beaten is not None and d.random_faithfulness_summary is not None and d.binomial_p_value is not None:
+               f"{fmt(d.empty_metric_mean)} {unit}; {kept}"]
+        if d.edge_classes is not None:
+            out.append(f"- kept edges by class: {edge_classes_text(d.edge_classes)}")
+        if d.beaten is not None and d.random_faithfulness_summary is not None and d.beat_p_value is not None:
             rs = d.random_faithfulness_summary
-            out.append(f"- {d.random_circuits} random circuits of the same size: faithfulness median "
-                       f"{fmt(rs.median)}, IQR {fmt(rs.iqr)}, max {fmt(d.random_faithfulness_max)}; "
-                       f"beaten {d.beaten}, binomial p = {fmt_p(d.binomial_p_value)}")
+            out.append(f"- {d.random_circuits} random circuits drawn (at most {d.random_draws_max}; {d.random_draw}): "
+                       f"faithfulness median {fmt(rs.median)}, IQR {fmt(rs.iqr)}, max "
+                       f"{fmt(d.random_faithfulness_max)}; beaten {d.beaten}; sequential test: {d.beat_decision} than "
+                       f"the rate {d.beat_rate:g}, p = {fmt_p(d.beat_p_value)}")
         if d.intervention_change is not None:
-            out.append(change_line(d.intervention_change, "the output of the heads outside the circuit"))
+            out.append(change_line(d.intervention_change, "the output of the heads outside the circuit"
+                                   if d.edges is None else "the output of the senders whose edges are removed"))
         if d.sensitivity is not None:
             out.append(sensitivity_line(d.sensitivity, "ablation type (faithfulness bound only)"))
         return out
 
+    def claimed_edges(self, result: ClaimResult) -> list[str]:
+        return list(details(result, CircuitDetails).edges or [])
+
+
+def edge_classes_text(classes: dict[str, dict[str, int]]) -> str:
+    """'embed -> v 3, head -> logits 2, ...': the non-zero classes of a {sender: {receiver: count}} table."""
+    parts = [f"{s} -> {r} {n}" for s, row in classes.items() for r, n in row.items() if n]
+    return ", ".join(parts) or "none"
+
 
 _BUILTIN: dict[str, ClaimView] = {"role": RoleView(), "attention": AttentionView(), "copying": CopyingView(),
-                                  "composition": CompositionView(), "ablation": AblationView(), "edge": EdgeView(),
-                                  "path": EdgeView(), "circuit": CircuitView()}
+                                  "composition": CompositionView(), "ablation": AblationView(),
+                                  "attribution": AttributionView(), "edge": EdgeView(), "path": EdgeView(),
+                                  "circuit": CircuitView()}
 _VIEWS: dict[str, ClaimView] = dict(_BUILTIN)
 DEFAULT = ClaimView()
 

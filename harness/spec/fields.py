@@ -105,6 +105,29 @@ UnitList = Annotated[list[names.Unit], PlainValidator(_unit_list),
                                      "examples": [["L0H7", "L1H5", "L1.mlp"]]})]
 
 
+def _circuit_edges(value: Any, info: ValidationInfo) -> list[names.Edge]:
+    """A non-empty list of distinct edges, each from one sender (an edge circuit's)."""
+    if not isinstance(value, list) or not value:
+        raise ValueError("expected a non-empty list of edges, e.g. [embed -> L0H7.v, L0H7 -> L1H5.k, L1H5 -> logits]")
+    edge = _parsed(_edge(names.EDGE))
+    out = [edge(x, info) for x in value]
+    for e in out:
+        if isinstance(e.sender, names.Group):
+            parts = " and ".join(f"'{m} -> {e.receiver}'" for m in e.sender.members)
+            raise ValueError(f"'{e}': an edge of a circuit has one sender; list {parts}")
+    twice = next((e for i, e in enumerate(out) if e in out[:i]), None)
+    if twice is not None:
+        raise ValueError(f"{twice} is listed twice")
+    return out
+
+
+# an edge circuit's edges: each one sender -> one receiver (names.EDGE_RULE)
+CircuitEdgeList = Annotated[list[names.Edge], PlainValidator(_circuit_edges),
+                            PlainSerializer(lambda xs: [str(x) for x in xs], return_type=list[str]),
+                            WithJsonSchema({"type": "array", "items": {"type": "string"}, "minItems": 1,
+                                            "examples": [["embed -> L0H7.v", "L0H7 -> L1H5.k", "L1H5 -> logits"]]})]
+
+
 def _as_list(value: Any) -> list[Any]:
     if not isinstance(value, list):
         raise ValueError("expected a list of heads (or MLPs), e.g. [L0H7, L1H5]")

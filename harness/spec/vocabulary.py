@@ -126,6 +126,7 @@ class Rung(StrEnum):
 
     WEIGHTS = "weights"
     OBSERVATION = "observation"
+    ATTRIBUTION = "attribution"  # a first-order estimate of an edge's effect (no intervention)
     NECESSITY = "necessity"
     EDGE_NECESSITY = "edge necessity"
     SUFFICIENCY = "sufficiency"

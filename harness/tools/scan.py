@@ -1,10 +1,12 @@
 """`harness scan`: every edge at once, before writing a hypothesis.
 
-For every sender (embed, heads) -> later head .q/.k/.v and -> logits edge, and
+For every edge of the model's graph (mech.graph: embed, heads and MLPs into later heads'
+.q/.k/.v, MLP inputs and the logits; the count of each class printed and in scan.json), and
 for each corruption asked for (generator: `first_half`, `second_half`, `both`;
 `--data`, a prompt file or a YAML data file: its own corruptions):
 * the causal effect (noising, resample replacement, batched exact edge
-  patching, mech.batched_edges): normalised effect with a BCa CI and a sign-flip
+  patching: mech.batched_edges for head and embed edges, the edge graph for edges with an MLP
+  end, mech.graph_run): normalised effect with a BCa CI and a sign-flip
   p-value, Benjamini-Hochberg adjusted over the corruption's edges (structurally
   zero edges left out), how much the patch changes the sender's output where the
   receiver reads it (mech.change), and the use status (claims.edge_test.UseRule,
@@ -41,8 +43,9 @@ from ..errors import UserError
 from ..evidence.document import to_json
 from ..evidence.format import fmt_p
 from ..hypothesis.loading import load
-from ..mech import batched_edges, weights
+from ..mech import batched_edges, graph_run, weights
 from ..mech.factored import Composition
+from ..mech.graph import Graph
 from ..mech.runs import base_runs
 from ..model import data, metrics
 from ..model.devices import of, resolve_device
@@ -50,6 +53,7 @@ from ..model.ref import ModelRef, load_model
 from ..model.tokenizer import model_bos
 from ..progress import progress
 from ..report.figures import signature
+from ..report.views import edge_classes_text
 from ..report.writer import write_folder
 from ..spec import names
 from ..spec.names import hook_pattern
@@ -100,8 +104,19 @@ def scan(model_source: str, out: Path, *, device: str | None = None, data_file: 
         return _scan(m, model_source, out, cfg, given, unique)
 
 
-def _dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | None) -> tuple[Any, list[str]]:
-    """The scanned prompts (the generator's explore split, or the given data) and the corruptions."""
+def scan_hooks(n_layers: int, has_mlp: bool) -> list[str]:
+    """What exact patching of every edge reads from the base runs: the batched sweep's hooks
+    (mech.batched_edges), the last layer's pattern (non-vacuity of its keys and values) and the
+    edge graph's (mech.graph_run: edges with an MLP end)."""
+    return list(dict.fromkeys(batched_edges.cache_names(n_layers) + [hook_pattern(n_layers - 1)]
+                              + graph_run.cache_names(n_layers, has_mlp)))
+
+
+def explore_dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | None,
+                    who: str = "harness scan") -> tuple[Any, list[str]]:
+    """The explored prompts (the repeated-token generator's explore split, or the given data) and
+    the corruptions chosen (cfg.corruptions; default: the generator's first_half, every one of
+    the given data's)."""
     if given is not None:
         ds = build_dataset(*given, m)
         chosen = list(ds.corruptions) if cfg.corruptions is None else list(cfg.corruptions)
@@ -112,7 +127,7 @@ def _dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | Non
     chosen = [str(c) for c in cfg.corruptions or DEFAULT_CORRUPTIONS]
     # every generated token is a possible answer: draw them from the ids the output vocabulary has too
     ds = data.repeated_tokens(cfg.n_prompts, cfg.segment_length, m.d_vocab, seed=cfg.seed, split="explore",
-                              bos_token=model_bos(m, "harness scan"), corruptions=tuple(chosen), n_ctx=m.n_ctx,
+                              bos_token=model_bos(m, who), corruptions=tuple(chosen), n_ctx=m.n_ctx,
                               distinct=cfg.distinct, vocab_max=min(m.d_vocab, m.d_vocab_out))
     return ds, chosen
 
@@ -120,10 +135,12 @@ def _dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | Non
 def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | None,
           unique: bool) -> tuple[list[dict[str, Any]], str]:
     bridge, L, H = m.bridge, m.n_layers, m.n_heads
-    ds, chosen = _dataset(m, cfg, given)
+    ds, chosen = explore_dataset(m, cfg, given)
     ds = ds.to(of(bridge))
-    edges = batched_edges.all_edges(L, H)
-    hooks = batched_edges.cache_names(L) + [hook_pattern(L - 1)]
+    graph = Graph.of(bridge)
+    head_edges = batched_edges.all_edges(L, H)  # first, in the order that keys their seeds
+    edges = head_edges + [e for e in graph.edges() if e not in set(head_edges)]
+    hooks = scan_hooks(L, m.has_mlp)
     runs = base_runs(bridge, ds.keep_corruptions(chosen), hooks, cfg.metric)
     st = SCAN_STATS.model_copy(update={"bootstrap": cfg.bootstrap})
     unit = metrics.get(cfg.metric).unit
@@ -145,13 +162,15 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
                            label=f"statistics ({name})")
         rows += _rows(tests, composition, st, name)
     rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
-    table = _table(rows[:cfg.top], ds.description, len(edges), chosen, unusable)
+    classes = graph.counts()
+    table = _table(rows[:cfg.top], ds.description, len(edges), chosen, unusable, classes)
     mapping = held_out_mapping(*given) if given is not None else None
     if mapping is not None and skipped and "corruptions" in mapping:
         kept = mapping["corruptions"]
         mapping["corruptions"] = ([c for c in kept if c not in skipped] if isinstance(kept, list)
                                   else {k: v for k, v in kept.items() if k not in skipped})
-    _write(out, rows, model_source, cfg, corruptions=chosen, data=mapping, unique=unique, unusable=unusable)
+    _write(out, rows, model_source, cfg, corruptions=chosen, data=mapping, unique=unique, unusable=unusable,
+           classes=classes)
     return rows, table
 
 
@@ -223,7 +242,7 @@ def _rows(tests: list[EdgeTestResult], composition: dict[int, tuple], st: Stats,
 
 
 def _table(rows: list[dict[str, Any]], desc: str, n: int, corruptions: list[str],
-           unusable: list[dict[str, Any]] | None = None) -> str:
+           unusable: list[dict[str, Any]] | None = None, classes: dict[str, dict[str, int]] | None = None) -> str:
     from tabulate import tabulate
 
     several = len(corruptions) > 1
@@ -235,8 +254,9 @@ def _table(rows: list[dict[str, Any]], desc: str, n: int, corruptions: list[str]
     headers = ["edge", *(["corruption"] if several else []), "effect [CI]", "p_adj", "use", "changed",
                "composition", "comp. p (uncorr.)", "weights vs use"]
     skipped = "".join(f"not used: corruption {u['corruption']}: {u['reason']}\n" for u in unusable or [])
-    return (f"{desc}\n{skipped}{n} edges x {len(corruptions)} corruption(s) ({', '.join(corruptions)}; noising, "
-            "resample); "
+    by_class = f" ({edge_classes_text(classes)})" if classes else ""
+    return (f"{desc}\n{skipped}{n} edges{by_class} x {len(corruptions)} corruption(s) ({', '.join(corruptions)}; "
+            "noising, resample); "
             f"top {len(rows)} by effect; changed = how much the patch changes the sender's output where the "
             f"receiver reads it (below {SCAN_STATS.min_change:g}: untested):\n\n" + tabulate(body, headers=headers))
 
@@ -302,12 +322,14 @@ def starter(rows: list[dict[str, Any]], model_source: str, *, n_prompts: int, se
 
 
 def _write(out: Path, rows: list[dict[str, Any]], model_source: str, cfg: ScanSettings, *, corruptions: list[str],
-           data: dict[str, Any] | None, unique: bool, unusable: list[dict[str, Any]]) -> None:
+           data: dict[str, Any] | None, unique: bool, unusable: list[dict[str, Any]],
+           classes: dict[str, dict[str, int]]) -> None:
     doc = starter(rows, model_source, n_prompts=cfg.n_prompts, segment_length=cfg.segment_length, metric=cfg.metric,
                   corruptions=corruptions, data=data, folder=out, distinct=cfg.distinct)
     load(doc, base_dir=out)  # the starter file must be valid
     files = {"scan.json": to_json({"edges": rows, "seed": cfg.seed, "metric": cfg.metric,
-                                   "corruptions": corruptions, "unusable_corruptions": unusable}).encode(),
+                                   "corruptions": corruptions, "unusable_corruptions": unusable,
+                                   "edge_classes": classes}).encode(),
              "starter.yaml": yaml.safe_dump(doc, sort_keys=False).encode()}
     claimed = {c["edge"] for c in doc["claims"]}
     first = [r for r in rows if r["corruption"] == corruptions[0]]

@@ -1,0 +1,194 @@
+"""Attribution scores of every edge of the model's graph (mech.graph): first-order estimates of
+what exact edge patching measures, from a few backward passes over a batch of prompts.
+
+For an edge u -> v, with a_clean[u], a_corrupt[u] u's write in the clean and corrupted run
+and g_v(x) = d m / d(input of v) the gradient of the metric at v's input in a forward pass
+whose residual enters at x, per prompt n and position p:
+
+    EAP      s_n,p(u -> v) = (a_clean[u] - a_corrupt[u])_p . g_v(x_ref)_p
+    EAP-IG   s_n,p(u -> v) = (a_clean[u] - a_corrupt[u])_p . (1/m) sum_{j=1..m} g_v(x_c + (j/m)(x_clean - x_c))_p
+
+where x is what enters the residual stream (embed's write), x_c the corrupted prompt's.  The
+score of an edge is the mean over prompts of sum_p s_n,p (or, `per_position`, every p kept
+apart: summing over positions can cancel contributions of opposite sign).
+
+Sign convention: a positive score estimates that the edge carries the clean behaviour.
+`noising` (the default) takes g at the clean run (x_ref = x_clean) and estimates the noising
+change m_clean - m_patched of exact edge patching (claims.edge: d_n for direction
+noising, to first order, since m_patched - m_clean ~ (a_corrupt - a_clean) . g); `denoising`
+takes g at the corrupted run and estimates m_patched - m_corrupt, which is the convention of
+TransformerLens's `attribution_patch` (its edge scores summed over positions equal these).
+EAP-IG with m = 1 is EAP (noising): its single point is the clean run.  Dividing by the mean
+clean-corrupted gap gives an estimate of the normalised edge effect.
+
+These are estimates, not interventions: reports keep them on their own rung ("attribution"),
+below any exact patch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..spec import names
+from ..spec.vocabulary import Direction
+from .graph import Graph
+from .graph_run import GraphModel, Writes
+
+METHODS = ("eap", "eap-ig")
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Attribution scores: `per_position` [U, V, s] (mean over prompts, per position) and `total` [U, V]
+    (summed over positions); zero where the graph has no edge."""
+
+    graph: Graph
+    per_position: np.ndarray
+    method: str
+    steps: int
+    direction: str
+    n_prompts: int
+    per_prompt: np.ndarray | None = None  # [len(wanted), n]: the wanted edges' scores prompt by prompt
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.per_position.sum(-1)
+
+
+def transformer_lens_nodes(edge: names.Edge, position: int, n_layers: int) -> tuple[Any, Any]:
+    """TransformerLens's (writer, reader) `Node`s of `edge` at one position: its edge attribution
+    (`attribution_patch` with `EdgeAttributionConfig(granularity="edge")`) scores one pair of these
+    per position, and harness's edge is the sum of them over positions."""
+    from transformer_lens.tools.analysis.attribution_patching import Node
+
+    u, r = edge.sender, edge.receiver
+    if isinstance(u, names.Embed):
+        w = Node("embed", position)
+    elif isinstance(u, names.Head):
+        w = Node("attn_head_out", position, u.layer, u.head)
+    elif isinstance(u, names.Mlp):
+        w = Node("mlp_out", position, u.layer)
+    else:
+        raise ValueError(f"{edge}: a group of senders is not one TransformerLens node")
+    if isinstance(r, names.HeadInput):
+        v = Node(f"{r.which}_input", position, r.head.layer, r.head.head)  # type: ignore[arg-type]
+    elif isinstance(r, names.Mlp):
+        v = Node("mlp_in", position, r.layer)
+    else:
+        v = Node("logits", position, n_layers - 1)
+    return w, v
+
+
+def _deltas(gm: GraphModel, clean: Writes, corrupt: Writes, layer: int, idx: Any) -> Any:
+    """[b, s, H, d]: each head's write in the clean run minus the corrupted run, layer `layer`,
+    prompts `idx`."""
+    import torch
+
+    dz = clean.rows(clean.z[layer], idx) - corrupt.rows(corrupt.z[layer], idx)
+    return torch.einsum("bshe,hed->bshd", dz, gm.heads[layer].W_O)
+
+
+def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
+                metric: Callable[[Any, Any], Any], method: str = "eap-ig", steps: int = 5,
+                direction: str = Direction.NOISING, batch: int = 16,
+                progress: Callable[..., Any] | None = None, wanted: list[tuple[int, int]] | None = None) -> Scores:
+    """The attribution score of every edge (module docstring) over the prompts of `clean` /
+    `corrupt` (run_writes of the two runs), `batch` prompts per backward pass; and, for the
+    `wanted` edges ((sender index, receiver index) in the graph), each prompt's score summed over
+    positions."""
+    import torch
+
+    if method not in METHODS:
+        raise ValueError(f"unknown attribution method {method!r}; allowed: {', '.join(METHODS)}")
+    if method == "eap-ig" and direction != Direction.NOISING:
+        raise ValueError("EAP-IG integrates from the corrupted to the clean run: it has no direction")
+    g = gm.graph
+    n, s, d = clean.embed.shape
+    H = gm.arch.n_heads
+    k = positions.shape[1]
+    out = np.zeros((len(g.senders), len(g.receivers), s))
+    per_prompt = np.zeros((len(wanted or []), n))
+    points = ([1.0] if direction == Direction.NOISING else [0.0]) if method == "eap" else \
+        [j / steps for j in range(1, steps + 1)]
+    starts = list(range(0, n, batch))
+    for lo in (progress(starts, "attribution batches") if progress else starts):
+        idx = torch.arange(lo, min(n, lo + batch), device=clean.embed.device)
+        xc, xk = corrupt.rows(corrupt.embed, idx), clean.rows(clean.embed, idx)
+        grads: list[Any] | None = None
+        def rows(lg: Any, i: Any, idx: Any = idx) -> Any:
+            return metric(lg, idx[i])
+
+        for a in points:
+            got = gm.receiver_gradients(xc + a * (xk - xc), positions[idx], rows)
+            grads = got if grads is None else [x + y for x, y in zip(grads, got)]
+        assert grads is not None
+        grads = [x / len(points) for x in grads]
+        every = _changes(gm, clean, corrupt, idx, xk - xc)  # [b, s, senders, d]
+        gi = 0
+        for L in range(g.n_layers):
+            U = g.senders_before(L)
+            cols, mlp_col = g.layer_receivers(L)
+            out[:U, cols] += _contract(every[:, :, :U], grads[gi])
+            gi += 1
+            if mlp_col is not None:
+                Um = U + (0 if gm.arch.parallel else H)
+                out[:Um, mlp_col] += _contract(every[:, :, :Um], grads[gi][:, :, None])[:, 0]
+                gi += 1
+        at = positions[idx]
+        picked = every.gather(1, at[:, :, None, None].expand(-1, -1, every.shape[2], d))  # [b, k, U, d]
+        contrib = torch.einsum("bkud,bkd->buk", picked, grads[gi]).double()  # [b, U, k]
+        per_pos = torch.zeros(len(idx), every.shape[2], s, dtype=torch.float64, device=contrib.device)
+        per_pos.scatter_add_(2, at[:, None, :].expand(-1, every.shape[2], k), contrib)
+        out[:, -1] += per_pos.sum(0).cpu().numpy()
+        for w, (u, v) in enumerate(wanted or []):
+            per_prompt[w, idx.cpu().numpy()] = _prompt_scores(g, every, grads, at, u, v).cpu().numpy()
+    out /= n
+    out *= g.adjacency[:, :, None]
+    return Scores(g, out, method, 1 if method == "eap" else steps, direction, n,
+                  None if wanted is None else per_prompt)
+
+
+def _changes(gm: GraphModel, clean: Writes, corrupt: Writes, idx: Any, d_embed: Any) -> Any:
+    """[b, s, senders, d]: every sender's write in the clean run minus the corrupted run, prompts
+    `idx`, in the graph's sender order (embed's change is `d_embed`)."""
+    import torch
+
+    parts = [d_embed[:, :, None, :]]
+    for L in range(gm.graph.n_layers):
+        parts.append(_deltas(gm, clean, corrupt, L, idx))
+        if gm.graph.has_mlp:
+            cm, km = clean.rows(clean.mlp[L], idx), corrupt.rows(corrupt.mlp[L], idx)
+            parts.append((cm - (0.0 if km is None else km))[:, :, None, :])
+    return torch.cat(parts, 2)
+
+
+def _contract(delta: Any, grad: Any) -> np.ndarray:
+    """[U, V, s]: sum over prompts of delta[b, s, u] . grad[b, s, v] (the dot product over d in the
+    model's dtype, position by position; the sum over prompts in float64)."""
+    import torch
+
+    per = torch.einsum("bsud,bsvd->bsuv", delta, grad)
+    return np.asarray(per.double().sum(0).permute(1, 2, 0).cpu().numpy())
+
+
+def _prompt_scores(g: Graph, every: Any, grads: list[Any], at: Any, u: int, v: int) -> Any:
+    """[b] edge (u, v)'s score of each prompt of a batch, summed over positions: sender u's change
+    `every[:, :, u]` [b, s, d] against receiver v's gradient (`grads` in forward order: per layer the
+    head inputs [b, s, 3H, d] and the MLP [b, s, d], then the logits [b, k, d] at positions `at`)."""
+    import torch
+
+    delta = every[:, :, u]
+    per_layer = 1 + int(g.has_mlp)
+    if v == len(g.receivers) - 1:
+        picked = delta.gather(1, at[:, :, None].expand(-1, -1, delta.shape[-1]))
+        per_position = torch.einsum("bkd,bkd->bk", picked, grads[-1])
+    else:
+        layer = g.receiver_layer(v)
+        cols, mlp_col = g.layer_receivers(layer)
+        grad = grads[layer * per_layer + 1] if v == mlp_col else grads[layer * per_layer][:, :, v - cols.start]
+        per_position = torch.einsum("bsd,bsd->bs", delta, grad)
+    return per_position.double().sum(1)  # the dot products as _contract takes them, the sum in float64

@@ -1,0 +1,195 @@
+"""The report of `harness discover` (tools.discover), drawn from its discovery.json alone:
+discover.md, discover.html (report.html's sanitised page), figures/curve.png (the faithfulness
+curve with its intervals) and figures/circuit.png (the circuit at the starter's k drawn as a
+graph: nodes by layer, each edge coloured by its exact effect where it was confirmed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tabulate import tabulate
+
+from ..evidence.document import to_json
+from ..evidence.format import fmt, fmt_ci, fmt_p
+from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
+from .html import render_html
+from .style import VERDICT_COLOURS
+from .text import md_cell, md_code, md_text
+
+USE_COLOURS = {"used": VERDICT_COLOURS["PASS"], "used (opposite sign)": "#7b3294", "unused": "#2c7bb6",
+               "undetermined": VERDICT_COLOURS["INCONCLUSIVE"], "untested": "#aaaaaa"}
+
+
+@literal
+def draw_curve(doc: dict[str, Any]) -> Any:
+    """Faithfulness against the fraction of edges kept (log x), each point with its interval."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(min(7.0, MAX_WIDTH_IN), 3.6), layout="constrained")
+    pts = [p for p in doc["curve"] if p["k"] > 0]
+    xs = [100 * p["fraction"] for p in pts]
+    ys = [p["faithfulness"] for p in pts]
+    lo = [p["faithfulness"] - p["ci"][0] for p in pts]
+    hi = [p["ci"][1] - p["faithfulness"] for p in pts]
+    ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", color="#1f4e79", capsize=3, label="top-k circuit (95% CI)")
+    ax.axhline(1.0, color="#888888", lw=0.8, ls=":")
+    ax.axhline(doc["settings"]["bound"], color=VERDICT_COLOURS["PASS"], lw=0.8, ls="--",
+               label=f"bound {doc['settings']['bound']:g}")
+    known = doc.get("known")
+    if known:
+        ax.axhline(known["faithfulness"], color="#d95f02", lw=0.8, ls="-.", label="known circuit")
+    ax.set_xscale("log")
+    ax.set_xlabel("edges kept (% of the graph's edges)")
+    ax.set_ylabel("faithfulness")
+    s = doc["summaries"]
+    ax.set_title(label(f"{doc['settings']['method']}: CPR {s['CPR']['value']:.3f}, CMD {s['CMD']['value']:.3f} "
+                       f"({doc['split']['confirmation']} confirmation prompts)", 90), fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def _node_xy(name: str, n_layers: int) -> tuple[float, float]:
+    """(x, y) of a node: y the layer (embed at -1, logits at n_layers), x its head index (MLP right)."""
+    if name == "embed":
+        return 0.0, -1.0
+    if name == "logits":
+        return 0.0, float(n_layers)
+    if name.endswith(".mlp"):
+        return -1.5, int(name[1:name.index(".")]) + 0.5
+    layer, head = name[1:].split("H")
+    return float(head.split(".")[0]) + 1, float(layer)
+
+
+@literal
+def draw_circuit(doc: dict[str, Any]) -> Any | None:
+    """The starter circuit's edges as arrows between nodes; colour: the edge's confirmation use."""
+    k = doc.get("starter_k") or 0
+    if not k:
+        return None
+    edges = [r["edge"] for r in doc["ranking"][:k]]
+    use = {c["edge"]: c["use"] for c in doc["confirmed"]}
+    layers = max([int(part[1:].split("H")[0].split(".")[0]) for e in edges for part in e.split(" -> ")
+                  if part.startswith("L")] + [0]) + 1
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(min(8.0, MAX_WIDTH_IN), 1.2 + 0.9 * (layers + 2)), layout="constrained")
+    nodes: set[str] = set()
+    for e in edges:
+        src, dst = e.split(" -> ")
+        owner = dst.split(".")[0] if dst.startswith("L") and "H" in dst else dst
+        nodes |= {src, owner}
+        (x0, y0), (x1, y1) = _node_xy(src, layers), _node_xy(owner, layers)
+        colour = USE_COLOURS.get(use.get(e, ""), "#cccccc")
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                    arrowprops={"arrowstyle": "->", "color": colour, "lw": 1.4 if e in use else 0.8,
+                                "shrinkA": 8, "shrinkB": 8})
+    for n in nodes:
+        x, y = _node_xy(n, layers)
+        ax.annotate(n, (x, y), ha="center", va="center", fontsize=7,
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "#444444", "lw": 0.6})
+    xs = [_node_xy(n, layers)[0] for n in nodes]
+    ax.set_xlim(min(xs) - 1, max(xs) + 1)
+    ax.set_ylim(-1.6, layers + 0.6)
+    ax.set_yticks(range(-1, layers + 1), ["embed", *[f"layer {i}" for i in range(layers)], "logits"], fontsize=8)
+    ax.set_xticks([])
+    handles = [plt.Line2D([], [], color=c, lw=1.4, label=u) for u, c in USE_COLOURS.items()]
+    handles.append(plt.Line2D([], [], color="#cccccc", lw=0.8, label="not patched"))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(f"the top {k} edges (confirmation: exact patching of the top {doc['settings']['top']})", fontsize=9)
+    return fig
+
+
+def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
+    s, sp, g, su = doc["settings"], doc["split"], doc["graph"], doc["summaries"]
+    t = md_text
+    out = [f"# Discovery: {t(s['model'])}", "",
+           f"Method **{t(s['method'])}**" + (f" ({s['steps']} steps)" if s.get("steps") else "")
+           + f", metric {md_code(s['metric'])}; {t(s['data'])}.", "",
+           "## Prompts: found on one part, confirmed on another", "",
+           f"{sp['prompts']} prompts split at random (seed {s['seed']}): **{sp['discovery']} for discovery** (the "
+           f"ranking, an estimate) and **{sp['confirmation']} for confirmation** (exact patching and every "
+           "faithfulness below); no prompt is in both. Mean clean-corrupted gap "
+           f"{fmt(sp['discovery_gap'])} and {fmt(sp['confirmation_gap'])} {t(s['unit'])}.", "",
+           f"The graph has **{g['edges']} edges** ({g['senders']} senders, {g['receivers']} receivers):", ""]
+    rows = [[k, *(v[r] for r in ("q", "k", "v", "mlp", "logits"))] for k, v in g["classes"].items()]
+    out += [tabulate(rows, headers=["sender \\ receiver", "q", "k", "v", "mlp", "logits"], tablefmt="github"), ""]
+    out += ["## Faithfulness curve", "",
+            "Circuits of the top-k edges by the discovery ranking, every other edge resampled from the corrupted "
+            "run, on the confirmation prompts: faithfulness F = sum(m_C - m_empty) / sum(m_full - m_empty) with a "
+            f"95% BCa interval; {su['kept_prompts']} prompts kept ({su['excluded_prompts']} with a full-empty gap "
+            "below min_prompt_gap left out).", ""]
+    if "curve.png" in figures:
+        out += ["![faithfulness curve](figures/curve.png)", ""]
+    out += [tabulate([[f"{100 * p['fraction']:g}%", p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"]
+                      for p in doc["curve"]], headers=["edges kept", "k", "faithfulness [CI]"], tablefmt="github"), "",
+            f"CPR (area under F, the fraction of edges on a linear axis from 0.1 to 100 %): "
+            f"**{fmt(su['CPR']['value'])}** {fmt_ci(su['CPR']['ci'])}; CMD (area under |1 - F|): "
+            f"**{fmt(su['CMD']['value'])}** {fmt_ci(su['CMD']['ci'])} (MIB's summaries; intervals from the same "
+            "paired bootstrap of the confirmation prompts).", ""]
+    k = doc.get("starter_k")
+    out += [f"The smallest circuit whose interval lies above {s['bound']:g}: "
+            + (f"**the top {k} edges** (starter.yaml's circuit claim)." if k else "none (no circuit claim in "
+               "starter.yaml)."), ""]
+    if "circuit.png" in figures:
+        out += ["![the circuit](figures/circuit.png)", ""]
+    known = doc.get("known")
+    if known:
+        top = known["top"]
+        covers = ("undefined" if top["covers"] is None else "covers" if top["covers"] else "does **not** cover")
+        out += ["## The known circuit", "",
+                f"The input file's circuit {md_code(known['claim'])} ({len(known['edges'])} edges"
+                f"{', those among its nodes' if known['from'] == 'nodes' else ''}): the discovery ranking puts "
+                f"its edges above the others with ROC AUC **{fmt(known['auc'])}** (1: every known edge first, 0.5: "
+                "chance). "
+                f"Its faithfulness on the confirmation prompts is {fmt(known['faithfulness'])} "
+                f"{fmt_ci(known['ci'])}; the circuit of the top {top['k']} edges reads {fmt(top['faithfulness'])} "
+                f"{fmt_ci(top['ci'])}, whose interval {covers} the known circuit's value.", ""]
+    out += ["## Confirmed edges", "",
+            f"The top {s['top']} edges patched exactly on the confirmation prompts (noising, resample; "
+            f"Benjamini-Hochberg over them; used: CI above {s['min_effect']:g} and p_adj < {s['alpha']:g}):", ""]
+    out += [tabulate([[c["rank"], md_cell(c["edge"]), "undefined" if c["effect"] is None else
+                       f"{fmt(c['effect'])} {fmt_ci(c['ci'])}", fmt_p(c["p_adjusted"]), md_cell(c["use"])]
+                      for c in doc["confirmed"]], headers=["rank", "edge", "effect [CI]", "p_adj", "use"],
+                     tablefmt="github", disable_numparse=True), ""]
+    est = "estimated effect" if s["method"] != "exact" else "effect on the discovery prompts"
+    out += ["## Discovery ranking (an estimate)", "",
+            f"The first 30 of {len(doc['ranking'])} edges by |score| ({t(s['method'])} on the discovery prompts; "
+            f"score: the mean change of the metric, {est}: the score over the mean gap). Attribution estimates the "
+            "effect of a patch to first order; only the confirmation above tests it.", ""]
+    out += [tabulate([[r["rank"], md_cell(r["edge"]), fmt(r["score"]), fmt(r["estimate"])]
+                      for r in doc["ranking"][:30]], headers=["rank", "edge", "score", "estimate"], tablefmt="github",
+                     disable_numparse=True), ""]
+    return "\n".join(out) + "\n"
+
+
+def files(doc: dict[str, Any]) -> dict[str, bytes]:
+    """{relative path: bytes}: discovery.json, discover.md, discover.html, figures/."""
+    figs: dict[str, bytes] = {"curve.png": png(draw_curve(doc), tight=False)}
+    circuit = draw_circuit(doc)
+    if circuit is not None:
+        figs["circuit.png"] = png(circuit, tight=False)
+    md = render_markdown(doc, set(figs))
+    out = {f"figures/{k}": v for k, v in figs.items()}
+    out["discover.md"] = md.encode()
+    out["discover.html"] = render_html(md, figs, f"discovery: {doc['settings']['model']}").encode()
+    out["discovery.json"] = to_json(doc).encode()
+    return out
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """The terminal text: split, curve, CPR / CMD, the starter's k, confirmed edges."""
+    s, sp, su = doc["settings"], doc["split"], doc["summaries"]
+    used = [c["edge"] for c in doc["confirmed"] if c["use"] == "used"]
+    lines = [f"{s['method']} on {sp['discovery']} discovery prompts; confirmed on {sp['confirmation']} others",
+             f"graph: {doc['graph']['edges']} edges",
+             tabulate([[f"{100 * p['fraction']:g}%", p["k"], f"{p['faithfulness']:.3f}",
+                        f"[{p['ci'][0]:.3f}, {p['ci'][1]:.3f}]"] for p in doc["curve"]],
+                      headers=["edges", "k", "faithfulness", "CI"], disable_numparse=True),
+             f"CPR {su['CPR']['value']:.3f} [{su['CPR']['ci'][0]:.3f}, {su['CPR']['ci'][1]:.3f}], "
+             f"CMD {su['CMD']['value']:.3f} [{su['CMD']['ci'][0]:.3f}, {su['CMD']['ci'][1]:.3f}]",
+             f"starter circuit: {'top ' + str(doc['starter_k']) + ' edges' if doc['starter_k'] else 'none'}; "
+             f"confirmed edges (used): {len(used)} of the top {s['top']}"]
+    if doc.get("known"):
+        k = doc["known"]
+        lines.append(f"known circuit {k['claim']} ({len(k['edges'])} edges): ROC AUC {fmt(k['auc'])}; faithfulness "
+                     f"{fmt(k['faithfulness'])} {fmt_ci(k['ci'])}; the top {k['top']['k']}: "
+                     f"{fmt(k['top']['faithfulness'])} {fmt_ci(k['top']['ci'])}")
+    return "\n".join(lines)

@@ -1,0 +1,424 @@
+"""`harness discover`: find an edge circuit on some prompts, confirm it on others.
+
+The prompts (a hypothesis file's data on its `explore` split, or `--data`, or for a model the
+repeated-token generator's `explore` prompts) are split at random (seeded, Stream.DISCOVER)
+into a discovery part and a disjoint confirmation part, sizes stated.  On the discovery part
+every edge of the model's graph (mech.graph: embed, heads and MLPs into heads' q/k/v, MLP
+inputs and the logits) is scored, by one of
+
+    eap-ig   attribution with the gradient averaged over `steps` points from the corrupted to
+             the clean input (mech.attribution; the default, 5 steps)
+    eap      first-order attribution at the clean run (mech.attribution)
+    exact    exact noising patch of every edge, resample (mech.runs.Runs.patched_many)
+
+each the mean over prompts of the noising change m_clean - m_patched it measures or estimates,
+and ranked by |score| summed over positions (`rank: abs`), or by the sum over positions of
+|score| (`rank: positions`: opposite-signed positions do not cancel).  The ranking is an
+estimate; only the confirmation part confirms:
+
+* the top `top` edges are patched exactly on the confirmation prompts (noising, resample;
+  claims.edge_test: Benjamini-Hochberg over them, each edge's use status);
+* the faithfulness curve: for k = floor(p x edges) at p = 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50 and
+  100 % of the graph's edges (MIB's grid), the circuit of the top-k edges (every other edge
+  resampled from the corrupted run, mech.graph_run) has faithfulness
+  F_k = sum(m_k - m_empty) / sum(m_full - m_empty) over the prompts whose full-empty gap is at
+  least min_prompt_gap, with a BCa interval (claims.effects.normalized_effect, as circuit
+  claims); MIB's summaries on the same grid and linear x (the fraction of edges), by the
+  trapezoid rule: CPR = area under F, CMD = area under |1 - F|, each with an interval from one
+  paired bootstrap of the confirmation prompts.
+
+With a hypothesis file that has a circuit claim, its edges are the known circuit (its first edge
+circuit; else its first node circuit as an edge circuit: the edges among its nodes, from embed
+and to the logits, every MLP included when it names only heads): the
+document gives the ROC AUC of the ranking against them, the known circuit's faithfulness on
+the confirmation prompts, and whether the interval of the top-|known| circuit covers it.
+The folder (report.discovery) holds discovery.json (docs/discover.md), discover.md,
+discover.html, figures/curve.png and figures/circuit.png, and starter.yaml: an edge circuit
+claim at the smallest k whose interval lies at or above `bound`, and an edge claim for each
+confirmed edge, on held-out prompts (a generator's or template's `test` split).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import stats, threads
+from ..claims import effects
+from ..claims.circuit import CircuitClaim, with_mlps
+from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
+from ..engine.data_source import for_exploring, from_data_file
+from ..errors import UserError
+from ..hypothesis.loading import load
+from ..mech import attribution
+from ..mech.graph import Graph
+from ..mech.runs import Runs, base_runs
+from ..model import metrics
+from ..model.devices import of, resolve_device
+from ..model.loading import LoadedModel
+from ..model.ref import ModelRef, load_model
+from ..progress import progress, stage
+from ..report import discovery as render
+from ..report.writer import write_folder
+from ..spec import names
+from ..spec.settings import Stats
+from ..spec.vocabulary import Direction, Replacement
+from ..streams import Stream, derive_seed
+from .scan import ScanSettings, explore_dataset, held_out_mapping, scan_hooks
+
+PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's circuit sizes
+METHODS = ("eap-ig", "eap", "exact")
+RANKS = ("abs", "positions")
+DISCOVER_STATS = Stats(bootstrap=1000, permutations=2000)  # thresholds are the defaults; fewer resamples
+VERSION = 1  # of discovery.json
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoverSettings:
+    """`harness discover`'s options."""
+
+    method: str = "eap-ig"
+    steps: int = 5  # EAP-IG's points
+    rank: str = "abs"
+    confirm_fraction: float = 0.5
+    top: int = 50  # edges patched exactly on the confirmation prompts
+    bound: float = 0.8  # the faithfulness the starter circuit's interval must clear
+    n_prompts: int = 200  # the generator's, for a model without --data
+    segment_length: int = 20
+    corruption: str | None = None  # None: the data's default
+    metric: str | None = None  # None: the hypothesis file's, else logprob
+    seed: int = 0
+    bootstrap: int = 1000
+
+    def check(self) -> None:
+        if self.method not in METHODS:
+            raise UserError(f"--method {self.method}: allowed: {', '.join(METHODS)}")
+        if self.rank not in RANKS:
+            raise UserError(f"--rank {self.rank}: allowed: {', '.join(RANKS)}")
+        if not 0.0 < self.confirm_fraction < 1.0:
+            raise UserError(f"--confirm-fraction {self.confirm_fraction:g}: allowed: a fraction in (0, 1)")
+        if self.steps < 1 or self.top < 1 or self.n_prompts < 4:
+            raise UserError("--steps and --top must be at least 1, --n-prompts at least 4")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What discovery runs on: the model, the prompts, the metric, the starter's data mapping and
+    the known circuit (a hypothesis file's circuit claim: its first edge circuit, else its first
+    node circuit)."""
+
+    model: LoadedModel
+    dataset: Any
+    metric: str
+    mapping: dict[str, Any]
+    known: CircuitClaim | None
+
+
+def inputs(source: str, cfg: DiscoverSettings, data_file: Path | None, device: str) -> Inputs:
+    """The model and prompts `source` names: a hypothesis file (its model, its data on the explore
+    split, its metric; --data replaces the data) or a model (the generator's explore prompts, or
+    --data)."""
+    given = from_data_file(data_file) if data_file is not None else None  # a bad data file stops before loading
+    path = Path(source)
+    known = None
+    metric = cfg.metric
+    if path.suffix.lower() in (".yaml", ".yml"):
+        h = load(path)
+        m = ModelRef.parse(h.spec.model, h.base_dir).load(device)
+        if given is None:
+            given = (for_exploring(h.spec.data), h)
+        circuits = [c for c in h.spec.claims if isinstance(c, CircuitClaim)]
+        known = next((c for c in circuits if c.edges), next(iter(circuits), None))
+        metric = metric or h.spec.metric
+    else:
+        m = load_model(source, device=device)
+    metric = metric or "logprob"
+    chosen = (cfg.corruption,) if cfg.corruption else None
+    ds, corruptions = explore_dataset(m, ScanSettings(n_prompts=cfg.n_prompts, segment_length=cfg.segment_length,
+                                                      seed=cfg.seed, corruptions=chosen), given,
+                                      "harness discover")
+    if given is None:
+        mapping: dict[str, Any] = {"generator": "repeated_tokens", "n_prompts": cfg.n_prompts,
+                                   "segment_length": cfg.segment_length, "split": "test",
+                                   "corruptions": corruptions}
+    else:
+        mapping = held_out_mapping(*given)
+    ds = ds.keep_corruptions(corruptions[:1])
+    return Inputs(m, ds, metric, mapping, known)
+
+
+def split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(discovery indices, confirmation indices): a seeded permutation of the n prompts, its last
+    round(fraction x n) confirming (each part at least 2 prompts)."""
+    if n < 4:
+        raise UserError(f"{n} prompts: discovery and confirmation need at least 2 each")
+    order = np.random.default_rng(derive_seed(seed, Stream.DISCOVER)).permutation(n).tolist()
+    n_conf = min(n - 2, max(2, round(fraction * n)))
+    return sorted(order[:n - n_conf]), sorted(order[n - n_conf:])
+
+
+# ---------------------------------------------------------------- scores and ranking
+def scores(runs: Runs, g: Graph, cfg: DiscoverSettings) -> np.ndarray:
+    """[U, V, s] every edge's discovery score (0 where the graph has no edge): the mean over
+    prompts, per position for attribution (exact: a single position slot)."""
+    if cfg.method in ("eap", "eap-ig"):
+        assert runs.metric_rows is not None
+        sc = attribution.edge_scores(runs.graph_model(), runs.writes(runs.clean), runs.writes(runs.corrupt),
+                                     runs.ds.positions, runs.metric_rows, method=cfg.method, steps=cfg.steps,
+                                     progress=progress)
+        return sc.per_position
+    edges = g.edges()
+    got = runs.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE, progress=progress)
+    out = np.zeros((len(g.senders), len(g.receivers), 1))
+    us, rs = g.edge_index()
+    out[us, rs, 0] = [float(np.mean(runs.m_clean - m)) for m in got]
+    return out
+
+
+def ranking(score: np.ndarray, g: Graph, how: str) -> np.ndarray:
+    """Edge indices (graph.edges() order) from the strongest: by |sum over positions| (abs) or by the
+    sum over positions of |score| (positions); ties keep the graph's order."""
+    us, rs = g.edge_index()
+    value = np.abs(score).sum(-1) if how == "positions" else np.abs(score.sum(-1))
+    return np.argsort(-value[us, rs], kind="stable")
+
+
+def roc_auc(order: np.ndarray, known: np.ndarray) -> float:
+    """Area under the ROC curve of a ranking (edge indices, strongest first) against the known edges
+    (bool per edge): the share of (known, other) pairs in which the known edge ranks first."""
+    pos, neg = int(known.sum()), int((~known).sum())
+    if pos == 0 or neg == 0:
+        return float("nan")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    before = np.searchsorted(np.sort(rank[~known]), rank[known])  # other edges ranked above each known one
+    return float(1.0 - before.sum() / (pos * neg))
+
+
+def top_mask(g: Graph, order: np.ndarray, k: int) -> np.ndarray:
+    """The circuit of the first k edges of a ranking."""
+    us, rs = g.edge_index()
+    m = np.zeros_like(g.adjacency)
+    m[us[order[:k]], rs[order[:k]]] = True
+    return m
+
+
+# ---------------------------------------------------------------- the curve
+def curve_ks(n_edges: int) -> list[int]:
+    """k = floor(p x edges) for each of MIB's fractions p."""
+    return [int(p * n_edges) for p in PERCENTAGES]
+
+
+@dataclass(frozen=True)
+class Curve:
+    points: list[dict[str, Any]]
+    summaries: dict[str, Any]
+    extra: list[effects.NormalizedEffect]  # the extra circuits' faithfulness
+
+
+def faithfulness_curve(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed: int, unit: str,
+                       extra: list[np.ndarray]) -> Curve:
+    """The top-k circuits' faithfulness at curve_ks (module docstring), CPR and CMD; and the
+    faithfulness of the `extra` circuits on the same prompts."""
+    ks = curve_ks(g.n_edges)
+    masks = [top_mask(g, order, k) for k in ks]
+    stage(f"faithfulness curve: {len(ks)} circuits (+{len(extra)}) on {runs.ds.n} confirmation prompts")
+    got = runs.edge_circuits([g.full(), np.zeros_like(g.adjacency), *masks, *extra], Replacement.RESAMPLE)
+    m_full, m_empty = got[0], got[1]
+    gap = m_full - m_empty
+    per_k = [effects.normalized_effect(m - m_empty, gap, st, derive_seed(seed, i), unit, gap_name="full-empty")
+             for i, m in enumerate(got[2:2 + len(ks)])]
+    if per_k[0].interval is None:
+        raise UserError(f"faithfulness is undefined on the confirmation prompts: {per_k[0].reason} (the corruption "
+                        "barely changes the behaviour)")
+    points = []
+    for k, p, f in zip(ks, PERCENTAGES, per_k, strict=True):
+        iv = f.interval
+        assert iv is not None
+        points.append({"k": k, "fraction": p, "faithfulness": iv.estimate, "ci": [iv.low, iv.high],
+                       "ci_method": iv.method})
+    kept = per_k[0].kept
+    nums = [(m - m_empty)[kept] for m in got[2:2 + len(ks)]]
+    x = np.asarray(PERCENTAGES)
+
+    def area(index: int) -> Any:
+        def statistic(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+            *num_s, gap_s = samples
+            f = np.stack([np.sum(n, axis=axis) / np.sum(gap_s, axis=axis) for n in num_s], -1)
+            return np.asarray(np.trapezoid(f if index == 0 else np.abs(1.0 - f), x, axis=-1))
+        return statistic
+
+    summaries: dict[str, Any] = {}
+    for index, name in enumerate(("CPR", "CMD")):
+        iv = stats.bootstrap_ci([*nums, gap[kept]], area(index), st.bootstrap, st.confidence,
+                                derive_seed(seed, len(ks) + index))
+        summaries[name] = {"value": iv.estimate, "ci": [iv.low, iv.high], "ci_method": iv.method}
+    summaries["kept_prompts"] = int(kept.sum())
+    summaries["excluded_prompts"] = int((~kept).sum())
+    extra_f = [effects.normalized_effect(m - m_empty, gap, st, derive_seed(seed, len(ks) + 2 + i), unit,
+                                         gap_name="full-empty") for i, m in enumerate(got[2 + len(ks):])]
+    return Curve(points, summaries, extra_f)
+
+
+# ---------------------------------------------------------------- the command
+def discover(source: str, out: Path, *, device: str | None = None, data_file: Path | None = None,
+             unique: bool = False, **settings: Any) -> tuple[dict[str, Any], str]:
+    """Discover and confirm (module docstring), write the folder; return (the discovery.json
+    document, the terminal summary).  `settings`: DiscoverSettings' fields."""
+    cfg = DiscoverSettings(**settings)
+    cfg.check()
+    got = inputs(source, cfg, data_file, resolve_device(device))
+    with threads.using(None, int(got.model.bridge.cfg.d_model)):
+        doc = run_discovery(got, cfg, source)
+    files = render.files(doc)
+    files["starter.yaml"] = starter_yaml(doc, got, out)
+    write_folder(out, files, unique=unique)
+    return doc, render.summary(doc)
+
+
+def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, Any]:
+    """The discovery.json document (docs/discover.md) of one discovery."""
+    m, metric = got.model, got.metric
+    bridge = m.bridge
+    ds = got.dataset.to(of(bridge))
+    disc_idx, conf_idx = split(ds.n, cfg.confirm_fraction, cfg.seed)
+    st = DISCOVER_STATS.model_copy(update={"bootstrap": cfg.bootstrap})
+    unit = metrics.get(metric).unit
+    hooks = scan_hooks(m.n_layers, m.has_mlp)
+    stage(f"discovery: {len(disc_idx)} prompts, {cfg.method}")
+    disc = base_runs(bridge, ds.select(disc_idx), hooks, metric)
+    g = disc.graph_model().graph
+    known_mask = None if got.known is None else known_edges(got.known, g)
+    score = scores(disc, g, cfg)
+    order = ranking(score, g, cfg.rank)
+    edges = g.edges()
+    top = [edges[i] for i in order[:cfg.top]]
+    stage(f"confirmation: {len(conf_idx)} prompts, {len(top)} edges patched exactly, the faithfulness curve")
+    conf = base_runs(bridge, ds.select(conf_idx), hooks, metric)
+    specs = [EdgeTestSpec(e, seed=derive_seed(cfg.seed, Stream.DISCOVER_EFFECT, r),
+                          perm_seed=derive_seed(cfg.seed, Stream.DISCOVER_PERMUTATION, r)) for r, e in enumerate(top)]
+    tests = edge_tests(conf, specs, st, unit, progress=progress, label="confirmation edge tests")
+    n_known = int(known_mask.sum()) if known_mask is not None else 0
+    extra = [known_mask, top_mask(g, order, n_known)] if known_mask is not None else []
+    curve = faithfulness_curve(conf, g, order, st, derive_seed(cfg.seed, Stream.DISCOVER_CURVE), unit, extra)
+    gap = float(np.mean(disc.m_clean - disc.m_corrupt))
+    return {
+        "kind": "discovery", "version": VERSION,
+        "settings": {"input": source, "model": m.source, "model_sha256": m.sha256, "method": cfg.method,
+                     "steps": cfg.steps if cfg.method == "eap-ig" else None, "rank": cfg.rank, "metric": metric,
+                     "unit": unit, "corruption": ds.default_corruption, "seed": cfg.seed, "top": cfg.top,
+                     "bound": cfg.bound, "replacement": Replacement.RESAMPLE.value,
+                     "direction": Direction.NOISING.value, "bootstrap": st.bootstrap, "confidence": st.confidence,
+                     "alpha": st.alpha, "min_effect": st.min_effect, "tolerance": st.tolerance,
+                     "min_prompt_gap": st.min_prompt_gap, "data": ds.description},
+        "split": {"prompts": ds.n, "discovery": len(disc_idx), "confirmation": len(conf_idx),
+                  "discovery_indices": disc_idx, "confirmation_indices": conf_idx,
+                  "discovery_gap": gap, "confirmation_gap": float(np.mean(conf.m_clean - conf.m_corrupt))},
+        "graph": {"edges": g.n_edges, "senders": len(g.senders), "receivers": len(g.receivers),
+                  "classes": g.counts()},
+        "ranking": ranking_rows(score, g, order, gap),
+        "curve": curve.points, "summaries": curve.summaries,
+        "confirmed": [confirmed_row(r, t) for r, t in enumerate(tests, start=1)],
+        "known": None if got.known is None or known_mask is None else known_doc(got.known, known_mask, g, order,
+                                                                                curve),
+        "starter_k": next((p["k"] for p in curve.points if p["k"] > 0 and p["ci"][0] >= cfg.bound), None)}
+
+
+def ranking_rows(score: np.ndarray, g: Graph, order: np.ndarray, gap: float) -> list[dict[str, Any]]:
+    """Every edge in ranked order: its score (the mean noising change, summed over positions), that
+    score over the mean clean-corrupted gap, and the position where |score| peaks (attribution)."""
+    us, rs = g.edge_index()
+    edges = g.edges()
+    total = score.sum(-1)
+    rows = []
+    for rank, e in enumerate(order, start=1):
+        u, r = us[e], rs[e]
+        rows.append({"edge": str(edges[e]), "rank": rank, "score": float(total[u, r]),
+                     "estimate": float(total[u, r] / gap) if gap else None,
+                     "peak_position": int(np.argmax(np.abs(score[u, r]))) if score.shape[-1] > 1 else None})
+    return rows
+
+
+def confirmed_row(rank: int, t: EdgeTestResult) -> dict[str, Any]:
+    iv = t.effect.norm.interval
+    return {"edge": str(t.spec.route), "rank": rank, "effect": None if iv is None else iv.estimate,
+            "ci": None if iv is None else [iv.low, iv.high], "p_adjusted": t.p_adjusted, "use": str(t.use),
+            "relative_change": t.effect.read.relative_change}
+
+
+def known_edges(claim: CircuitClaim, g: Graph) -> np.ndarray:
+    """[U, V] the known circuit's edges: an edge circuit's own, or the edge circuit a node circuit
+    is (Graph.node_mask: the edges among its nodes, from embed and to the logits; a circuit of heads
+    alone keeps every MLP)."""
+    if claim.edges is not None:
+        try:
+            return g.mask(claim.edges)
+        except ValueError as exc:
+            raise UserError(f"the file's edge circuit {claim.id!r}: {exc}") from None
+    nodes: list[names.Node] = list(claim.heads or [])
+    if not with_mlps(claim):
+        nodes += [u for u in g.senders if isinstance(u, names.Mlp)]
+    return g.node_mask(nodes)
+
+
+def known_doc(claim: CircuitClaim, mask: np.ndarray, g: Graph, order: np.ndarray, curve: Curve) -> dict[str, Any]:
+    """The known circuit against the discovery: ROC AUC of the ranking, its faithfulness, and the
+    top-|known| circuit's faithfulness interval with whether it covers the known one's value."""
+    us, rs = g.edge_index()
+    edges = g.edges()
+    is_known = mask[us, rs]
+    f_known, f_top = curve.extra
+
+    def num(f: effects.NormalizedEffect) -> tuple[float | None, list[float] | None]:
+        iv = f.interval
+        return (None, None) if iv is None else (iv.estimate, [iv.low, iv.high])
+
+    value, ci = num(f_known)
+    top_value, top_ci = num(f_top)
+    covers = None if value is None or top_ci is None else bool(top_ci[0] <= value <= top_ci[1])
+    return {"claim": claim.id, "from": "edges" if claim.edges is not None else "nodes",
+            "edges": [str(edges[i]) for i in np.flatnonzero(is_known)], "auc": roc_auc(order, is_known),
+            "faithfulness": value, "ci": ci,
+            "top": {"k": int(mask.sum()), "faithfulness": top_value, "ci": top_ci, "covers": covers}}
+
+
+def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
+    """starter.yaml: the circuit at the smallest k whose interval clears the bound, and an edge claim
+    for each confirmed edge; its data held out where the data has a split."""
+    import yaml
+
+    claims: list[dict[str, Any]] = []
+    k, bound, method = doc["starter_k"], doc["settings"]["bound"], doc["settings"]["method"]
+    if k:
+        claims.append({"id": f"top-{k}-edge-circuit", "kind": "circuit",
+                       "description": f"The {k} edges discovery ranked first ({method}); on the confirmation "
+                                      "prompts the interval of their circuit's faithfulness lay at or above "
+                                      f"{bound:g}.",
+                       "edges": [r["edge"] for r in doc["ranking"][:k]], "at_least": bound})
+    for c in doc["confirmed"]:
+        if c["use"] == USED:
+            slug = c["edge"].replace(" -> ", "-to-").replace(".", "-")
+            claims.append({"id": f"edge-{slug}", "kind": "edge", "edge": c["edge"], "expect": "used"})
+    if not claims:
+        best = doc["confirmed"][0]["edge"]
+        claims.append({"id": "strongest-edge", "kind": "edge", "edge": best, "expect": "used",
+                       "description": "No edge was confirmed and no circuit cleared the bound: the edge discovery "
+                                      "ranked first, to test on held-out prompts."})
+    held_out = ("its data uses the held-out test split" if "split" in got.mapping else
+                "it reads the discovery's prompts: point data at held-out prompts before testing")
+    out = {"harness": 1, "name": "discovered",
+           "description": f"Written by `harness discover` ({method}, confirmed on {doc['split']['confirmation']} "
+                          f"prompts not used to find it); {held_out}.",
+           "model": ModelRef.parse(got.model.source).relative_to(folder), "data": got.mapping,
+           "metric": doc["settings"]["metric"], "claims": claims}
+    load(out, base_dir=folder)  # the starter file must be valid
+    return yaml.safe_dump(out, sort_keys=False).encode()
+
+
+def is_discovery(doc: Any) -> bool:
+    """Whether a JSON document is a discovery.json (`harness report` does not re-render those)."""
+    return isinstance(doc, dict) and doc.get("kind") == "discovery"
+

@@ -1,0 +1,32 @@
+"""Base runs of a shipped hypothesis file's prompts that cache what the edge graph reads
+(mech.graph_run) and what one-at-a-time patching of every edge reads, for the edge-graph,
+attribution and discovery tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.engine import runner
+from harness.hypothesis.loading import load
+from harness.mech import graph_run, paths
+from harness.mech.graph import Graph
+from harness.mech.runs import Runs, base_runs
+from harness.model.ref import ModelRef
+from harness.tools.scan import scan_hooks
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def graph_runs(hypothesis: str, n: int, *, corruption: str | None = None) -> Runs:
+    """The first `n` prompts of hypotheses/`hypothesis`.yaml, with every hook an edge test needs."""
+    h = load(ROOT / "hypotheses" / f"{hypothesis}.yaml")
+    m = runner.load_model_cached(str(ModelRef.parse(h.spec.model, h.base_dir).source), "cpu")
+    ds = runner.build_dataset(h, m).select(list(range(n)))
+    if corruption is not None:
+        ds = ds.keep_corruptions([corruption])
+    g = Graph.of(m.bridge)
+    wanted = scan_hooks(m.n_layers, m.has_mlp) + graph_run.cache_names(m.n_layers, m.has_mlp)
+    for e in g.edges():
+        if paths.needs_paths(e):
+            wanted += paths.cache_names(e, m.n_layers)
+    return base_runs(m.bridge, ds, list(dict.fromkeys(wanted)), h.spec.metric)

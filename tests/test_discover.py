@@ -1,0 +1,156 @@
+"""`harness discover` (tools.discover): the split is disjoint and seeded, the ranking's ROC AUC is
+the share of correctly ordered pairs, the constructed models' known circuits are ranked first
+(AUC >= 0.95) and the interval of the top-|known| circuit covers the known circuit's
+faithfulness; the curve reads 0 with no edge and 1 with every edge, CPR and CMD are the
+trapezoid areas of its points; the starter file is a valid hypothesis that runs; bad options
+are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from harness.cli import main
+from harness.tools import constructed
+from harness.tools.discover import PERCENTAGES, curve_ks, discover, roc_auc, split
+
+from .graph_helpers import ROOT
+
+# the edges each constructed model's mechanism carries under the first-half corruption (edges that
+# read only positions, or the current token where no scored prompt changes it, carry nothing)
+KNOWN = {
+    "clean": ["embed -> L0H0.v", "L0H0 -> L1H0.k", "embed -> L1H0.v", "L1H0 -> logits"],
+    "decoy": ["embed -> L0H0.v", "L0H0 -> L1H0.k", "embed -> L1H0.v", "L1H0 -> logits"],
+    "redundant": ["embed -> L0H0.v", "embed -> L0H1.v", "L0H0 -> L1H0.k", "L0H1 -> L1H0.k", "embed -> L1H0.v",
+                  "L1H0 -> logits"],
+}
+
+
+def test_split_is_disjoint_seeded_and_sized():
+    d, c = split(101, 0.3, seed=4)
+    assert len(c) == 30 and len(d) == 71 and not set(d) & set(c) and sorted(d + c) == list(range(101))
+    assert split(101, 0.3, seed=4) == (d, c) and split(101, 0.3, seed=5) != (d, c)
+    assert [len(x) for x in split(4, 0.01, 0)] == [2, 2]
+
+
+def test_roc_auc_counts_ordered_pairs():
+    known = np.array([True, False, True, False, False])
+    assert roc_auc(np.array([0, 2, 1, 3, 4]), known) == 1.0
+    assert roc_auc(np.array([1, 3, 4, 0, 2]), known) == 0.0
+    # order 0, 1, 2, 3, 4: known 0 is above all 3 others, known 2 above 2 of them: 5 of 6 pairs
+    assert roc_auc(np.arange(5), known) == pytest.approx(5 / 6)
+    assert np.isnan(roc_auc(np.arange(3), np.array([True, True, True])))
+
+
+def test_curve_sizes_follow_mib():
+    assert curve_ks(32_491) == [32, 64, 162, 324, 649, 1624, 3249, 6498, 16245, 32491]
+    assert PERCENTAGES[-1] == 1.0
+
+
+@pytest.fixture(scope="module")
+def constructed_models(tmp_path_factory):
+    return constructed.build_all(tmp_path_factory.mktemp("constructed"))
+
+
+def known_file(folder, model_path, variant: str):
+    f = folder / f"{variant}.yaml"
+    f.write_text(yaml.safe_dump({
+        "harness": 1, "name": variant, "model": str(model_path),
+        "data": {"generator": "repeated_tokens", "n_prompts": 120, "segment_length": 10},
+        "claims": [{"id": "known", "kind": "circuit", "edges": KNOWN[variant], "at_least": 0.9}]}))
+    return f
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", sorted(KNOWN))
+def test_known_circuits_of_constructed_models_are_recovered(constructed_models, variant, tmp_path):
+    f = known_file(tmp_path, constructed_models[variant], variant)
+    doc, summary = discover(str(f), tmp_path / "out", device="cpu", bootstrap=300, top=10)
+    known = doc["known"]
+    assert known["auc"] >= 0.95, (variant, known["auc"], doc["ranking"][:8])
+    assert known["top"]["covers"], known
+    assert known["faithfulness"] == pytest.approx(1.0, abs=0.02)
+    assert "ROC AUC" in summary
+    sp = doc["split"]
+    assert not set(sp["discovery_indices"]) & set(sp["confirmation_indices"])
+    assert sp["discovery"] + sp["confirmation"] == sp["prompts"] == 120
+
+
+@pytest.mark.slow
+def test_names_discovery_end_to_end(tmp_path):
+    """On the names fixture (MLPs, real text): every edge class is scored, the curve reads 0 with no
+    edge and 1 with every edge, CPR / CMD are the areas of the points, the report and the starter
+    file are written, and the starter runs."""
+    out = tmp_path / "names"
+    code = main(["discover", str(ROOT / "hypotheses" / "names.yaml"), "--out", str(out), "--bootstrap", "200",
+                 "--top", "12", "--bound", "0.5", "--device", "cpu"])
+    assert code == 0
+    doc = json.loads((out / "discovery.json").read_text())
+    classes = doc["graph"]["classes"]
+    assert classes["mlp"]["q"] > 0 and classes["head"]["mlp"] > 0 and classes["embed"]["logits"] == 1
+    assert sum(sum(r.values()) for r in classes.values()) == doc["graph"]["edges"] == len(doc["ranking"])
+    curve = doc["curve"]
+    assert curve[-1]["k"] == doc["graph"]["edges"] and curve[-1]["faithfulness"] == pytest.approx(1.0, abs=1e-9)
+    assert curve[0]["k"] == 0 and curve[0]["faithfulness"] == 0.0
+    x = np.array([p["fraction"] for p in curve])
+    f = np.array([p["faithfulness"] for p in curve])
+    assert doc["summaries"]["CPR"]["value"] == pytest.approx(np.trapezoid(f, x), abs=1e-9)
+    assert doc["summaries"]["CMD"]["value"] == pytest.approx(np.trapezoid(np.abs(1 - f), x), abs=1e-9)
+    for p in curve:
+        assert p["ci"][0] <= p["faithfulness"] <= p["ci"][1]
+    assert len(doc["confirmed"]) == 12
+    # the file's first circuit is a node circuit of heads: known as the edges among them and every MLP
+    known = doc["known"]
+    assert (known["claim"], known["from"]) == ("head-circuit", "nodes")
+    assert "L0.mlp -> L1.mlp" in known["edges"] and "embed -> logits" in known["edges"]
+    rank = {r["edge"]: r["rank"] for r in doc["ranking"]}
+    inside = [rank[e] for e in known["edges"]]
+    outside = [r for e, r in rank.items() if e not in set(known["edges"])]
+    pairs = sum(a < b for a in inside for b in outside)  # the AUC by counting every (known, other) pair
+    assert known["auc"] == pytest.approx(pairs / (len(inside) * len(outside)), abs=1e-12)
+    assert known["auc"] > 0.5  # better than chance: the ranking finds the mechanism the file states
+    assert {"discover.md", "discover.html", "discovery.json", "starter.yaml"} <= {p.name for p in out.iterdir()}
+    assert (out / "figures" / "curve.png").stat().st_size > 1000
+    starter = yaml.safe_load((out / "starter.yaml").read_text())
+    assert starter["data"]["split"] == "test"  # held out from the explore split discovery used
+    kinds = {c["kind"] for c in starter["claims"]}
+    assert kinds <= {"circuit", "edge"} and kinds
+    assert main(["run", str(out / "starter.yaml"), "--out", str(tmp_path / "starter-run"), "--device", "cpu"]) in (0, 1)
+    ev = json.loads((tmp_path / "starter-run" / "evidence.json").read_text())
+    assert {c["id"] for c in ev["claims"]} == {c["id"] for c in starter["claims"]}
+
+
+@pytest.mark.slow
+def test_exact_method_ranks_by_the_patch_it_confirms(tmp_path):
+    """--method exact scores every edge by exact noising on the discovery prompts: its first edges
+    are the confirmation's largest effects too (the two parts share the mechanism)."""
+    doc, _ = discover(str(ROOT / "fixtures" / "induction-2l"), tmp_path / "exact", device="cpu", method="exact",
+                      n_prompts=40, bootstrap=200, top=5)
+    assert doc["settings"]["method"] == "exact" and doc["settings"]["steps"] is None
+    assert doc["ranking"][0]["edge"] == max(doc["confirmed"], key=lambda c: c["effect"])["edge"]
+    assert all(r["peak_position"] is None for r in doc["ranking"][:5])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--method", "acdc"], "invalid choice"),
+    (["--confirm-fraction", "1.5"], "--confirm-fraction 1.5: allowed: a fraction in (0, 1)"),
+    (["--bootstrap", "10"], "--bootstrap must be at least 100"),
+])
+def test_bad_options_are_one_line_errors(args, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) if "invalid choice" in message else _no_raise():
+        code = main(["discover", str(ROOT / "fixtures" / "induction-2l"), "--out", str(tmp_path / "o"), *args])
+        assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -121,7 +121,7 @@ def inputs(source: str, cfg: DiscoverSettings, data_file: Path | None, device: s
     """The model and prompts `source` names: a hypothesis file (its model, its data on the explore
     split, its metric; --data replaces the data) or a model (the generator's explore prompts, or
     --data)."""
-    given = from_data_file(data_file) if data_file is not None else None  # a bad data file stops before loading
+    given = from_data_file(data_file, "explore") if data_file is not None else None  # a bad file stops before loading
     path = Path(source)
     known = None
     metric = cfg.metric
@@ -129,7 +129,7 @@ def inputs(source: str, cfg: DiscoverSettings, data_file: Path | None, device: s
         h = load(path)
         m = ModelRef.parse(h.spec.model, h.base_dir).load(device)
         if given is None:
-            given = (for_exploring(h.spec.data), h)
+            given = (for_exploring(h.spec.data, "explore"), h)
         circuits = [c for c in h.spec.claims if isinstance(c, CircuitClaim)]
         known = next((c for c in circuits if c.edges), next(iter(circuits), None))
         metric = metric or h.spec.metric

@@ -22,7 +22,7 @@ starter.yaml, a hypothesis file (its model path relative to the file's folder)
 whose claims are the strongest routes found used under any corruption (each
 claim naming its corruption), for the user to edit and then test on held-out
 prompts (with the generator or a template its data uses the `test` split; the
-scan uses `explore`; with a prompt file or a list of prompts, give the starter
+scan uses `explore`, whatever split the data sets; with a prompt file or a list of prompts, give the starter
 held-out prompts).  `harness
 report` refuses a scan.json (is_scan): scan results are not re-rendered.
 """
@@ -98,7 +98,7 @@ def scan(model_source: str, out: Path, *, device: str | None = None, data_file: 
     takes it first."""
     cfg = ScanSettings(**settings)
     device = resolve_device(device)
-    given = from_data_file(data_file) if data_file is not None else None  # a bad data file stops before loading
+    given = from_data_file(data_file, "explore") if data_file is not None else None  # a bad file stops before loading
     m = load_model(model_source, device=device)
     with threads.using(None, int(m.bridge.cfg.d_model)):
         return _scan(m, model_source, out, cfg, given, unique)

@@ -84,9 +84,7 @@ def runs_on(bridge: Any, n_layers: int, vocab: int, n: int, seed: int, first: in
 
 
 def scores(runs: Runs, method: str, direction: str) -> attribution.Scores:
-    assert runs.metric_rows is not None
-    return attribution.edge_scores(runs.graph_model(), runs.writes(runs.clean), runs.writes(runs.corrupt),
-                                   runs.ds.positions, runs.metric_rows, method=method, direction=direction)
+    return runs.edge_scores(method, direction=direction)
 
 
 # ---------------------------------------------------------------- TransformerLens's side

@@ -34,9 +34,7 @@ from .graph_helpers import graph_runs
 
 
 def scores(runs: Runs, **kw) -> attribution.Scores:
-    assert runs.metric_rows is not None
-    return attribution.edge_scores(runs.graph_model(), runs.writes(runs.clean), runs.writes(runs.corrupt),
-                                   runs.ds.positions, runs.metric_rows, **kw)
+    return runs.edge_scores(**kw)
 
 
 # ---------------------------------------------------------------- TransformerLens's side

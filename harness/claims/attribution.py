@@ -26,8 +26,8 @@ from ..evidence.details import CI, Summary, optional
 from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE
-from ..mech import attribution, graph_run, patching
 from ..mech import change as read_change
+from ..mech import graph_run, patching
 from ..spec import names
 from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.vocabulary import Direction, LadderStatus, Replacement, Rung, UseStatus
@@ -116,11 +116,8 @@ class AttributionKind(ClaimKind[AttributionClaim, AttributionDetails]):
             if isinstance(sender, names.Group) or not g.has(c.edge):
                 raise UnsupportedError(f"claim {c.id!r}: {c.edge} is not an edge of this model's graph (its receiver "
                                        "reads the residual stream before the sender writes to it)")
-            assert runs.metric_rows is not None
-            sc = attribution.edge_scores(gm, runs.writes(runs.clean), runs.writes(runs.corrupt), runs.ds.positions,
-                                         runs.metric_rows, method=c.method, steps=c.steps,
-                                         wanted=[(g.sender_index(sender), g.receiver_index(c.edge.receiver))])
-            assert sc.per_prompt is not None
+            sc = runs.edge_scores(c.method, steps=c.steps,
+                                  wanted=[(g.sender_index(sender), g.receiver_index(c.edge.receiver))])
             s = sc.per_prompt[0]
             seed = ctx.claim_seed(i)
             norm = effects.normalized_effect(s, runs.m_clean - runs.m_corrupt, st, seed, ctx.unit)

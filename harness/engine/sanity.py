@@ -94,8 +94,7 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
         gm = runs.graph_model()
         own = runs.writes(runs.clean)
         empty = gm.graph.adjacency & False
-        assert runs.metric_rows is not None
-        got = gm.circuits(own, own, empty[None], runs.ds.positions, runs.metric_rows)[0]
+        got = gm.circuits(own, own, empty[None], runs.ds.positions, runs.rows_metric)[0]
         checks.append(("edge circuit (every edge removed, the clean run's own writes)", got, runs.m_clean))
     if any(isinstance(p, FrozenPatternsPath) for p in paths):
         plan = patching.freeze_patterns_plan(runs.patterns(runs.clean))

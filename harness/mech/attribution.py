@@ -39,20 +39,17 @@ from .graph import Graph
 from .graph_run import GraphModel, Writes
 
 METHODS = ("eap", "eap-ig")
+BATCH = 16  # prompts per backward pass
 
 
 @dataclass(frozen=True)
 class Scores:
     """Attribution scores: `per_position` [U, V, s] (mean over prompts, per position) and `total` [U, V]
-    (summed over positions); zero where the graph has no edge."""
+    (summed over positions), zero where the graph has no edge; `per_prompt` [len(wanted), n]: the
+    wanted edges' scores prompt by prompt, summed over positions."""
 
-    graph: Graph
     per_position: np.ndarray
-    method: str
-    steps: int
-    direction: str
-    n_prompts: int
-    per_prompt: np.ndarray | None = None  # [len(wanted), n]: the wanted edges' scores prompt by prompt
+    per_prompt: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
@@ -94,7 +91,7 @@ def _deltas(gm: GraphModel, clean: Writes, corrupt: Writes, layer: int, idx: Any
 
 def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
                 metric: Callable[[Any, Any], Any], method: str = "eap-ig", steps: int = 5,
-                direction: str = Direction.NOISING, batch: int = 16,
+                direction: str = Direction.NOISING, batch: int = BATCH,
                 progress: Callable[..., Any] | None = None, wanted: list[tuple[int, int]] | None = None) -> Scores:
     """The attribution score of every edge (module docstring) over the prompts of `clean` /
     `corrupt` (run_writes of the two runs), `batch` prompts per backward pass; and, for the
@@ -148,8 +145,7 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
             per_prompt[w, idx.cpu().numpy()] = _prompt_scores(g, every, grads, at, u, v).cpu().numpy()
     out /= n
     out *= g.adjacency[:, :, None]
-    return Scores(g, out, method, 1 if method == "eap" else steps, direction, n,
-                  None if wanted is None else per_prompt)
+    return Scores(out, per_prompt)
 
 
 def _changes(gm: GraphModel, clean: Writes, corrupt: Writes, idx: Any, d_embed: Any) -> Any:

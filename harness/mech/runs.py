@@ -33,7 +33,7 @@ from ..model.devices import wide
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
-from . import batched_ablation, batched_edges, graph_run, hooks, patching, paths, writes
+from . import attribution, batched_ablation, batched_edges, graph_run, hooks, patching, paths, writes
 from .hooks import Cache
 
 if TYPE_CHECKING:
@@ -313,6 +313,13 @@ class Runs:
                   drop: int | None) -> tuple[Any, ...]:
         return ("edge", self.corruption, str(edge), direction, replacement, freeze, drop)
 
+    @property
+    def rows_metric(self) -> Callable[[Any, Any], Any]:
+        """`metric_rows`, which edge circuits and attribution need (ValueError for runs built without it)."""
+        if self.metric_rows is None:
+            raise ValueError("these runs have no per-row metric")
+        return self.metric_rows
+
     def graph_model(self) -> graph_run.GraphModel:
         """The model's arithmetic with one input per receiver (mech.graph_run), checked on the clean run."""
         gm = self.graph_source.get()
@@ -332,6 +339,15 @@ class Runs:
         return graph_run.Writes(ref.mean(ref_writes.embed, drop), [ref.mean(z, drop) for z in ref_writes.z],
                                 [None if m is None else ref.mean(m, drop) for m in ref_writes.mlp])
 
+    def edge_scores(self, method: str, *, steps: int = 5, direction: str = Direction.NOISING,
+                    wanted: list[tuple[int, int]] | None = None, batch: int = attribution.BATCH,
+                    progress: Callable[..., Any] | None = None) -> attribution.Scores:
+        """The attribution score of every edge between this clean run and this corruption's run
+        (mech.attribution.edge_scores, its formulas and sign convention)."""
+        return attribution.edge_scores(self.graph_model(), self.writes(self.clean), self.writes(self.corrupt),
+                                       self.ds.positions, self.rows_metric, method=method, steps=steps,
+                                       direction=direction, wanted=wanted, batch=batch, progress=progress)
+
     def edge_circuits(self, masks: Sequence[np.ndarray], kind: str, drop: int | None = None) -> list[PerPrompt]:
         """Metric of the clean prompts keeping only each mask's edges ([senders, receivers] bool, mech.graph),
         every other edge carrying `kind`'s replacement (resample: this corruption's run; mean: the
@@ -349,10 +365,7 @@ class Runs:
             clean = self.writes(self.clean)
             rep = (self.writes(self.corrupt) if kind == Replacement.RESAMPLE else self.mean_writes(drop)
                    if kind == Replacement.MEAN else clean.zeros())
-            metric = self.metric_rows
-            if metric is None:
-                raise ValueError("these runs have no per-row metric")
-            got = gm.circuits(clean, rep, np.stack([masks[i] for i in todo]), self.ds.positions, metric)
+            got = gm.circuits(clean, rep, np.stack([masks[i] for i in todo]), self.ds.positions, self.rows_metric)
             for i, m in zip(todo, got, strict=True):
                 self.memo[keys[i]] = m
         return [self.memo[k] for k in keys]

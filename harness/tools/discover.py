@@ -53,7 +53,6 @@ from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
 from ..engine.data_source import for_exploring, from_data_file
 from ..errors import UserError
 from ..hypothesis.loading import load
-from ..mech import attribution
 from ..mech.graph import Graph
 from ..mech.runs import Runs, base_runs
 from ..model import metrics
@@ -165,11 +164,7 @@ def scores(runs: Runs, g: Graph, cfg: DiscoverSettings) -> np.ndarray:
     """[U, V, s] every edge's discovery score (0 where the graph has no edge): the mean over
     prompts, per position for attribution (exact: a single position slot)."""
     if cfg.method in ("eap", "eap-ig"):
-        assert runs.metric_rows is not None
-        sc = attribution.edge_scores(runs.graph_model(), runs.writes(runs.clean), runs.writes(runs.corrupt),
-                                     runs.ds.positions, runs.metric_rows, method=cfg.method, steps=cfg.steps,
-                                     progress=progress)
-        return sc.per_position
+        return runs.edge_scores(cfg.method, steps=cfg.steps, progress=progress).per_position
     edges = g.edges()
     got = runs.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE, progress=progress)
     out = np.zeros((len(g.senders), len(g.receivers), 1))

@@ -246,7 +246,6 @@ class GraphModel:
                 # (receiver_gradients takes the gradient back through the norm, _Norm.standardize_vjp)
                 y = lay.ln1(resid)
                 h = probe(y[:, :, None, :].expand(R, s, 3 * H, d))
-                assert probes is not None
                 probes[-1] = _AfterNorm(probes[-1], norm, resid.detach(), y.detach())
             else:
                 h = lay.ln1(probe(take_out(resid[:, :, None, :].expand(R, s, 3 * H, d), U, cols)))

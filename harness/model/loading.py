@@ -15,6 +15,8 @@ Model directory formats (see docs/model-format.md):
   Face cache (model.hub_cache), loaded like a directory, offline.
 * **a TransformerBridge the user holds** (`from_bridge`): wrapped without reloading,
   hashed over its tensors.
+* **GGUF file** (`model.gguf`): read by transformers' GGUF support, dequantised, and wrapped
+  like a Hugging Face directory (`load_transformers(..., gguf_file=...)`).
 
 The loader's rule: only safetensors are read, never pickles.  A directory holding a
 pickle file (PICKLE_SUFFIXES) is refused; transformers is made to load exactly the
@@ -74,11 +76,12 @@ CONVERT = ("convert them to safetensors (transformers: save_pretrained(dir); tor
 class LoadedModel:
     bridge: Any  # transformer_lens.model_bridge.TransformerBridge
     source: str  # absolute path, hf:NAME, or "TransformerBridge (ARCHITECTURE)" for a bridge handed over
-    kind: str  # "native" | "transformers" | "bridge"
+    kind: str  # "native" | "transformers" | "bridge" | "gguf"
     sha256: str  # content hash of config.json and the weight files loaded (directory_hash), or of a
-    #              handed-over bridge's tensors (bridge_hash, prefixed "tensors-sha256:")
+    #              handed-over bridge's tensors (bridge_hash, prefixed "tensors-sha256:"), or of the GGUF file
     revision: str | None = None  # hub models: the commit hash of the cached snapshot loaded
     stored_dtype: str | None = None  # the floating-point dtype(s) of the weight files (e.g. "bfloat16")
+    quantization: dict[str, str] | None = None  # GGUF files: tensor_types, file_type (model.gguf.quantization)
 
     @property
     def dtype(self) -> str:
@@ -522,14 +525,16 @@ def offline() -> Iterator[None]:
             os.environ["HF_HUB_OFFLINE"] = saved_env
 
 
-def _boot_without_tokenizer(path: str, dtype: Any, device: str | None, weights: str | None) -> Any:
+def _boot_without_tokenizer(path: str, dtype: Any, device: str | None, weights: str | None,
+                            gguf_file: str | None = None) -> Any:
     """The bridge `TransformerBridge.boot_transformers(path)` builds, without its tokenizer
     (boot_transformers always builds a tokenizer, and fails on a directory without tokenizer
     files or with unreadable ones): the model is loaded as boot_transformers loads it (the
     config with output_attentions, the adapter's attention implementation, else eager;
     safetensors only; `dtype`, default float32; then `device`) and wrapped with
     TransformerLens's `build_bridge_from_module`.  The bridge has no tokenizer
-    (`bridge.tokenizer` is None) until model.tokenizer reads it."""
+    (`bridge.tokenizer` is None) until model.tokenizer reads it.  With `gguf_file` (model.gguf)
+    the config and the weights come from that GGUF file instead, dequantised to a plain model."""
     import torch
     from transformer_lens.factories import architecture_adapter_factory
     from transformer_lens.model_bridge.sources._bridge_builder import (
@@ -542,8 +547,9 @@ def _boot_without_tokenizer(path: str, dtype: Any, device: str | None, weights: 
     from transformers import AutoConfig
 
     dtype = dtype or torch.float32
+    source = {"gguf_file": gguf_file} if gguf_file is not None else {}
     hf_config = autoconfig_with_remote_post_init_compat(path, auto_config=AutoConfig, output_attentions=True,
-                                                        trust_remote_code=False)
+                                                        trust_remote_code=False, **source)
     hf_config.__dict__.update({"transformers_weights": weights})
     architecture = determine_architecture_from_hf_config(hf_config)
     adapter = architecture_adapter_factory.ArchitectureAdapterFactory.select_architecture_adapter(
@@ -554,7 +560,14 @@ def _boot_without_tokenizer(path: str, dtype: Any, device: str | None, weights: 
     kwargs: dict[str, Any] = {"config": hf_config, "torch_dtype": dtype,
                               "attn_implementation": getattr(adapter.cfg, "attn_implementation", None) or "eager"}
     adapter.prepare_loading(path, kwargs)
-    hf_model = _SafetensorsOnly.from_pretrained(path, **kwargs)
+    if gguf_file is None:
+        hf_model = _SafetensorsOnly.from_pretrained(path, **kwargs)
+    else:  # every tensor dequantised, no quantizer left on the model (transformers without GgufConfig always does)
+        from transformers.utils import quantization_config
+
+        if hasattr(quantization_config, "GgufConfig"):
+            kwargs["quantization_config"] = quantization_config.GgufConfig(dequantize=True)
+        hf_model = _SafetensorsOnly._resolve(hf_config).from_pretrained(path, **source, **kwargs)
     if device is not None:
         hf_model = hf_model.to(device)
     maybe_cast_floating_params(hf_model, dtype)
@@ -563,27 +576,30 @@ def _boot_without_tokenizer(path: str, dtype: Any, device: str | None, weights: 
 
 
 def load_transformers(name_or_path: str, dtype: Any = None, device: str | None = None,
-                      weights: str | None = None) -> Any:
+                      weights: str | None = None, gguf_file: str | None = None, shown: str | None = None) -> Any:
     """Boot a bridge around a Hugging Face model directory (or cache snapshot), offline, without its
     tokenizer (`_boot_without_tokenizer`: the bridge boot_transformers builds).
 
     transformers loads safetensors only (`use_safetensors=True`), and exactly the
     file `weights` (`model.safetensors` or the index) when given: it is set as the
     config's `transformers_weights`, overriding config.json's.  No network request is
-    made (`offline`).  Every parameter is finite after loading (in `dtype`, default float32)."""
+    made (`offline`).  Every parameter is finite after loading (in `dtype`, default float32).
+    `gguf_file`: the config and weights from that GGUF file (model.gguf); `shown` names the model
+    in messages (default: `Hugging Face model 'NAME_OR_PATH'`)."""
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()  # no "Loading weights" bar between the stage lines
     hf_logging.disable_progress_bar()
     try:
         with offline():
-            bridge = _boot_without_tokenizer(name_or_path, dtype, device, weights)
+            bridge = _boot_without_tokenizer(name_or_path, dtype, device, weights, gguf_file)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        if "use_safetensors" in str(exc):  # transformers found no safetensors checkpoint
+        if gguf_file is None and "use_safetensors" in str(exc):  # transformers found no safetensors checkpoint
             raise ModelLoadError(f"cannot load Hugging Face model {name_or_path!r}: it has no model.safetensors "
                                  f"or {INDEX}, and pickle weights (pytorch_model.bin) are not loaded: "
                                  "convert them to safetensors") from None
-        raise ModelLoadError(f"cannot load Hugging Face model {name_or_path!r}: {one_line(exc)}") from None
+        shown = shown or f"Hugging Face model {name_or_path!r}"
+        raise ModelLoadError(f"cannot load {shown}: {one_line(exc)}") from None
     finally:
         if bars:
             hf_logging.enable_progress_bar()
@@ -591,7 +607,8 @@ def load_transformers(name_or_path: str, dtype: Any = None, device: str | None =
         bad = tensors.count_nonfinite(p.detach())
         if bad:
             after = f" after loading as {dtype}" if dtype is not None else ""
-            raise ModelLoadError(tensors.nonfinite_message(name_or_path, name.replace("._original_component", ""),
+            raise ModelLoadError(tensors.nonfinite_message(gguf_file or name_or_path,
+                                                           name.replace("._original_component", ""),
                                                            bad, p.numel(), after))
     bridge.eval()
     return bridge

@@ -1,16 +1,19 @@
-"""What a `model:` names, parsed once: a local directory (native or Hugging Face) or a hub
-model in the local Hugging Face cache (no torch, no network).
+"""What a `model:` names, parsed once: a local directory (native or Hugging Face), a GGUF
+file, or a hub model in the local Hugging Face cache (no torch, no network).
 
     ModelRef.parse(text, base)   `hf:ORG/NAME` -> the hub model; a path (relative to `base`,
                                  the folder of the file that names it) that is an existing
-                                 directory -> that directory; else a text spelled like a hub
+                                 directory -> that directory (a folder without config.json
+                                 holding one .gguf file -> that file); a path ending in
+                                 `.gguf` -> that file; else a text spelled like a hub
                                  name (`NAME`, `ORG/NAME`) -> the hub model; else the path
                                  (whose absence the loader reports).  So `./ORG/NAME` forces
                                  the directory and `hf:ORG/NAME` the hub.
-    ref.source                   the one spelling: `hf:ORG/NAME`, or the absolute directory
-    ref.kind()                   "hub", or the directory's kind ("native" / "transformers",
-                                 from its config.json)
-    ref.shape()                  layers and heads from config.json alone (`harness validate`)
+    ref.source                   the one spelling: `hf:ORG/NAME`, or the absolute directory or file
+    ref.kind()                   "hub", "gguf", or the directory's kind ("native" /
+                                 "transformers", from its config.json)
+    ref.shape()                  layers and heads from config.json alone, or a GGUF file's
+                                 metadata (`harness validate`)
     ref.load(device, dtype)      the LoadedModel (model.loading)
 
 A new model source is a text prefix with a loader: `register(ModelSource("zoo:", load, shape))`
@@ -28,7 +31,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..spec.names import Shape
-from . import hub_cache
+from . import gguf, hub_cache
 from .loading import LoadedModel, load_directory, load_hub, model_files
 from .loading import files_hash as loading_hash
 from .shape import config_shape
@@ -68,7 +71,7 @@ def unregister(prefix: str) -> None:
 class ModelRef:
     text: str  # as written
     hub: str | None = None  # ORG/NAME of a hub model
-    path: Path | None = None  # the directory of a local model (absolute)
+    path: Path | None = None  # the directory or GGUF file of a local model (absolute)
     custom: ModelSource | None = None  # a registered source; its name is text after the prefix
 
     @classmethod
@@ -85,6 +88,8 @@ class ModelRef:
             p = Path(raw).expanduser()
             full = p if p.is_absolute() else folder / p
             if full.is_dir():
+                return cls(raw, path=(gguf.single_file(full) or full).resolve())
+            if gguf.is_named(full):  # a .gguf path is a file, never a hub name
                 return cls(raw, path=full.resolve())
         except (OSError, ValueError, RuntimeError):  # a NUL byte, no home directory for ~user, a loop
             return cls(raw, path=Path(raw))
@@ -117,9 +122,9 @@ class ModelRef:
 
     def folder(self) -> Path | None:
         """The directory the model's files are in: the directory, or the hub model's cached
-        snapshot (None when it is not in the cache)."""
+        snapshot (None when it is not in the cache; None for a GGUF file, which holds its tokenizer)."""
         if self.path is not None:
-            return self.path
+            return None if gguf.is_gguf(self.path) else self.path
         if self.custom is not None:
             return None
         try:
@@ -128,47 +133,54 @@ class ModelRef:
             return None
 
     def kind(self) -> str:
-        """"hub", the prefix of a registered source, or "native" / "transformers" for a directory
-        (its config.json decides)."""
+        """"hub", the prefix of a registered source, "gguf" for a GGUF file (or a folder without
+        config.json holding .gguf files), or "native" / "transformers" for a directory (its
+        config.json decides)."""
         if self.custom is not None:
             return self.custom.prefix.rstrip(":")
         if self.is_hub:
             return "hub"
         assert self.path is not None
-        return model_files(self.path).kind
+        return "gguf" if gguf.is_gguf(self.path) else model_files(self.path).kind
 
     def shape(self) -> Shape | None:
-        """Layers, heads and MLPs from config.json alone (None when it cannot be read: the
-        loader reports why when the model loads)."""
+        """Layers, heads and MLPs from config.json alone, or a GGUF file's metadata (None when it
+        cannot be read: the loader reports why when the model loads)."""
         try:
             if self.custom is not None:
                 return self.custom.shape(self.text[len(self.custom.prefix):])
             if self.hub is not None:
                 snap = self.snapshot()
                 return config_shape(snap.folder, snap.root)
+            if self.path is not None and gguf.is_gguf(self.path):
+                return gguf.shape(self.path)
             return config_shape(self.path) if self.path is not None else None
         except (UserError, OSError, ValueError, RuntimeError):
             return None
 
     def load(self, device: str | None = None, dtype: Any = None) -> LoadedModel:
-        """The model, loaded (model.loading: safetensors only, checked, hashed; offline; a registered
-        source's own loader)."""
+        """The model, loaded (model.loading: safetensors only, checked, hashed; offline; model.gguf for a
+        GGUF file; a registered source's own loader)."""
         if self.custom is not None:
             return self.custom.load(self.text[len(self.custom.prefix):], device, dtype)
         if self.hub is not None:
             return load_hub(self.hub, dtype, device)
         assert self.path is not None
+        if gguf.is_gguf(self.path):
+            return gguf.load(self.path, dtype, device)
         return load_directory(self.path, dtype, device)
 
     def content_hash(self) -> str | None:
         """The sha256 the loader would record (model.loading: config.json and the weight files, read
-        but not loaded); None for a registered source (its loader computes its own)."""
+        but not loaded; a GGUF file's bytes); None for a registered source (its loader computes its own)."""
         if self.custom is not None:
             return None
         if self.hub is not None:
             snap = self.snapshot()
             return loading_hash(model_files(snap.folder, root=snap.root))
         assert self.path is not None
+        if gguf.is_gguf(self.path):
+            return gguf.file_hash(gguf.find_file(self.path))
         return loading_hash(model_files(self.path.resolve()))
 
     def relative_to(self, folder: Path) -> str:
@@ -188,12 +200,12 @@ class ModelRef:
 
 def load_model(source: str | Path, dtype: Any = None, device: str | None = None) -> LoadedModel:
     """Load what `source` names (ModelRef.parse, relative to the working directory: a model
-    directory, native or Hugging Face, or a hub model from the local cache) onto `device`,
+    directory, native or Hugging Face, a GGUF file, or a hub model from the local cache) onto `device`,
     resolved by devices.resolve_device (None: $HARNESS_DEVICE, else the best available; a bad
     or unavailable name raises DeviceError before any loading).
 
-    Guarantees: only safetensors were read; `sha256` covers exactly config.json and the
-    weight files whose tensors were loaded (directory_hash; for a hub model, those files of
-    its snapshot); the weights are finite; nothing was downloaded.  ModelLoadError (one line
+    Guarantees: only safetensors (or the one GGUF file) were read; `sha256` covers exactly config.json
+    and the weight files whose tensors were loaded (directory_hash; for a hub model, those files of
+    its snapshot; for a GGUF file, its bytes); the weights are finite; nothing was downloaded.  ModelLoadError (one line
     naming the file) for every problem with the directory."""
     return ModelRef.parse(source).load(device, dtype)

@@ -31,7 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import __version__, threads
+from . import __version__, memory, threads
 from .engine.data_source import from_data_file
 from .engine.provenance import command_line
 from .engine.runner import run
@@ -124,6 +124,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--reports", type=Path, default=Path("reports"),
                    help="parent folder of new report folders (default: reports/)")
     r.add_argument("--seed", type=SEED, help="override the files' seed (>= 0)")
+    r.add_argument("--memory", metavar="SIZE",
+                   help="memory budget, e.g. 3G or 512M (sets $HARNESS_MEMORY; default: half the memory available): "
+                        "base runs whose cached activations would not fit stop with one line before measuring, "
+                        "and every chunked stage keeps its working memory within an eighth of it")
     _add_device(r)
 
     sw = sub.add_parser("sweep", help="run hypothesis files on many models (checkpoints, seeds); one combined report")
@@ -261,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         with clock():
             if getattr(args, "threads", None) is not None:  # the same as HARNESS_THREADS (workers inherit it)
                 os.environ[threads.ENV] = str(args.threads)
+            if getattr(args, "memory", None) is not None:  # checked here, read by harness.memory.chosen
+                memory.parse(args.memory, "--memory")
+                os.environ[memory.ENV] = args.memory
             return commands[args.command](args)
     except UserError as exc:
         print(error_text(exc), file=sys.stderr)

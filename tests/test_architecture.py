@@ -17,7 +17,7 @@ PACKAGE = ROOT / "harness"
 # bottom to top: a module may import from its own layer and the layers below it
 LAYERS = [
     ("harness.errors", "harness.progress", "harness.streams", "harness.stats", "harness.textfile", "harness.threads",
-     "harness.locations"),
+     "harness.cost", "harness.memory", "harness.locations"),
     ("harness.spec",),
     ("harness.evidence",),
     ("harness.model",),

@@ -134,6 +134,21 @@ def test_per_prompt_scores_average_to_the_graph_scores():
         assert sc.per_prompt[w].mean() == pytest.approx(sc.total[u, v], abs=1e-6 * scale)
 
 
+@pytest.mark.parametrize("method", ["eap", "eap-ig"])
+def test_one_edge_from_its_receiver_alone_equals_the_whole_graph(method):
+    """An attribution claim's per-prompt scores (the gradient at the edge's receiver only) equal the
+    whole graph's per-prompt scores of that edge: heads into q/k/v, MLPs, embed, and the logits."""
+    runs = graph_runs("names", 8)
+    g = runs.graph_model().graph
+    us, rs = g.edge_index()
+    wanted = list(zip(us[::29].tolist(), rs[::29].tolist(), strict=True)) + [(0, len(g.receivers) - 1)]
+    sc = scores(runs, method=method, steps=3, wanted=wanted, batch=3)
+    scale = np.abs(sc.per_prompt).max()
+    for w, (u, v) in enumerate(wanted):
+        one = runs.edge_prompt_scores(names.Edge(g.senders[u], g.receivers[v]), method, steps=3, batch=5)
+        assert one == pytest.approx(sc.per_prompt[w], abs=1e-5 * scale)
+
+
 def silent_heads_model(tmp_path, final_norm: bool):
     """A native 1-layer attention-only model whose heads write nothing (W_O = 0): the metric sees
     the prompt only through embed -> logits."""

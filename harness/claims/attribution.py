@@ -27,7 +27,7 @@ from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE
 from ..mech import change as read_change
-from ..mech import graph_run, patching
+from ..mech import patching, writes
 from ..spec import names
 from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.vocabulary import Direction, LadderStatus, Replacement, Rung, UseStatus
@@ -84,9 +84,10 @@ class AttributionKind(ClaimKind[AttributionClaim, AttributionDetails]):
     summary = "an edge's attribution score (EAP, EAP-IG) estimates that patching it would move the metric"
 
     def hooks(self, claim: AttributionClaim, n_layers: int) -> list[str]:
-        # the graph's writes, and what the non-vacuity check of the edge reads
-        return (graph_run.cache_names(n_layers, True) + patching.cache_names([claim.edge], n_layers)
-                + read_hooks(claim.edge, n_layers))
+        # embed's and the sender's writes (the graph arithmetic is checked on a run of the first prompts,
+        # Runs.graph_model), and what the non-vacuity check of the edge reads
+        return (writes.activation_names(names.Embed()) + writes.activation_names(claim.edge.sender)
+                + patching.cache_names([claim.edge], n_layers) + read_hooks(claim.edge, n_layers))
 
     def reads_gap(self, claim: AttributionClaim) -> bool:
         return True
@@ -116,9 +117,7 @@ class AttributionKind(ClaimKind[AttributionClaim, AttributionDetails]):
             if isinstance(sender, names.Group) or not g.has(c.edge):
                 raise UnsupportedError(f"claim {c.id!r}: {c.edge} is not an edge of this model's graph (its receiver "
                                        "reads the residual stream before the sender writes to it)")
-            sc = runs.edge_scores(c.method, steps=c.steps,
-                                  wanted=[(g.sender_index(sender), g.receiver_index(c.edge.receiver))])
-            s = sc.per_prompt[0]
+            s = runs.edge_prompt_scores(c.edge, c.method, steps=c.steps)
             seed = ctx.claim_seed(i)
             norm = effects.normalized_effect(s, runs.m_clean - runs.m_corrupt, st, seed, ctx.unit)
             p = (stats.sign_flip_pvalue(s[norm.kept], st.permutations, seed)

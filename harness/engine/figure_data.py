@@ -39,6 +39,20 @@ from ..spec.settings import Stats
 from ..streams import Stream, derive_seed
 
 SIGNATURE_BUDGET = 4.0  # forward passes the signature plot's patches may cost (patch_cost)
+#: (head pair, null draw) evaluations the composition matrix's per-cell null percentiles may cost per mode
+#: (about 3 s on two cores); past it every cell gets fewer draws, never fewer than MATRIX_MIN_DRAWS
+MATRIX_NULL_BUDGET = 4_000_000
+MATRIX_MIN_DRAWS = 100
+
+
+def matrix_draws(n_pairs: int, null_draws: int, budget: int = MATRIX_NULL_BUDGET) -> int:
+    """Null draws per cell of a composition matrix of `n_pairs` cells: the file's `null_draws` when
+    n_pairs * null_draws fits `budget`, else budget // n_pairs (at least MATRIX_MIN_DRAWS, at most
+    null_draws).  The matrix's null percentiles are a guide to the eye, not a test: the claims'
+    composition tests always use the file's draws."""
+    if n_pairs * null_draws <= budget:
+        return null_draws
+    return min(null_draws, max(MATRIX_MIN_DRAWS, budget // max(1, n_pairs)))
 
 
 def _clean(x: Any) -> Any:
@@ -90,12 +104,13 @@ def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], tokens: Any) -
 
 def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> dict[str, Any]:
     """Per mode a claim reads: every cross-layer score and each cell's own null 99th percentile
-    (the shared null draws, mech.rotation_null)."""
+    (the shared null draws, mech.rotation_null; `matrix_draws` of them per cell)."""
     out = {}
     hw = comp.hw
     L, H = hw.n_layers, hw.n_heads
     senders = names.Head.every(L - 1, H)
     targets = [h for h in names.Head.every(L, H) if h.layer >= 1]
+    draws = matrix_draws(H * H * L * (L - 1) // 2, st.null_draws)
     for mode in sorted({r.which for r in receivers(claims)}):
         scores = comp.scores(mode)
         q99 = np.full((len(senders), len(targets)), np.nan)
@@ -103,11 +118,12 @@ def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> di
         for l1 in range(L - 1):
             rows = slice(l1 * H, (l1 + 1) * H)
             cols = slice(l1 * H, (L - 1) * H)  # receivers in layers l1 + 1 .. L - 1
-            q99[rows, cols] = comp.null_grid(mode, l1, st.null_draws).quantile(0.99, dim=-1).numpy()
+            q99[rows, cols] = comp.null_grid(mode, l1, draws).quantile(0.99, dim=-1).numpy()
             val[rows, cols] = scores[l1, :, l1 + 1:, :].reshape(H, -1)
         out[mode] = {"senders": [str(s) for s in senders],
                      "receivers": [str(names.HeadInput(r, mode)) for r in targets],
-                     "scores": _clean(np.round(val, 6).tolist()), "null_q99": _clean(np.round(q99, 6).tolist())}
+                     "scores": _clean(np.round(val, 6).tolist()), "null_q99": _clean(np.round(q99, 6).tolist()),
+                     "null_draws": draws}
     return out
 
 

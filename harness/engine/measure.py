@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import stats
+from .. import cost, stats
 from ..claims.base import ClaimKind, Context, InterventionPath
 from ..claims.registry import kind_of
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
@@ -69,12 +69,25 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str
                 seed: int, figures: bool = True) -> Measurements:
     """Run every claim on `model` (model.loading.LoadedModel) and `ds` (model.data.Dataset)."""
 
+    with cost.counting(ds.n) as ledger:
+        return _measure_all(model, ds, claims, metric=metric, st=st, processing=processing, seed=seed,
+                            figures=figures, ledger=ledger)
+
+
+def spent(ledger: cost.Ledger, what: str) -> None:
+    """The stage line that closes a stage: the forward-equivalents it spent (harness.cost)."""
+    stage(f"{what}: {ledger.lap():.2f} forward-equivalents")
+
+
+def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str, st: Stats, processing: str,
+                 seed: int, figures: bool, ledger: cost.Ledger) -> Measurements:
     bridge = model.bridge
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads
     names_ = hooks_needed(claims, n_layers, figures)
     stage(f"base runs: {ds.n} prompts, clean and {len(ds.corruptions)} corruption(s)")
     runs = base_runs(bridge, ds, names_, metric)
+    spent(ledger, "base runs done")
     clean, corruptions, default = runs.clean, runs.corruptions, runs.corruption
     unit = metrics.get(metric).unit
     m_base = metrics.no_information(metric, model.d_vocab_out, runs.clean_logp)
@@ -91,7 +104,9 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str
         baseline["by_corruption"] = {name: {"corrupted": _mean_ci(m_c, st, seed),
                                             "gap": _mean_ci(runs.m_clean - m_c, st, seed)}
                                      for name, (_, m_c) in corruptions.items()}
+    stage("sanity checks: identity interventions")
     checks += sanity.identity_checks(runs, interventions(claims, n_layers, n_heads))
+    spent(ledger, "sanity checks done")
 
     ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing, baseline=m_base)
     found: dict[int, ClaimResult] = {}
@@ -99,6 +114,7 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str
     for kind, items in by_kind(claims).items():
         stage(f"claims: {len(items)} {kind.name}")
         measured = kind.measure(items, ctx)
+        spent(ledger, f"{kind.name} done")
         found.update(measured.results)
         rows += measured.weights_vs_use
     results = [found[i] for i in range(len(claims))]
@@ -111,6 +127,8 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str
             figs["composition"] = figure_data.composition(ctx.composition(), claims, st)
             figs["signature"] = figure_data.signature(ctx.composition(), claims, runs, st, seed=seed, unit=unit,
                                                       progress=progress)
+            spent(ledger, "figure data done")
+    stage(f"measured: {ledger.total:.2f} forward-equivalents of the {ds.n} prompts in all")
     return Measurements(baseline, checks, results, rows, figs, st.warnings() + means_warnings(claims, ds),
                         ladder.build(claims, results, rows))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import threads
+from .. import memory, threads
 from ..claims.base import component_names
 from ..errors import ComponentNameError, SpecError
 from ..evidence.result import Evidence
@@ -115,8 +115,8 @@ def _run(hypothesis: str | Path | dict[str, Any], *, seed: int | None, base_dir:
     check_corruptions(h, ds)
     if metrics.get(s.metric).needs_wrong and ds.wrong is None:
         raise SpecError([f"{h.where('metric')}: {s.metric} needs 'wrong' tokens in the data"])
-    with threads.using(n_threads, int(loaded.bridge.cfg.d_model)) as used:
-        stage(f"measuring on {used} thread(s)")
+    with threads.using(n_threads, int(loaded.bridge.cfg.d_model)) as used, memory.using() as budget:
+        stage(f"measuring on {used} thread(s), memory budget {memory.gb(budget)}")
         m = measure_all(loaded, ds, s.claims, metric=s.metric, st=s.stats, processing=s.weight_processing,
                         seed=seed, figures=figures)
     cfg = loaded.bridge.cfg
@@ -146,7 +146,7 @@ def _run(hypothesis: str | Path | dict[str, Any], *, seed: int | None, base_dir:
         ladder=m.ladder,
         provenance={"versions": provenance.versions(), "command": command or provenance.command_line(),
                     "started": started, "finished": provenance.now(), "device": str(of(loaded.bridge)),
-                    "host": provenance.host()},
+                    "memory_budget": budget, "host": provenance.host()},
     )
 
 
@@ -162,11 +162,14 @@ def model_record(m: LoadedModel) -> dict[str, Any]:
 
 
 def dtype_record(m: LoadedModel) -> dict[str, Any]:
-    """The evidence's model `dtype` (what the model computes in) and `stored_dtype` (what its
-    weight files hold; absent for a handed-over bridge, which has no files)."""
+    """The evidence's model `dtype` (what the model computes in), `stored_dtype` (what its
+    weight files hold; absent for a handed-over bridge, which has no files, and a GGUF file) and
+    `quantization` (a GGUF file's tensor types and file type)."""
     record: dict[str, Any] = {"dtype": m.dtype}
     if m.stored_dtype is not None:
         record["stored_dtype"] = m.stored_dtype
+    if m.quantization is not None:
+        record["quantization"] = dict(m.quantization)
     return record
 
 

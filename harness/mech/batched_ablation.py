@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import memory
 from ..spec.names import Head, hook_z
 from .hooks import Plan, run_from
 
@@ -46,12 +47,13 @@ def bytes_per_variant(n: int, s: int, d: int, d_mlp: int, n_heads: int, itemsize
 
 
 def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variants: list[Variant],
-                    metric_rows: Callable[[Any], np.ndarray], *, budget_bytes: int = DEFAULT_BUDGET,
+                    metric_rows: Callable[[Any], np.ndarray], *, budget_bytes: int | None = None,
                     rotation: tuple[Any, Any] | None = None) -> np.ndarray:
     """[V, n] metric of each variant.  `resid`: the run's blocks.{start}.hook_resid_pre [n, pos, d];
     `metric_rows(logits_at [V' n, k, vocab])` -> [V' n] metric (answers tiled V' times); `rotation`:
     the run's rotary cos and sin (rotary models)."""
     cfg = bridge.cfg
+    budget_bytes = memory.working(DEFAULT_BUDGET) if budget_bytes is None else budget_bytes
     n, s, d = resid.shape
     d_mlp = int(getattr(cfg, "d_mlp", None) or 4 * d)
     size = max(1, budget_bytes // bytes_per_variant(n, s, d, d_mlp, cfg.n_heads, resid.element_size()))

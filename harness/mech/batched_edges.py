@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import cost
 from ..errors import UnsupportedError
 from ..model.devices import like
 from ..spec import names
@@ -215,6 +216,10 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
             if receivers is None or receivers.L != key:
                 receivers = _receivers(sw, key)
             _sender_chunk(sw, receivers, edges, part)
+    L = int(bridge.cfg.n_layers)
+    for e in edges:  # each edge's rows run from its receiver's layer on
+        layer = e.receiver.head.layer if isinstance(e.receiver, names.HeadInput) else L - 1
+        cost.spend(out.shape[1], cost.layers_from(layer, L))
     return out
 
 

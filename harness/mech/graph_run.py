@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import cost, memory
 from ..errors import UnsupportedError
 from ..model import architecture
 from ..spec import names
@@ -125,18 +126,26 @@ class Writes:
         return Writes(self.embed[:1] * 0, [z[:1] * 0 for z in self.z], [None if m is None else m[:1] * 0
                                                                          for m in self.mlp])
 
+    def first(self, k: int) -> Writes:
+        """The writes of the first k prompts (a shared mean stays shared)."""
+        def cut(x: Any) -> Any:
+            return x if x is None or x.shape[0] == 1 else x[:k]
+        return Writes(cut(self.embed), [cut(z) for z in self.z], [cut(m) for m in self.mlp])
+
     def rows(self, x: Any, idx: Any) -> Any:
         if x is None:
             return None
         return x.expand(len(idx), *x.shape[1:]) if x.shape[0] == 1 else x[idx]
 
 
-def run_writes(bridge: Any, cache: dict[str, Any], s: int, dtype: Any) -> Writes:
-    """The senders' writes in the run `cache` holds, at positions < s."""
+def run_writes(bridge: Any, cache: dict[str, Any], s: int, dtype: Any, layers: set[int] | None = None) -> Writes:
+    """The senders' writes in the run `cache` holds, at positions < s; with `layers`, those of the
+    senders in these layers only (and embed; the other layers' entries are None)."""
     L = int(bridge.cfg.n_layers)
     embed = writes.activation(bridge, cache, names.Embed())[:, :s].to(dtype)
-    z = [cache[hook_z(layer)][:, :s].to(dtype) for layer in range(L)]
-    mlp = [cache[hook_mlp_out(layer)][:, :s].to(dtype) if hook_mlp_out(layer) in cache else None for layer in range(L)]
+    z = [cache[hook_z(layer)][:, :s].to(dtype) if layers is None or layer in layers else None for layer in range(L)]
+    mlp = [cache[hook_mlp_out(layer)][:, :s].to(dtype) if hook_mlp_out(layer) in cache
+           and (layers is None or layer in layers) else None for layer in range(L)]
     return Writes(embed, z, mlp)
 
 
@@ -194,7 +203,7 @@ class GraphModel:
 
     # ------------------------------------------------------------ the forward
     def forward(self, x0: Any, cur_idx: Any, rep: Writes | None, removed: Any | None, positions: Any,
-                probes: list[Any] | None = None) -> Any:
+                probes: list[Any] | None = None, only: int | None = None) -> Any:
         """Logits at the scored positions [R, k, vocab] of R rows.
 
         x0 [R, s, d]: what enters the residual stream (embed's write in this forward); rep: the
@@ -202,7 +211,9 @@ class GraphModel:
         (1: the edge is removed) or None (every edge kept); positions [R, k].  `probes`: a list
         to which a zero tensor added to every receiver's input is appended (requires_grad), in
         forward order: per layer [R, s, 3H, d] (the head inputs) and [R, s, d] (the MLP), then
-        [R, k, d] (logits)."""
+        [R, k, d] (logits).  `only` (a receiver index, with `probes` and every edge kept): one probe
+        [R, s, d] (logits: [R, k, d]) added to that receiver's input alone, so that a backward pass
+        reaches back to that receiver's layer only."""
         import torch
 
         g, arch, m = self.graph, self.arch, self.model
@@ -230,8 +241,12 @@ class GraphModel:
             V = M.shape[2]
             return inp - torch.bmm(M.transpose(1, 2), block).view(R, V, s, d).transpose(1, 2)
 
-        def probe(inp: Any) -> Any:
-            if probes is None:
+        def wanted(first: int, stop: int) -> bool:
+            """Whether receivers first..stop-1 are probed."""
+            return probes is not None and (only is None or first <= only < stop)
+
+        def probe(inp: Any, want: bool = True) -> Any:
+            if probes is None or not want:
                 return inp
             p = torch.zeros_like(inp, requires_grad=True)
             probes.append(p)
@@ -241,7 +256,19 @@ class GraphModel:
             U = g.senders_before(L)
             cols, mlp_col = g.layer_receivers(L)
             norm = _norm_of(lay.ln1)
-            if D is None and probes is not None and norm is not None:
+            if D is None and only is not None:
+                # every head input reads the same residual: normalise it once; the probed receiver's
+                # copy alone carries the probe
+                x = resid[:, :, None, :].expand(R, s, 3 * H, d)
+                if wanted(cols.start, cols.stop):
+                    p = torch.zeros_like(resid, requires_grad=True)
+                    probes.append(p)  # type: ignore[union-attr]
+                    one = torch.zeros(3 * H, 1, dtype=x.dtype, device=x.device)
+                    one[only - cols.start] = 1.0
+                    h = lay.ln1(x + one * p[:, :, None, :])
+                else:
+                    h = lay.ln1(resid)[:, :, None, :].expand(R, s, 3 * H, d)
+            elif D is None and probes is not None and norm is not None:
                 # every head input reads the same residual: normalise it once and probe after the norm
                 # (receiver_gradients takes the gradient back through the norm, _Norm.standardize_vjp)
                 y = lay.ln1(resid)
@@ -265,24 +292,26 @@ class GraphModel:
                 continue
             Um = U if arch.parallel else U + H
             mlp_in = take_out(resid if arch.parallel else resid + attn, Um, mlp_col)
-            mlp_out = lay.mlp(probe(mlp_in))
+            mlp_out = lay.mlp(probe(mlp_in, mlp_col is not None and wanted(mlp_col, mlp_col + 1)))
             if D is not None:
                 mr = rep.rows(rep.mlp[L], cur_idx)  # type: ignore[union-attr]
                 D[:, U + H] = mlp_out - (0.0 if mr is None else mr)
             resid = resid + attn + mlp_out
+        cost.spend(R)
         final = take_out(resid, len(g.senders), len(g.receivers) - 1)
         at = blocks.at(positions, final[None])[0]  # [R, k, d]
-        return m.logits(probe(at))
+        return m.logits(probe(at, wanted(len(g.receivers) - 1, len(g.receivers))))
 
     # ------------------------------------------------------------ edge circuits
     def circuits(self, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any,
-                 metric: Callable[[Any, Any], Any], budget: int = BUDGET,
+                 metric: Callable[[Any, Any], Any], budget: int | None = None,
                  progress: Callable[..., Any] | None = None) -> np.ndarray:
         """The metric [E, n] of each edge circuit `keep` [E, U, V] (bool: the edges kept) on the n
         prompts; `metric(logits_at [R, k, vocab], prompt index [R]) -> [R]`.  Rows (circuit,
         prompt) run in chunks of `budget` bytes."""
         import torch
 
+        budget = memory.working(BUDGET) if budget is None else budget
         E = keep.shape[0]
         n = clean.embed.shape[0]
         out = np.zeros(E * n)
@@ -309,6 +338,20 @@ class GraphModel:
                            + 3 * d_mlp + 4 * d)
 
     # ------------------------------------------------------------ gradients
+    def receiver_gradient(self, x0: Any, positions: Any, metric: Callable[[Any, Any], Any], v: int) -> Any:
+        """d(sum over rows of the metric)/d(input_v) of the one receiver v with every edge kept, from the
+        residual x0 [n, s, d] at the embedding: [n, s, d] ([n, k, d] for the logits).  One forward and a
+        backward pass from the logits to v's layer (nothing before v's layer is differentiated)."""
+        import torch
+
+        idx = torch.arange(x0.shape[0], device=x0.device)
+        probes: list[Any] = []
+        with torch.enable_grad():
+            logits = self.forward(x0.detach(), idx, None, None, positions, probes, only=v)
+            (grad,) = torch.autograd.grad(metric(logits, idx).sum(), probes, allow_unused=True)
+        cost.spend(x0.shape[0], cost.layers_from(self.graph.receiver_layer(v), self.arch.n_layers))
+        return torch.zeros_like(probes[0]) if grad is None else grad.detach()
+
     def receiver_gradients(self, x0: Any, positions: Any, metric: Callable[[Any, Any], Any]) -> list[Any]:
         """d(sum over rows of the metric)/d(input_v) with every edge kept, from the residual x0 [n, s, d]
         at the embedding: per layer [n, s, 3H, d] and [n, s, d] (the MLP, when there is one), then
@@ -322,6 +365,7 @@ class GraphModel:
             total = metric(logits, idx).sum()
             leaves = [p.probe if isinstance(p, _AfterNorm) else p for p in probes]
             grads = torch.autograd.grad(total, leaves, allow_unused=True)
+        cost.spend(x0.shape[0])
         out = []
         for p, leaf, gr in zip(probes, leaves, grads, strict=True):
             gr = torch.zeros_like(leaf) if gr is None else gr.detach()

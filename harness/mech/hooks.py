@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import cost, memory
 from ..errors import SanityCheckError
 from ..model import architecture
 from ..model.devices import of
@@ -71,6 +72,7 @@ def run_plan(bridge: Any, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Ten
             raise SanityCheckError(str(exc)) from None
         raise
     _check_fired(plan, fired)
+    cost.spend(tokens.shape[0])
     return logits
 
 
@@ -172,6 +174,7 @@ def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], pla
         idx = positions.to(x.device).unsqueeze(-1).expand(-1, -1, x.shape[-1])
         logits = output_transform(bridge, bridge.unembed(bridge.ln_final(x.gather(1, idx))))
     _check_fired(plan, fired)
+    cost.spend(resid.shape[0], cost.layers_from(layer, int(bridge.cfg.n_layers)))
     return logits
 
 
@@ -224,14 +227,18 @@ def output_transform(bridge: Any, logits: Any) -> Any:
 
 
 def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], positions: Any = None,
-                budget_bytes: int = 256 * 2**20) -> Cache:
+                budget_bytes: int | None = None, check: Callable[[float], None] | None = None) -> Cache:
     """A clean forward caching the named hooks; returns {name: tensor} and the logits, on the
     model's device (the tokens are moved there).  The prompts run in batches whose logits fit
     `budget_bytes`, and the batches' activations are concatenated.  Without `positions` the
     whole logits are kept under "logits" [n, pos, vocab]; with `positions` [n, k] only those at
-    the scored positions, under "logits_at" [n, k, vocab] (what the metric reads)."""
+    the scored positions, under "logits_at" [n, k, vocab] (what the metric reads).  The
+    batches' working memory is `budget_bytes` (default: harness.memory.working of 256 MiB).
+    `check(bytes a prompt)` is called after the first batch with what each prompt's cached
+    activations hold (harness.memory.check_cache stops a run whose caches cannot fit)."""
     import torch
 
+    budget_bytes = memory.working(256 * 2**20) if budget_bytes is None else budget_bytes
     names = for_architecture(bridge, names)
     n, s = tokens.shape
     per_prompt = max(1, s * vocab_out(bridge.cfg) * 4)
@@ -245,6 +252,11 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
         missing = [x for x in names if x not in cache]
         if missing:
             raise SanityCheckError(f"hook(s) never fired while caching: {', '.join(missing)}")
+        cost.spend(min(n, lo + size) - lo)
+        if check is not None and lo == 0:
+            rows = min(n, size)
+            check(sum(cache[x].numel() * cache[x].element_size() for x in names
+                      if cache[x].shape[0] == rows) / rows)
         for name in names:
             parts[name].append(cache[name])
         if positions is None:

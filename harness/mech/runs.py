@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import memory
 from ..errors import UnsupportedError
 from ..model import architecture, metrics
 from ..model.devices import wide
@@ -106,6 +107,7 @@ class Runs:
     #: differentiable: edge circuits and attribution read it)
     metric_rows: Callable[[Any, Any], Any] | None = None
     graph_source: Lazy = field(default_factory=lambda: Lazy(None))  # the edge-graph arithmetic, made on first use
+    graph_probe: Lazy = field(default_factory=lambda: Lazy(None))  # a run of the first prompts caching every write
 
     @property
     def n_layers(self) -> int:
@@ -249,7 +251,7 @@ class Runs:
         return self.memo[key]
 
     def patched_many(self, edges: Sequence[names.Edge], direction: str, replacement: str,
-                     budget: int = BATCH_BUDGET, progress: Callable[..., Any] | None = None) -> list[PerPrompt]:
+                     budget: int | None = None, progress: Callable[..., Any] | None = None) -> list[PerPrompt]:
         """`patched(e, direction, replacement)` for every edge, through the batched path
         (mech.batched_edges: many edges per pass, from each receiver's layer, chunks of `budget`
         bytes) when the base runs cached what it reads and the replacement is resample or zero;
@@ -270,7 +272,9 @@ class Runs:
 
             try:
                 got = batched_edges.batched_metrics(self.bridge, todo, base, source, self.clean, self.ds.positions,
-                                                    metric_fn, replacement=replacement, budget_bytes=budget,
+                                                    metric_fn, replacement=replacement,
+                                                    budget_bytes=memory.working(BATCH_BUDGET) if budget is None
+                                                    else budget,
                                                     **({"progress": progress} if progress else {}))
             except UnsupportedError:
                 got = None  # an architecture the batched arithmetic does not reproduce: one by one
@@ -289,7 +293,7 @@ class Runs:
         todo = [e for e in dict.fromkeys(edges) if isinstance(e, names.Edge) and paths.needs_paths(e)
                 and not isinstance(e.sender, names.Group)
                 and self._edge_key(e, direction, replacement, False, None) not in self.memo]
-        if len(todo) < 2 or self.metric_rows is None or self.graph_source.get() is None:
+        if len(todo) < 2 or self.metric_rows is None or not self.has_writes(self.clean):
             return
         if direction != Direction.NOISING and replacement != Replacement.RESAMPLE:
             return
@@ -321,16 +325,36 @@ class Runs:
         return self.metric_rows
 
     def graph_model(self) -> graph_run.GraphModel:
-        """The model's arithmetic with one input per receiver (mech.graph_run), checked on the clean run."""
+        """The model's arithmetic with one input per receiver (mech.graph_run), checked on the clean run
+        (or, when the base runs did not cache every sender's write, on a run of the first prompts that
+        does: `graph_check`)."""
         gm = self.graph_source.get()
         if gm is None:
             raise ValueError("these runs were not built for edge circuits")
         return gm
 
-    def writes(self, run: Cache) -> graph_run.Writes:
-        """Every sender's write in `run` (mech.graph_run.run_writes), at the positions the graph computes."""
+    def has_writes(self, run: Cache) -> bool:
+        """Whether `run` cached every sender's write (what whole-graph forwards read)."""
+        names_ = graph_run.cache_names(self.n_layers, architecture.of(self.bridge).has_mlp)
+        return all(n in run for n in hooks.for_architecture(self.bridge, names_))
+
+    def graph_check(self) -> tuple[Cache, int]:
+        """A run that cached every sender's write and how many of the first clean prompts it shows:
+        the clean run itself when it did, else the
+        run of the first prompts the graph arithmetic was checked on."""
+        self.graph_model()
+        if self.has_writes(self.clean):
+            return self.clean, self.ds.n
+        probe = self.graph_probe.get()
+        return probe, int(probe[hook_resid_pre(0)].shape[0])
+
+    def writes(self, run: Cache, layers: set[int] | None = None) -> graph_run.Writes:
+        """Every sender's write in `run` (mech.graph_run.run_writes), at the positions the graph computes;
+        with `layers`, embed's and those of the senders in these layers only."""
         gm = self.graph_model()
-        return graph_run.run_writes(self.bridge, run, gm.s, run[hook_resid_pre(0)].dtype)
+        if layers is None and not self.has_writes(run):
+            raise ValueError("these base runs did not cache every sender's write (a whole-graph forward reads them)")
+        return graph_run.run_writes(self.bridge, run, gm.s, run[hook_resid_pre(0)].dtype, layers)
 
     def mean_writes(self, drop: int | None = None) -> graph_run.Writes:
         """Every sender's per-position mean write over the reference prompts (see Reference.mean)."""
@@ -347,6 +371,20 @@ class Runs:
         return attribution.edge_scores(self.graph_model(), self.writes(self.clean), self.writes(self.corrupt),
                                        self.ds.positions, self.rows_metric, method=method, steps=steps,
                                        direction=direction, wanted=wanted, batch=batch, progress=progress)
+
+    def edge_prompt_scores(self, edge: names.Edge, method: str, *, steps: int = 5,
+                           batch: int = attribution.BATCH) -> np.ndarray:
+        """[n]: one edge's noising attribution score per prompt, from the gradient at its receiver alone
+        (mech.attribution.edge_prompt_scores: `steps` forwards and backwards to the receiver's layer)."""
+        if isinstance(edge.sender, names.Group):
+            raise ValueError(f"{edge}: an attribution score is of one sender")
+        gm = self.graph_model()
+        g = gm.graph
+        layers = {edge.sender.layer} if isinstance(edge.sender, (names.Head, names.Mlp)) else set()
+        return attribution.edge_prompt_scores(gm, self.writes(self.clean, layers), self.writes(self.corrupt, layers),
+                                              self.ds.positions, self.rows_metric,
+                                              (g.sender_index(edge.sender), g.receiver_index(edge.receiver)),
+                                              method=method, steps=steps, batch=batch)
 
     def edge_circuits(self, masks: Sequence[np.ndarray], kind: str, drop: int | None = None) -> list[PerPrompt]:
         """Metric of the clean prompts keeping only each mask's edges ([senders, receivers] bool, mech.graph),
@@ -376,6 +414,7 @@ def _heads(units: Sequence[names.Unit]) -> list[names.Head]:
     return [h for h in units if isinstance(h, names.Head)]
 
 
+GRAPH_PROBE = 4  # prompts of the run that checks the graph arithmetic when the base runs did not cache every write
 KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)
 EMBED_HOOKS = (names.HOOK_EMBED, names.HOOK_POS_EMBED)
 
@@ -411,8 +450,14 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
         wrong = None if ds.wrong is None else ds.wrong.repeat(V, 1)
         return metrics.per_prompt(logits_at, at, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
 
+    n_runs = 1 + len(ds.corruptions)
+    weights = float(sum(p.numel() * p.element_size() for p in bridge.parameters()))
+
+    def fits(per_prompt: float) -> None:
+        memory.check_cache(per_prompt, ds.n, n_runs, weights, f"the base runs of {ds.n} prompts")
+
     def run(tokens: Any) -> tuple[Cache, PerPrompt]:
-        cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions)
+        cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=fits)
         if metrics.get(metric).needs_clean and not reference_lp:  # the clean run comes first
             reference_lp.append(metrics.clean_logp(cache["logits_at"]))
         m = metric_at(cache["logits_at"])
@@ -432,14 +477,22 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
         cache.pop("logits_at", None)  # a large vocabulary makes these the biggest tensors, and no mean reads them
         return Reference(cache, loo=False)
 
-    def graph() -> graph_run.GraphModel | None:
-        if not all(n in clean for n in hooks.for_architecture(bridge, graph_run.cache_names(
-                int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp))):
-            return None  # the base runs did not cache what the graph reads
-        return graph_run.GraphModel.build(bridge, clean, ds.positions)
+    graph_names = graph_run.cache_names(int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp)
+
+    def probe() -> Cache:  # the first prompts, caching every write: what the graph arithmetic is checked on
+        k = min(GRAPH_PROBE, ds.n)
+        return hooks.cache_hooks(bridge, ds.clean[:k], graph_names, ds.positions[:k])
+
+    probe_source = Lazy(probe)
+
+    def graph() -> graph_run.GraphModel:
+        if all(n in clean for n in hooks.for_architecture(bridge, graph_names)):
+            return graph_run.GraphModel.build(bridge, clean, ds.positions)
+        # the base runs cached the writes some claims read, not all: check the arithmetic on the first prompts
+        return graph_run.GraphModel.build(bridge, probe_source.get(), ds.positions)
 
     default = ds.default_corruption
     return Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
                 metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference),
                 clean_logp=reference_lp[0] if reference_lp else None, metric_rows=metric_rows,
-                graph_source=Lazy(graph))
+                graph_source=Lazy(graph), graph_probe=probe_source)

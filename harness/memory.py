@@ -1,0 +1,111 @@
+"""How much memory a run may hold, chosen on purpose.
+
+* The budget: `--memory SIZE` (e.g. `3G`, `512M`, `2.5GiB`, or bytes), else $HARNESS_MEMORY,
+  else DEFAULT_SHARE of the memory available when the run starts (MemAvailable).
+* What it bounds: the activations the base runs cache (checked after the first batch of
+  prompts, `check_cache`: a file whose caches would not fit stops with one line before
+  anything is measured) and the working memory of every chunked stage (`working`: caching
+  batches, batched edge patching, stacked ablations, edge circuits), each of which keeps its
+  own chunk size unless the budget is smaller.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from .errors import UserError
+
+ENV = "HARNESS_MEMORY"
+DEFAULT_SHARE = 0.5  # of the memory available at the start
+WORKING_SHARE = 8  # a chunked stage's working memory is at most budget / WORKING_SHARE
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
+
+
+class MemoryBudgetError(UserError):
+    """What a run needs does not fit the memory budget."""
+
+
+def parse(text: str, source: str) -> int:
+    """A size in bytes from `text` (`3G`, `512M`, `2.5GiB`, `1000000`); units are powers of 1024."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if m is None or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise UserError(f"{source}: {text!r} is not a memory size (a positive number with an optional unit "
+                        "K, M, G or T, e.g. 3G or 512M)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def available() -> int:
+    """Bytes of memory available now (MemAvailable of /proc/meminfo; elsewhere the physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30
+
+
+def chosen(requested: int | None = None) -> int:
+    """`requested`, else $HARNESS_MEMORY, else DEFAULT_SHARE of the available memory."""
+    if requested is not None:
+        return requested
+    env = os.environ.get(ENV)
+    if env:
+        return parse(env, f"${ENV}")
+    return int(DEFAULT_SHARE * available())
+
+
+_BUDGET: ContextVar[int | None] = ContextVar("harness_memory_budget", default=None)
+
+
+@contextmanager
+def using(requested: int | None = None) -> Iterator[int]:
+    """Run the block under the budget `chosen(requested)`; yields it."""
+    budget = chosen(requested)
+    token = _BUDGET.set(budget)
+    try:
+        yield budget
+    finally:
+        _BUDGET.reset(token)
+
+
+def budget() -> int | None:
+    """The budget in force (None outside `using`: library callers keep each stage's own chunks)."""
+    return _BUDGET.get()
+
+
+def working(default: int) -> int:
+    """A chunked stage's working memory: its own `default`, or budget / WORKING_SHARE when smaller."""
+    b = _BUDGET.get()
+    return default if b is None else max(2**20, min(default, b // WORKING_SHARE))
+
+
+def gb(n: float) -> str:
+    """A size for people: GiB from 1 GiB on, else MiB."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_cache(per_prompt: float, n_prompts: int, runs: int, fixed: float, what: str) -> None:
+    """Raise MemoryBudgetError when `runs` base runs of `n_prompts` prompts, each holding `per_prompt`
+    bytes of cached activations, plus `fixed` bytes (the model's weights), exceed the budget."""
+    b = _BUDGET.get()
+    if b is None:
+        return
+    need = per_prompt * n_prompts * runs + fixed
+    if need > b:
+        fits = max(0, int((b - fixed) // max(1.0, per_prompt * runs)))
+        raise MemoryBudgetError(
+            f"memory: {what} would hold {gb(per_prompt * n_prompts * runs)} of cached activations "
+            f"({per_prompt / 2**20:.1f} MiB a prompt and run, {runs} run(s) of {n_prompts} prompts) beside "
+            f"{gb(fixed)} of weights, over the budget of {gb(b)} (--memory or ${ENV}); "
+            + (f"at most {fits} prompts fit" if fits else "not even one prompt fits") + ": use fewer prompts or a "
+            "larger budget")

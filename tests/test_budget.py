@@ -1,0 +1,75 @@
+"""What a run spends and may hold: forward-equivalents counted where the model runs
+(harness.cost) against the cost model's formulas, and the memory budget (harness.memory):
+sizes, the one-line stop when the base runs' caches cannot fit, chunks within the budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import cost, memory
+from harness.errors import UserError
+from harness.spec import names
+
+from .conftest import HYPOTHESES
+from .graph_helpers import graph_runs
+from .test_cli import harness_cli
+
+
+@pytest.mark.parametrize(("text", "size"), [("3G", 3 * 2**30), ("512M", 512 * 2**20), ("2.5GiB", int(2.5 * 2**30)),
+                                            ("1000", 1000), ("64 kb", 64 * 2**10)])
+def test_memory_sizes(text, size):
+    assert memory.parse(text, "--memory") == size
+
+
+@pytest.mark.parametrize("text", ["", "G", "-3G", "3X", "0", "three"])
+def test_bad_memory_sizes_name_the_source(text):
+    with pytest.raises(UserError, match=r"--memory: .* is not a memory size"):
+        memory.parse(text, "--memory")
+
+
+def test_working_memory_is_the_stage_own_unless_the_budget_is_smaller():
+    assert memory.working(64 * 2**20) == 64 * 2**20  # outside a budget
+    with memory.using(8 * 2**30):
+        assert memory.working(64 * 2**20) == 64 * 2**20
+    with memory.using(80 * 2**20):
+        assert memory.working(64 * 2**20) == 10 * 2**20
+
+
+def test_caches_that_do_not_fit_stop_with_the_prompts_that_would(tmp_path):
+    with memory.using(100 * 2**20), pytest.raises(memory.MemoryBudgetError, match="at most 40 prompts fit"):
+        memory.check_cache(2**20, 1000, 2, 20 * 2**20, "the base runs of 1000 prompts")
+    with memory.using(100 * 2**20):
+        memory.check_cache(2**20, 40, 2, 20 * 2**20, "the base runs of 40 prompts")  # fits
+
+
+def test_run_over_its_budget_says_so_in_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "report"
+    r = harness_cli("run", HYPOTHESES / "induction.yaml", "--out", out, "--memory", "3M")
+    assert r.returncode == 2
+    errors = [line for line in r.stderr.splitlines() if not line.startswith("[")]
+    assert len(errors) == 1 and errors[0].startswith("error: memory: the base runs of 200 prompts would hold")
+    assert "budget of 3.0 MiB" in errors[0] and "prompts fit" in errors[0] and "--memory" in errors[0]
+    assert "Traceback" not in r.stderr
+    assert not out.exists()
+
+
+def test_an_attribution_claim_costs_its_steps_and_a_backward_to_the_receiver():
+    """EAP-IG with m steps on one edge: m forwards and m backwards from the logits to the
+    receiver's layer l of L: m (1 + (L - l) / L) forward-equivalents; EAP one point."""
+    runs = graph_runs("names", 6)
+    L = runs.n_layers
+    runs.graph_model()  # built (and checked) outside the count
+    for edge, layer in ((names.Edge.parse("L0H1 -> L2H0.k"), 2), (names.Edge.parse("L0.mlp -> L1H2.q"), 1),
+                        (names.Edge.parse("embed -> logits"), L)):
+        for method, points in (("eap-ig", 3), ("eap", 1)):
+            with cost.counting(runs.ds.n) as ledger:
+                runs.edge_prompt_scores(edge, method, steps=3, batch=4)
+            assert ledger.total == pytest.approx(points * (1 + (L - layer) / L))
+
+
+def test_an_ablation_costs_the_layers_after_the_ablated_one():
+    runs = graph_runs("names", 6)
+    L = runs.n_layers
+    with cost.counting(runs.ds.n) as ledger:
+        runs.ablated([names.Head(1, 0)], "zero")
+    assert ledger.total == pytest.approx((L - 1) / L)

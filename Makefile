@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-quick test-kernels lint validate clean-venv
+.PHONY: demo test test-quick test-kernels test-real lint validate clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ test-quick: $(STAMP)
 test-kernels: $(STAMP)
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m stored_numbers
 	MKL_CBWR=COMPATIBLE HARNESS_THREADS=2 $(BIN)/python -m pytest -q -m stored_numbers
+
+# the opt-in tier on a real trained model (SmolLM2-135M-Instruct, about 10 minutes on two cores):
+# every command and claim kind with the numbers checked for sense; it needs the model in the
+# cache first (`.venv/bin/python benchmarks/real_model.py --fetch`, once), else it skips saying so
+test-real: $(STAMP)
+	$(BIN)/python -m pytest -q --real -m real
 
 lint: $(STAMP)
 	$(BIN)/ruff check harness tests fixtures benchmarks

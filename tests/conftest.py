@@ -26,12 +26,29 @@ FIXTURE = ROOT / "fixtures" / "induction-2l"
 HYPOTHESES = ROOT / "hypotheses"
 
 
-def pytest_collection_modifyitems(items):
+def pytest_addoption(parser):
+    parser.addoption("--real", action="store_true", default=False,
+                     help="also run the tests marked real: a real trained model from the local cache, minutes "
+                          "(make test-real; HARNESS_REAL=1 does the same)")
+
+
+def real_wanted(config) -> bool:
+    """Whether the `real` tier runs: `pytest --real`, or HARNESS_REAL set (1, or all for its long tests)."""
+    return bool(config.getoption("--real", default=False)) or os.environ.get("HARNESS_REAL", "0") not in ("", "0")
+
+
+def pytest_collection_modifyitems(config, items):
     """A test that reads the demo's run (demo_evidence, about 15 s once per session) is slow:
-    `make test-quick` (pytest -m "not slow") leaves it out."""
+    `make test-quick` (pytest -m "not slow") leaves it out.  The tests marked `real` are left out
+    (deselected) unless the real tier is asked for (real_wanted), whatever -m says."""
     for item in items:
         if "demo_evidence" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+    if not real_wanted(config):
+        real = [item for item in items if item.get_closest_marker("real")]
+        if real:
+            config.hook.pytest_deselected(items=real)
+            items[:] = [item for item in items if not item.get_closest_marker("real")]
 
 
 @pytest.fixture(scope="session")

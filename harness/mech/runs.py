@@ -31,6 +31,7 @@ from .. import memory
 from ..errors import UnsupportedError
 from ..model import architecture, metrics
 from ..model.devices import wide
+from ..progress import stage
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
@@ -451,9 +452,14 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
         return metrics.per_prompt(logits_at, at, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
 
     n_runs = 1 + len(ds.corruptions)
+    said: list[bool] = []
     weights = float(sum(p.numel() * p.element_size() for p in bridge.parameters()))
 
     def fits(per_prompt: float) -> None:
+        if not said:
+            said.append(True)
+            stage(f"base runs cache {len(wanted)} hooks: {per_prompt / 2**20:.2f} MiB a prompt and run, "
+                  f"{memory.gb(per_prompt * ds.n * n_runs)} for {n_runs} run(s) of {ds.n} prompts")
         memory.check_cache(per_prompt, ds.n, n_runs, weights, f"the base runs of {ds.n} prompts")
 
     def run(tokens: Any) -> tuple[Cache, PerPrompt]:

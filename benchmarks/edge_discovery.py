@@ -50,8 +50,9 @@ import numpy as np
 from scale_files import build_model, gpt2_shape  # benchmarks/ is on sys.path when run as a script
 
 from harness.mech import attribution, graph_run
+from harness.mech.base_runs import base_runs
 from harness.mech.graph import Graph
-from harness.mech.runs import Runs, base_runs
+from harness.mech.runs import Runs
 from harness.model import data
 from harness.model.ref import ModelRef
 from harness.spec.settings import Stats

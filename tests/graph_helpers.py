@@ -9,8 +9,9 @@ from pathlib import Path
 from harness.engine import runner
 from harness.hypothesis.loading import load
 from harness.mech import graph_run, paths
+from harness.mech.base_runs import base_runs
 from harness.mech.graph import Graph
-from harness.mech.runs import Runs, base_runs
+from harness.mech.runs import Runs
 from harness.model.ref import ModelRef
 from harness.tools.scan import scan_hooks
 

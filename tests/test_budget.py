@@ -59,8 +59,8 @@ def test_an_attribution_claim_costs_its_steps_and_a_backward_to_the_receiver():
     runs = graph_runs("names", 6)
     L = runs.n_layers
     runs.graph_model()  # built (and checked) outside the count
-    for edge, layer in ((names.Edge.parse("L0H1 -> L2H0.k"), 2), (names.Edge.parse("L0.mlp -> L1H2.q"), 1),
-                        (names.Edge.parse("embed -> logits"), L)):
+    for edge, layer in ((names.parse_edge("L0H1 -> L2H0.k"), 2), (names.parse_edge("L0.mlp -> L1H2.q"), 1),
+                        (names.parse_edge("embed -> logits"), L)):
         for method, points in (("eap-ig", 3), ("eap", 1)):
             with cost.counting(runs.ds.n) as ledger:
                 runs.edge_prompt_scores(edge, method, steps=3, batch=4)
@@ -70,6 +70,7 @@ def test_an_attribution_claim_costs_its_steps_and_a_backward_to_the_receiver():
 def test_an_ablation_costs_the_layers_after_the_ablated_one():
     runs = graph_runs("names", 6)
     L = runs.n_layers
+    runs.ablated([names.Head(1, 1)], "zero")  # the once-per-model check that blocks can start inside (2 prompts)
     with cost.counting(runs.ds.n) as ledger:
         runs.ablated([names.Head(1, 0)], "zero")
     assert ledger.total == pytest.approx((L - 1) / L)

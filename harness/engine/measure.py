@@ -24,7 +24,7 @@ from ..claims.base import ClaimKind, Context, InterventionPath
 from ..claims.registry import kind_of
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
 from ..evidence.result import ClaimResult
-from ..mech.runs import base_runs
+from ..mech.base_runs import base_runs
 from ..model import metrics
 from ..model.devices import of
 from ..progress import progress, stage

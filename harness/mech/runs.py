@@ -29,9 +29,7 @@ import numpy as np
 
 from .. import memory
 from ..errors import UnsupportedError
-from ..model import architecture, metrics
-from ..model.devices import wide
-from ..progress import stage
+from ..model import architecture
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
@@ -413,92 +411,3 @@ class Runs:
 def _heads(units: Sequence[names.Unit]) -> list[names.Head]:
     """The heads among ablation members (the batched path takes heads only)."""
     return [h for h in units if isinstance(h, names.Head)]
-
-
-GRAPH_PROBE = 4  # prompts of the run that checks the graph arithmetic when the base runs did not cache every write
-KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)
-EMBED_HOOKS = (names.HOOK_EMBED, names.HOOK_POS_EMBED)
-
-
-def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
-    """The clean run and one run per corruption of `ds` (model.data.Dataset, on the model's
-    device), each caching the `wanted` hooks and the logits at the scored positions, with the
-    metric per prompt (model.metrics.per_prompt) on each; the reference prompts for means run
-    on first use, caching activations only (z, MLP outputs, the embedding).  The one way base
-    runs are built: `harness run` (engine.measure) and `harness scan` both call it."""
-    import torch
-
-    wanted = list(dict.fromkeys(wanted))
-    reference_lp: list[Any] = []  # the clean run's log-probabilities at the scored positions (needs_clean metrics)
-
-    def clean_for(V: int) -> Any:
-        if not reference_lp:
-            return None
-        return reference_lp[0] if V == 1 else reference_lp[0].repeat(V, 1, 1)
-
-    def metric_of(logits: Any) -> np.ndarray:
-        return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong, clean_for(1)).cpu().numpy()
-
-    def metric_rows(logits_at: Any, idx: Any) -> Any:  # rows [R, k, vocab] showing prompts idx [R]
-        m = metrics.get(metric)
-        ref = clean_for(1)
-        return m.fn(wide(logits_at), ds.answers[idx], None if ds.wrong is None else ds.wrong[idx],
-                    None if ref is None else wide(ref[idx]))  # the rows first: the whole reference is large
-
-    def metric_at(logits_at: Any) -> np.ndarray:  # logits at the scored positions [V n, k, vocab]
-        V = logits_at.shape[0] // ds.n
-        at = torch.arange(ds.positions.shape[1], device=logits_at.device).expand(V * ds.n, -1)
-        wrong = None if ds.wrong is None else ds.wrong.repeat(V, 1)
-        return metrics.per_prompt(logits_at, at, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
-
-    n_runs = 1 + len(ds.corruptions)
-    said: list[bool] = []
-    weights = float(sum(p.numel() * p.element_size() for p in bridge.parameters()))
-
-    def fits(per_prompt: float) -> None:
-        if not said:
-            said.append(True)
-            stage(f"base runs cache {len(wanted)} hooks: {per_prompt / 2**20:.2f} MiB a prompt and run, "
-                  f"{memory.gb(per_prompt * ds.n * n_runs)} for {n_runs} run(s) of {ds.n} prompts")
-        memory.check_cache(per_prompt, ds.n, n_runs, weights, f"the base runs of {ds.n} prompts")
-
-    def run(tokens: Any) -> tuple[Cache, PerPrompt]:
-        cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=fits)
-        if metrics.get(metric).needs_clean and not reference_lp:  # the clean run comes first
-            reference_lp.append(metrics.clean_logp(cache["logits_at"]))
-        m = metric_at(cache["logits_at"])
-        cache["logits_at"] = cache["logits_at"][:KEEP_LOGITS].clone()  # the metric is taken; run_from's check
-        return cache, m
-
-    clean, m_clean = run(ds.clean)
-    corruptions = {name: run(tokens) for name, tokens in ds.corruptions.items()}
-
-    def reference() -> Reference:
-        if ds.reference is None:  # the clean prompts themselves, each prompt's mean leaving it out
-            return Reference(clean, loo=True)
-        # means are taken of activations only: z, MLP outputs, the embedding
-        means_of = [n for n in wanted if n.endswith((".attn.hook_z", ".hook_mlp_out")) or n in EMBED_HOOKS]
-        positions = ds.positions[:1].expand(ds.reference.shape[0], -1)
-        cache = hooks.cache_hooks(bridge, ds.reference, means_of or wanted, positions)
-        cache.pop("logits_at", None)  # a large vocabulary makes these the biggest tensors, and no mean reads them
-        return Reference(cache, loo=False)
-
-    graph_names = graph_run.cache_names(int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp)
-
-    def probe() -> Cache:  # the first prompts, caching every write: what the graph arithmetic is checked on
-        k = min(GRAPH_PROBE, ds.n)
-        return hooks.cache_hooks(bridge, ds.clean[:k], graph_names, ds.positions[:k])
-
-    probe_source = Lazy(probe)
-
-    def graph() -> graph_run.GraphModel:
-        if all(n in clean for n in hooks.for_architecture(bridge, graph_names)):
-            return graph_run.GraphModel.build(bridge, clean, ds.positions)
-        # the base runs cached the writes some claims read, not all: check the arithmetic on the first prompts
-        return graph_run.GraphModel.build(bridge, probe_source.get(), ds.positions)
-
-    default = ds.default_corruption
-    return Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
-                metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference),
-                clean_logp=reference_lp[0] if reference_lp else None, metric_rows=metric_rows,
-                graph_source=Lazy(graph), graph_probe=probe_source)

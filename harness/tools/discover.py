@@ -53,8 +53,9 @@ from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
 from ..engine.data_source import for_exploring, from_data_file
 from ..errors import UserError
 from ..hypothesis.loading import load
+from ..mech.base_runs import base_runs
 from ..mech.graph import Graph
-from ..mech.runs import Runs, base_runs
+from ..mech.runs import Runs
 from ..model import metrics
 from ..model.devices import of, resolve_device
 from ..model.loading import LoadedModel

@@ -44,9 +44,9 @@ from ..evidence.document import to_json
 from ..evidence.format import fmt_p
 from ..hypothesis.loading import load
 from ..mech import batched_edges, graph_run, weights
+from ..mech.base_runs import base_runs
 from ..mech.factored import Composition
 from ..mech.graph import Graph
-from ..mech.runs import base_runs
 from ..model import data, metrics
 from ..model.devices import of, resolve_device
 from ..model.ref import ModelRef, load_model

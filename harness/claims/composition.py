@@ -63,12 +63,17 @@ class RouteEvidence:
     p_adjusted: float
 
 
-def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats) -> list[RouteEvidence]:
+def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats,
+                   max_draws: int | None = None) -> list[RouteEvidence]:
     """Composition evidence for head -> head-input edges (a group of sender heads: their
     combined write, Composition.group_result); p-values BH-adjusted over them.  Every pair
     reads the same shared null draws (mech.rotation_null), so an edge has the same score,
-    null and raw p in a claim, the weights-vs-use table and the figures."""
+    null and raw p in a claim, the weights-vs-use table and the figures.  A pair whose p from
+    `st.null_draws` draws is below alpha gets more draws, as many as BH over these edges needs
+    (weights.draws_needed), at most `max_draws` (the signature plot's budget)."""
     extend = weights.draws_needed(len(edges), st.composition_alpha)
+    if max_draws is not None:
+        extend = min(extend, max(st.null_draws, max_draws))
     pairs, groups = [], {}
     for i, e in enumerate(edges):
         sender, receiver = e.sender, e.receiver

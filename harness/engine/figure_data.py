@@ -29,7 +29,7 @@ import numpy as np
 from ..claims.composition import route_evidence
 from ..claims.edge_test import EdgeTestSpec, edge_tests
 from ..claims.registry import kind_of
-from ..mech import batched_edges
+from ..mech import batched_edges, weights
 from ..mech.factored import Composition
 from ..mech.runs import Runs
 from ..spec import names
@@ -43,6 +43,9 @@ SIGNATURE_BUDGET = 4.0  # forward passes the signature plot's patches may cost (
 #: (about 3 s on two cores); past it every cell gets fewer draws, never fewer than MATRIX_MIN_DRAWS
 MATRIX_NULL_BUDGET = 4_000_000
 MATRIX_MIN_DRAWS = 100
+#: null draws a candidate of the signature plot gets at most (the claims' tests take as many as BH needs);
+#: each 1,000 beyond the first are made anew for the candidates that need them (about 1 s a thousand)
+SIGNATURE_MAX_DRAWS = 5000
 
 
 def matrix_draws(n_pairs: int, null_draws: int, budget: int = MATRIX_NULL_BUDGET) -> int:
@@ -137,7 +140,8 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
                   for h in names.Head.every(r.head.layer, comp.hw.n_heads)]
     if not candidates:
         return {}
-    found = route_evidence(comp, candidates, st)
+    found = route_evidence(comp, candidates, st, max_draws=SIGNATURE_MAX_DRAWS)
+    capped = weights.draws_needed(len(candidates), st.composition_alpha) > max(st.null_draws, SIGNATURE_MAX_DRAWS)
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
     chosen = patch_within_budget(candidates, [r.result.score for r in found], claimed, runs.n_layers)
     patched = [e for e in candidates if e in chosen]
@@ -160,6 +164,8 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
     skipped = len(candidates) - len(chosen)
     note = ("noising, resample replacement; use by the edge claims' rule with p BH-adjusted over the patched "
             "candidates; composition p BH-adjusted over these candidates")
+    if capped:
+        note += f" (a candidate's null from at most {max(st.null_draws, SIGNATURE_MAX_DRAWS)} draws)"
     if skipped:
         note += (f"; {len(chosen)} of {len(candidates)} candidates patched (the claimed edges, then the most "
                  f"composing, within {SIGNATURE_BUDGET:g} forward passes); the other {skipped} have weights only")

@@ -89,6 +89,18 @@ def working(default: int) -> int:
     return default if b is None else max(2**20, min(default, b // WORKING_SHARE))
 
 
+def peak() -> int | None:
+    """This process's peak resident memory in bytes so far (None where the platform does not say)."""
+    try:
+        import resource
+        import sys
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(rss if sys.platform == "darwin" else rss * 1024)
+    except (ImportError, OSError):
+        return None
+
+
 def gb(n: float) -> str:
     """A size for people: GiB from 1 GiB on, else MiB."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import cost, stats
+from .. import cost, memory, stats
 from ..claims.base import ClaimKind, Context, InterventionPath
 from ..claims.registry import kind_of
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
@@ -75,8 +75,10 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str
 
 
 def spent(ledger: cost.Ledger, what: str) -> None:
-    """The stage line that closes a stage: the forward-equivalents it spent (harness.cost)."""
-    stage(f"{what}: {ledger.lap():.2f} forward-equivalents")
+    """The stage line that closes a stage: the forward-equivalents it spent (harness.cost) and the
+    process's peak memory so far."""
+    peak = memory.peak()
+    stage(f"{what}: {ledger.lap():.2f} forward-equivalents" + (f"; peak memory {memory.gb(peak)}" if peak else ""))
 
 
 def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str, st: Stats, processing: str,

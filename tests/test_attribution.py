@@ -269,3 +269,24 @@ def test_attribution_claims_stay_on_their_own_rung(tmp_path):
     assert "### Attribution estimates" in md
     header = next(line for line in md.splitlines() if line.startswith("| mechanism"))
     assert [c.strip() for c in header.strip("|").split("|")][1:4] == ["weights", "observation", "attribution"]
+
+
+def test_an_attribution_claim_alone_caches_only_what_it_reads(tmp_path):
+    """A file whose only claim is an attribution claim, without figures: the base runs cache embed's
+    and the sender's writes (and what the edge's non-vacuity check reads), not every write; the
+    graph arithmetic is checked, and the identity check run, on a run of the first 4 prompts."""
+    import yaml
+
+    import harness
+
+    from .graph_helpers import ROOT
+
+    f = tmp_path / "h.yaml"
+    f.write_text(yaml.safe_dump({
+        "harness": 1, "name": "attr", "model": str(ROOT / "fixtures" / "induction-2l"),
+        "data": {"generator": "repeated_tokens", "n_prompts": 12, "segment_length": 8},
+        "claims": [{"id": "ig", "kind": "attribution", "edge": "L0H7 -> L1H5.k", "steps": 3}]}))
+    ev = harness.run(f, device="cpu", figures=False)
+    assert ev.claim("ig").evidence == "attribution" and ev.claim("ig").value is not None
+    checks = " ".join(c.detail for c in ev.sanity_checks)
+    assert "edge circuit (every edge removed, the clean run's own writes; 4 prompts)" in checks

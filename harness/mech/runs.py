@@ -353,7 +353,7 @@ class Runs:
         gm = self.graph_model()
         if layers is None and not self.has_writes(run):
             raise ValueError("these base runs did not cache every sender's write (a whole-graph forward reads them)")
-        return graph_run.run_writes(self.bridge, run, gm.s, run[hook_resid_pre(0)].dtype, layers)
+        return graph_run.run_writes(self.bridge, run, gm.s, run[names.HOOK_EMBED].dtype, layers)
 
     def mean_writes(self, drop: int | None = None) -> graph_run.Writes:
         """Every sender's per-position mean write over the reference prompts (see Reference.mean)."""

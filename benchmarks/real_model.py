@@ -102,7 +102,6 @@ import argparse
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import tempfile
@@ -687,32 +686,14 @@ class Measured:
 
 def measure(cmd: list[str], timeout: float, env: dict[str, str], log: Path) -> Measured:
     """Run `cmd` in its own process group; its wall time, CPU time and peak RSS from os.wait4."""
+    from scale_bench import wait_child
+
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, cwd=ROOT)
-        timed_out = False
-        try:
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                if time.perf_counter() - start > timeout:
-                    timed_out = True
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    _, status, usage = os.wait4(proc.pid, 0)
-                    break
-                time.sleep(0.05)
-        except BaseException:  # Ctrl-C: leave no child running
-            os.killpg(proc.pid, signal.SIGKILL)
-            os.wait4(proc.pid, 0)
-            raise
-    proc.returncode = os.waitstatus_to_exitcode(status)
+        seconds, usage, code, timed_out = wait_child(cmd, timeout, out, subprocess.STDOUT, ROOT, env)
     rss = usage.ru_maxrss / 2**30 if sys.platform == "darwin" else usage.ru_maxrss / 2**20
     tail = log.read_text(errors="replace").strip().splitlines()
-    return Measured(time.perf_counter() - start, usage.ru_utime + usage.ru_stime, rss, proc.returncode, timed_out,
-                    tail="\n".join(tail[-3:]))
+    return Measured(seconds, usage.ru_utime + usage.ru_stime, rss, code, timed_out, tail="\n".join(tail[-3:]))
 
 
 @dataclass

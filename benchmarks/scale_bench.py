@@ -148,35 +148,43 @@ def _maxrss_mb(ru_maxrss: int) -> float:
     return ru_maxrss / 2**20 if sys.platform == "darwin" else ru_maxrss / 1024
 
 
+def wait_child(cmd: list[str], timeout: float, stdout: Any, stderr: Any, cwd: Path | None = None,
+               env: dict[str, str] | None = None) -> tuple[float, Any, int, bool]:
+    """Run `cmd` in a new process group: (wall seconds, its os.wait4 rusage, exit code, timed out).
+    After `timeout` seconds the group is killed; on Ctrl-C or an error here no child is left running.
+    benchmarks/real_model.py measures its children with it too."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, cwd=cwd, env=env,
+                            start_new_session=True)
+    timed_out, status, usage = False, 0, None
+    try:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > timeout:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                _, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+    except BaseException:
+        if usage is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            os.wait4(proc.pid, 0)
+        raise
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, so Popen must not wait again
+    return time.perf_counter() - start, usage, proc.returncode, timed_out
+
+
 def measure(cmd: list[str], timeout: float, logs: Path, cwd: Path | None = None) -> Measured:
     """Run `cmd` in a new process group; its wall time and peak RSS (from os.wait4's rusage).
     stdout/stderr go to `logs`.out/.err.  After `timeout` seconds the group is killed."""
     out_path, err_path = logs.with_suffix(".out"), logs.with_suffix(".err")
     logs.parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd,
-                                start_new_session=True)
-        timed_out, status, usage = False, 0, None
-        try:
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                if time.perf_counter() - start > timeout:
-                    timed_out = True
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    _, status, usage = os.wait4(proc.pid, 0)
-                    break
-                time.sleep(0.05)
-        except BaseException:  # Ctrl-C or an error here: leave no child running
-            if usage is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                os.wait4(proc.pid, 0)
-            raise
-        seconds = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, so Popen must not wait again
-    return Measured(seconds, _maxrss_mb(usage.ru_maxrss), proc.returncode, timed_out, out_path, err_path)
+        seconds, usage, code, timed_out = wait_child(cmd, timeout, out, err, cwd)
+    return Measured(seconds, _maxrss_mb(usage.ru_maxrss), code, timed_out, out_path, err_path)
 
 
 # --------------------------------------------------------------------------------------- the benchmark

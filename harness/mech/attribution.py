@@ -172,12 +172,7 @@ def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions
         def rows(lg: Any, i: Any, idx: Any = idx) -> Any:
             return metric(lg, idx[i])
 
-        grad = None
-        for a in points:
-            got = gm.receiver_gradient(xc + a * (xk - xc), positions[idx], rows, v)
-            grad = got if grad is None else grad + got
-        assert grad is not None
-        grad = grad / len(points)
+        grad = sum(gm.receiver_gradient(xc + a * (xk - xc), positions[idx], rows, v) for a in points) / len(points)
         delta = _sender_change(gm, clean, corrupt, idx, xk - xc, g.senders[u])  # [b, s, d]
         if v == len(g.receivers) - 1:
             at = positions[idx]

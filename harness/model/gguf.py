@@ -34,7 +34,7 @@ from typing import Any
 from ..errors import ModelLoadError
 from ..spec.names import Shape
 from .devices import resolve_device
-from .loading import CONFIG, LoadedModel, load_transformers, offline
+from .loading import CONFIG, LoadedModel, hash_file, load_transformers, offline
 from .tensors import one_line, physical_memory
 
 SUFFIX = ".gguf"
@@ -212,12 +212,7 @@ def shape(path: Path) -> Shape | None:
 def file_hash(file: Path) -> str:
     """sha256 of the file's bytes (what `sha256sum FILE` prints)."""
     h = hashlib.sha256()
-    try:
-        with open(file, "rb") as stream:
-            while chunk := stream.read(1 << 24):
-                h.update(chunk)
-    except OSError as exc:
-        raise ModelLoadError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    hash_file(h, file)
     return h.hexdigest()
 
 

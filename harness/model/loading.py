@@ -283,13 +283,18 @@ def files_hash(files: ModelFiles, contents: dict[Path, bytes] | None = None) -> 
         if f == files.folder / CONFIG:
             h.update(files.config_bytes)
             continue
-        try:
-            with open(f, "rb") as stream:
-                while chunk := stream.read(1 << 24):
-                    h.update(chunk)
-        except OSError as exc:
-            raise ModelLoadError(f"{f}: cannot read: {exc.strerror or exc}") from None
+        hash_file(h, f)
     return h.hexdigest()
+
+
+def hash_file(h: Any, f: Path) -> None:
+    """Feed the bytes of `f` into the hash `h`, 16 MiB at a time (ModelLoadError if unreadable)."""
+    try:
+        with open(f, "rb") as stream:
+            while chunk := stream.read(1 << 24):
+                h.update(chunk)
+    except OSError as exc:
+        raise ModelLoadError(f"{f}: cannot read: {exc.strerror or exc}") from None
 
 
 def directory_hash(path: Path) -> str:

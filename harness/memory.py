@@ -78,11 +78,6 @@ def using(requested: int | None = None) -> Iterator[int]:
         _BUDGET.reset(token)
 
 
-def budget() -> int | None:
-    """The budget in force (None outside `using`: library callers keep each stage's own chunks)."""
-    return _BUDGET.get()
-
-
 def working(default: int) -> int:
     """A chunked stage's working memory: its own `default`, or budget / WORKING_SHARE when smaller."""
     b = _BUDGET.get()

@@ -338,9 +338,8 @@ class Runs:
         return all(n in run for n in hooks.for_architecture(self.bridge, names_))
 
     def graph_check(self) -> tuple[Cache, int]:
-        """A run that cached every sender's write and how many of the first clean prompts it shows:
-        the clean run itself when it did, else the
-        run of the first prompts the graph arithmetic was checked on."""
+        """A run that cached every sender's write and how many of the first clean prompts it shows: the
+        clean run itself when it did, else the run of the first prompts the graph arithmetic was checked on."""
         self.graph_model()
         if self.has_writes(self.clean):
             return self.clean, self.ds.n

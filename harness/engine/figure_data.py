@@ -30,6 +30,7 @@ from ..claims.composition import route_evidence
 from ..claims.edge_test import EdgeTestSpec, edge_tests
 from ..claims.registry import kind_of
 from ..mech import batched_edges, weights
+from ..mech.batched_edges import patch_cost
 from ..mech.factored import Composition
 from ..mech.runs import Runs
 from ..spec import names
@@ -171,14 +172,6 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
                  f"composing, within {SIGNATURE_BUDGET:g} forward passes); the other {skipped} have weights only")
     return {"points": points, "min_effect": st.min_effect, "tolerance": st.tolerance,
             "composition_alpha": st.composition_alpha, "note": note}
-
-
-def patch_cost(edge: names.Edge, n_layers: int) -> float:
-    """What patching one edge costs, in forward passes of the prompts: the blocks from the
-    receiver's layer on ((L - l) / L), a quarter of a block's share for the last layer, whose
-    queries, MLP and unembedding run at the scored positions only."""
-    layer = edge.receiver.head.layer if isinstance(edge.receiver, names.HeadInput) else n_layers - 1
-    return 0.25 / n_layers if layer == n_layers - 1 else (n_layers - layer) / n_layers
 
 
 def patch_within_budget(candidates: list[names.Edge], scores: list[Any], claimed: set[str],

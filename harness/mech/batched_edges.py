@@ -216,11 +216,17 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
             if receivers is None or receivers.L != key:
                 receivers = _receivers(sw, key)
             _sender_chunk(sw, receivers, edges, part)
-    L = int(bridge.cfg.n_layers)
-    for e in edges:  # each edge's rows run from its receiver's layer on
-        layer = e.receiver.head.layer if isinstance(e.receiver, names.HeadInput) else L - 1
-        cost.spend(out.shape[1], cost.layers_from(layer, L))
+    cost.spend(out.shape[1], sum(patch_cost(e, int(bridge.cfg.n_layers)) for e in edges))
     return out
+
+
+def patch_cost(edge: names.Edge, n_layers: int) -> float:
+    """What patching one edge costs, in forward passes of the prompts: the blocks from the
+    receiver's layer on ((L - l) / L), a quarter of a block's share for the last layer, whose
+    queries, MLP and unembedding run at the scored positions only."""
+    layer = edge.receiver.head.layer if isinstance(edge.receiver, names.HeadInput) else n_layers - 1
+    return 0.25 / n_layers if layer == n_layers - 1 else (n_layers - layer) / n_layers
+
 
 
 def _sweep(bridge: Any, base: dict, source: dict, clean: dict, positions: Any, metric_fn: Callable,

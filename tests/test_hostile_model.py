@@ -295,7 +295,7 @@ def test_non_finite_outputs_fail_every_sanity_check(tmp_path, capsys, monkeypatc
     for patched, m_clean in [(np.array([1.0, np.nan]), np.array([1.0, 2.0])),
                              (np.array([1.0, 2.0]), np.array([1.0, np.nan])),
                              (np.array([1.0, np.inf]), np.array([1.0, 2.0]))]:
-        runs = SimpleNamespace(bridge=None, ds=SimpleNamespace(clean=None), clean=None, patterns=lambda c: {},
+        runs = SimpleNamespace(bridge=None, ds=SimpleNamespace(clean=None, n=2), clean=None, patterns=lambda c: {},
                                run=lambda tokens, base, plan, patched=patched: patched, m_clean=m_clean,
                                m_corrupt=np.array([0.0, 0.0]))
         with pytest.raises(SanityCheckError, match="not finite"):

@@ -30,6 +30,7 @@ from ..evidence.details import CI, Num, Sensitivity, Summary, optional
 from ..evidence.format import fmt
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE, threshold_verdict
+from ..mech import jackknife
 from ..mech.runs import Runs
 from ..spec.fields import BoundedCausalClaim, UnitList
 from ..spec.names import hook_pattern, hook_resid_pre, unit_hook
@@ -100,12 +101,14 @@ class Ablated:
 def ablate(runs: Runs, claim: AblationClaim, kind: str, st: Stats) -> Ablated:
     heads = list(claim.heads)
     m = runs.ablated(heads, kind, claim.freeze_patterns)
-    jack: list[np.ndarray] = []
-    if kind == Ablation.MEAN and claim.freeze_patterns:
-        jack = [runs.ablated(heads, kind, True, drop=k) for k in range(runs.reference.groups)]
-    elif kind == Ablation.MEAN:
-        groups: list[int | None] = list(range(runs.reference.groups))
-        jack = runs.ablated_many([heads] * len(groups), kind, groups)
+    freeze = claim.freeze_patterns
+
+    def measure(r: Runs, drops: Sequence[int | None]) -> list[np.ndarray]:
+        if freeze:
+            return [r.ablated(heads, kind, True, drop=d) for d in drops]
+        return r.ablated_many([heads] * len(drops), kind, drops)
+
+    jack = jackknife.replicates(runs, measure) if kind == Ablation.MEAN else []
     return Ablated(m, jack, effects.head_change(runs, heads, kind, st))
 
 

@@ -44,7 +44,7 @@ from ..evidence.details import CI, Details, Num, Sensitivity, Summary, optional
 from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_verdict
-from ..mech import graph_run
+from ..mech import graph_run, jackknife
 from ..mech.graph import Graph
 from ..mech.runs import Runs
 from ..progress import stage
@@ -315,7 +315,12 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             change = effects.head_change(runs, outside, c.ablation, st) if outside else None
             jack = None
             if c.ablation == Ablation.MEAN:
-                jack = [plan.base(Ablation.MEAN, k)[1:] for k in range(runs.reference.groups)]
+                def measure(r: Runs, drops: Sequence[int | None], c: CircuitClaim = c,
+                            plan: Plan = plan) -> list[np.ndarray]:
+                    p = plan if r is plan.runs else EdgeCircuit(c, r) if c.edges is not None else NodeCircuit(c, r)
+                    return [np.stack(p.base(Ablation.MEAN, k)[1:]) for k in drops]
+
+                jack = [(mc, me) for mc, me in jackknife.replicates(runs, measure)]
             extra = self.edge_fields(plan) if isinstance(plan, EdgeCircuit) else {}
             result = self.evaluate(c, m_full, m_circuit, m_empty, random, st, seed, ctx.unit, change=change,
                                    corruption=runs.corruption, jack=jack, extra=extra)

@@ -37,7 +37,7 @@ import numpy as np
 from .. import stats
 from ..evidence.format import fmt_p
 from ..mech import change as read_change
-from ..mech import paths
+from ..mech import jackknife, paths
 from ..mech.runs import Runs
 from ..spec import names
 from ..spec.settings import Stats
@@ -91,8 +91,12 @@ def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, repla
 
     m_patched = runs.patched(edge, direction, replacement, freeze)
     d = change_of(m_patched)
-    jack = ([change_of(runs.patched(edge, direction, replacement, freeze, drop=k))
-             for k in range(runs.reference.groups)] if replacement == Replacement.MEAN else [])
+
+    def measure(r: Runs, drops: Sequence[int | None]) -> list[np.ndarray]:
+        return [r.patched(edge, direction, replacement, freeze, drop=k) for k in drops]
+
+    jack = ([change_of(m) for m in jackknife.replicates(runs, measure)] if replacement == Replacement.MEAN
+            else [])
     norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack=jack)
     base = (effects.normalized_effect(d, m_clean - baseline, st, seed, unit, jack=jack,
                                       gap_name="clean-baseline")

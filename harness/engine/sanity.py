@@ -12,7 +12,8 @@
   otherwise), and patching a run's own activations into it reproduces its
   metric, on every intervention path the file's claims use (head ablation, over
   the union of the heads; each edge in its direction, with its frozen patterns;
-  frozen patterns alone), within IDENTITY_TOL x the metric's scale.  A failure
+  frozen patterns alone), on the first IDENTITY_PROMPTS prompts, within
+  IDENTITY_TOL x the metric's scale (over all prompts).  A failure
   raises SanityCheckError: the run stops, no report.  A NaN difference or scale
   is a failure (every comparison here is written so that NaN fails it).
 """
@@ -36,10 +37,10 @@ from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Replacement
 
 IDENTITY_TOL = NUMERICAL_TOL  # relative to the metric's magnitude (float32 models carry ~1e-7 relative error)
-#: prompts the edge-circuit identity check runs on: it holds the graph arithmetic (already checked against
-#: the model's modules by mech.torch_blocks.check) to the clean run, and a whole-graph forward costs about
-#: twice a plain one, so it runs on the first prompts only
-IDENTITY_GRAPH_PROMPTS = 8
+#: prompts the identity checks run on (the first ones): they hold the plumbing of each intervention path
+#: (which hooks, where, which cached tensors) to the base run, which does not vary from prompt to prompt, and
+#: on all n prompts they would cost one more intervention per path (an edge-circuit one about two forwards)
+IDENTITY_PROMPTS = 8
 
 
 def gap_check(gap: np.ndarray, st: Stats, unit: str, corruption: str | None = None) -> SanityCheck:
@@ -71,7 +72,11 @@ def not_applicable(check: SanityCheck, why: str) -> SanityCheck:
 def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityCheck]:
     """Patching a run's own activations into itself must change nothing, through
     every path in `paths` (the interventions of the file's claims), each run the way the
-    claims' interventions run (Runs.run: from the first patched layer where it can)."""
+    claims' interventions run (Runs.run: from the first patched layer where it can), on the
+    first IDENTITY_PROMPTS prompts."""
+    full = runs
+    if runs.ds.n > IDENTITY_PROMPTS and runs.scorers is not None:
+        runs = runs.first(IDENTITY_PROMPTS)
     checks: list[tuple[str, Any, np.ndarray]] = []  # (path, metric per prompt, expected metric)
     units = sorted({h for p in paths if isinstance(p, HeadAblationPath) for h in p.heads}, key=str)
     if units:
@@ -97,7 +102,7 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
     if any(isinstance(p, EdgeCircuitPath) for p in paths):
         gm = runs.graph_model()
         run, k = runs.graph_check()
-        k = min(k, IDENTITY_GRAPH_PROMPTS)
+        k = min(k, IDENTITY_PROMPTS)
         own = runs.writes(run).first(k)
         empty = gm.graph.adjacency & False
         got = gm.circuits(own, own, empty[None], runs.ds.positions[:k], runs.rows_metric)[0]
@@ -111,7 +116,7 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
     diffs = {path: _max_abs(got - m) for path, got, m in checks}
     # NaN sorts first as the worst: max() with a NaN key would pick an arbitrary path
     worst = max(diffs, key=lambda k: (not np.isfinite(diffs[k]), diffs[k] if np.isfinite(diffs[k]) else 0.0))
-    scale = float(np.max([_max_abs(runs.m_clean), _max_abs(runs.m_corrupt)]))  # NaN if either is
+    scale = float(np.max([_max_abs(full.m_clean), _max_abs(full.m_corrupt)]))  # NaN if either is
     tol = IDENTITY_TOL * max(1.0, scale) if np.isfinite(scale) else float("nan")
     if not diffs[worst] <= tol:  # False for a NaN difference or a NaN scale
         raise SanityCheckError(f"patching a run's own activations into it changed the metric by "
@@ -119,7 +124,8 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
                                "do not do what they should" + ("" if np.isfinite(diffs[worst]) and np.isfinite(tol)
                                                                else ", or the model's outputs are not finite"))
     return [SanityCheck(name="identity interventions reproduce the base run", passed=True,
-                        detail=f"{len(diffs)} path(s) checked ({', '.join(diffs)}); max |metric diff| "
+                        detail=f"{len(diffs)} path(s) checked on the first {runs.ds.n} prompts ({', '.join(diffs)}); "
+                               f"max |metric diff| "
                                f"{diffs[worst]:.2e} (tolerance {tol:.2g} = {IDENTITY_TOL:g} x the metric's scale)"),
             SanityCheck(name="every intervention hook fired", passed=True,
                         detail="checked on every patched forward; a silent hook stops the run")]

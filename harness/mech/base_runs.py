@@ -4,7 +4,7 @@ them); `harness run` (engine.measure), `harness scan` and `harness discover` cal
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,30 +29,10 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
     metric per prompt (model.metrics.per_prompt) on each; the reference prompts for means run
     on first use, caching activations only (z, MLP outputs, the embedding).  The one way base
     runs are built: `harness run` (engine.measure) and `harness scan` both call it."""
-    import torch
 
     wanted = list(dict.fromkeys(wanted))
     reference_lp: list[Any] = []  # the clean run's log-probabilities at the scored positions (needs_clean metrics)
-
-    def clean_for(V: int) -> Any:
-        if not reference_lp:
-            return None
-        return reference_lp[0] if V == 1 else reference_lp[0].repeat(V, 1, 1)
-
-    def metric_of(logits: Any) -> np.ndarray:
-        return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong, clean_for(1)).cpu().numpy()
-
-    def metric_rows(logits_at: Any, idx: Any) -> Any:  # rows [R, k, vocab] showing prompts idx [R]
-        m = metrics.get(metric)
-        ref = clean_for(1)
-        return m.fn(wide(logits_at), ds.answers[idx], None if ds.wrong is None else ds.wrong[idx],
-                    None if ref is None else wide(ref[idx]))  # the rows first: the whole reference is large
-
-    def metric_at(logits_at: Any) -> np.ndarray:  # logits at the scored positions [V n, k, vocab]
-        V = logits_at.shape[0] // ds.n
-        at = torch.arange(ds.positions.shape[1], device=logits_at.device).expand(V * ds.n, -1)
-        wrong = None if ds.wrong is None else ds.wrong.repeat(V, 1)
-        return metrics.per_prompt(logits_at, at, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
+    metric_of, metric_at, metric_rows = scorers(ds, metric, lambda: reference_lp[0] if reference_lp else None)
 
     n_runs = 1 + len(ds.corruptions)
     said: list[bool] = []
@@ -104,4 +84,32 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
     return Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
                 metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference),
                 clean_logp=reference_lp[0] if reference_lp else None, metric_rows=metric_rows,
-                graph_source=Lazy(graph), graph_probe=probe_source)
+                graph_source=Lazy(graph), graph_probe=probe_source,
+                scorers=lambda d, lp: scorers(d, metric, lambda: lp))
+
+
+def scorers(ds: Any, metric: str, clean_lp: Callable[[], Any]) -> tuple[Callable[..., Any], ...]:
+    """The metric functions of `ds`'s prompts (Runs.metric, .metric_at, .metric_rows); `clean_lp()`: the
+    clean run's log-probabilities at the scored positions, or None (for metrics that compare with them)."""
+    import torch
+
+    def clean_for(V: int) -> Any:
+        ref = clean_lp()
+        return ref if ref is None or V == 1 else ref.repeat(V, 1, 1)
+
+    def metric_of(logits: Any) -> np.ndarray:
+        return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong, clean_for(1)).cpu().numpy()
+
+    def metric_at(logits_at: Any) -> np.ndarray:  # logits at the scored positions [V n, k, vocab]
+        V = logits_at.shape[0] // ds.n
+        at = torch.arange(ds.positions.shape[1], device=logits_at.device).expand(V * ds.n, -1)
+        wrong = None if ds.wrong is None else ds.wrong.repeat(V, 1)
+        return metrics.per_prompt(logits_at, at, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
+
+    def metric_rows(logits_at: Any, idx: Any) -> Any:  # rows [R, k, vocab] showing prompts idx [R]
+        m = metrics.get(metric)
+        ref = clean_lp()
+        return m.fn(wide(logits_at), ds.answers[idx], None if ds.wrong is None else ds.wrong[idx],
+                    None if ref is None else wide(ref[idx]))  # the rows first: the whole reference is large
+
+    return metric_of, metric_at, metric_rows

@@ -56,6 +56,7 @@ class Reference:
     cache: Cache
     loo: bool
     groups: int = GROUPS
+    rows: int | None = None  # with `loo`: the means of the first `rows` prompts only (Runs.first)
 
     def mean(self, x: Any, drop: int | None = None) -> Any:
         """Per-position mean of x [m, ...] over the reference prompts (leaving out group
@@ -70,7 +71,8 @@ class Reference:
         total = (x * w).sum(0, keepdim=True)
         if not self.loo:
             return total / keep.sum()
-        return (total - x * w) / (keep.sum() - w)  # each prompt's own activation left out
+        xs, ws = (x, w) if self.rows is None else (x[:self.rows], w[:self.rows])
+        return (total - xs * ws) / (keep.sum() - ws)  # each prompt's own activation left out
 
 
 @dataclass
@@ -107,6 +109,8 @@ class Runs:
     metric_rows: Callable[[Any, Any], Any] | None = None
     graph_source: Lazy = field(default_factory=lambda: Lazy(None))  # the edge-graph arithmetic, made on first use
     graph_probe: Lazy = field(default_factory=lambda: Lazy(None))  # a run of the first prompts caching every write
+    #: (dataset, clean log-probabilities) -> (metric, metric_at, metric_rows) of that dataset's prompts (`first`)
+    scorers: Callable[[Any, Any], tuple[Callable[..., Any], ...]] | None = None
 
     @property
     def n_layers(self) -> int:
@@ -126,6 +130,32 @@ class Runs:
             return self
         cache, metric = self.corruptions[name]
         return replace(self, corrupt=cache, m_corrupt=metric, corruption=name)
+
+    def first(self, k: int) -> Runs:
+        """The same runs on the first `k` prompts: every cached tensor sliced (a view, not a copy), the
+        reference means still over every reference prompt (leave-one-out: each prompt's own left out),
+        interventions memoised apart from these runs'."""
+        if self.scorers is None:
+            raise ValueError("these runs cannot be narrowed to fewer prompts")
+        n = self.ds.n
+
+        def cut(run: Cache) -> Cache:
+            return {name: t[:k] if t.shape[0] == n else t for name, t in run.items()}
+
+        ds = self.ds.select(list(range(k)))
+        lp = None if self.clean_logp is None else self.clean_logp[:k]
+        metric, metric_at, metric_rows = self.scorers(ds, lp)
+        corruptions = {name: (cut(c), m[:k]) for name, (c, m) in self.corruptions.items()}
+        source = self.reference_source
+
+        def reference() -> Reference | None:
+            ref = source.get()
+            return None if ref is None else replace(ref, rows=k) if ref.loo else ref
+
+        return replace(self, ds=ds, clean=cut(self.clean), corrupt=cut(self.corrupt), metric=metric,
+                       m_clean=self.m_clean[:k], m_corrupt=self.m_corrupt[:k], metric_at=metric_at,
+                       corruptions=corruptions, reference_source=Lazy(reference), memo={}, clean_logp=lp,
+                       metric_rows=metric_rows)
 
     @property
     def reference(self) -> Reference:

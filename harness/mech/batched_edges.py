@@ -101,8 +101,10 @@ def all_edges(n_layers: int, n_heads: int, embed: bool = True, logits: bool = Tr
 
 def cache_names(n_layers: int, edges: list[names.Edge] | None = None) -> list[str]:
     """Hooks the batched path reads from the base and source runs for `edges` (None: every edge of
-    the model): every sender's activation, each receiver layer's q, k, v, z and attention output,
-    and every layer's residual (the downstream blocks are checked against them)."""
+    the model): every sender's activation, each receiver layer's residual, q, k, v, z and attention
+    output, and the last residual.  With None, every layer's residual too, which the arithmetic is
+    checked against (torch_blocks.check); for some edges, batched_metrics takes that check's run
+    apart (`check`: a run of a few prompts that cached every layer's residual)."""
     out = [names.HOOK_EMBED, names.HOOK_POS_EMBED]
     if edges is None:
         receiving, sending = set(range(n_layers)), set(range(n_layers))
@@ -110,7 +112,8 @@ def cache_names(n_layers: int, edges: list[names.Edge] | None = None) -> list[st
         receiving = {e.receiver.head.layer for e in edges if isinstance(e.receiver, names.HeadInput)}
         sending = {m.layer for e in edges for m in names.members(e.sender) if isinstance(m, names.Head)}
     for layer in range(n_layers):
-        out.append(hook_resid_pre(layer))
+        if edges is None or layer in receiving or layer == 0:
+            out.append(hook_resid_pre(layer))
         if layer in sending:
             out.append(hook_z(layer))
         if layer in receiving:
@@ -190,12 +193,15 @@ class _Sweep:
 
 def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: dict, clean: dict,
                     positions: Any, metric_fn: Callable, *, replacement: str = Replacement.RESAMPLE,
-                    budget_bytes: int = 32 * 2**20, progress: Callable = lambda it, label: it) -> np.ndarray:
+                    budget_bytes: int = 32 * 2**20, progress: Callable = lambda it, label: it,
+                    check: dict | None = None) -> np.ndarray:
     """Per-edge, per-prompt metric of every patched variant: [len(edges), n_prompts].
 
     metric_fn(logits [N, k, vocab], positions [N, k]) -> [N] (the scored positions
     are already selected).  `base`/`source`: caches with `cache_names`; `clean`
-    provides the reference set for the `mean` replacement.  Each row is the per-edge
+    provides the reference set for the `mean` replacement; `check`: the run the torch
+    arithmetic is held to (torch_blocks.check: its first prompts, every layer's
+    residual cached; default `base`, which then needs them).  Each row is the per-edge
     path's (patching.prepare + fast_logits) up to float rounding.  Working memory is
     about `budget_bytes` beyond a few cache-sized constants, whatever the number of edges.
     """
@@ -206,7 +212,8 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
     groups = _groups(edges)
     out = np.zeros((len(edges), base[hook_resid_pre(0)].shape[0]))
     with torch.no_grad():
-        sw = _sweep(bridge, base, source, clean, positions, metric_fn, replacement, budget_bytes, out)
+        sw = _sweep(bridge, base, source, clean, positions, metric_fn, replacement, budget_bytes, out,
+                    base if check is None else check)
         work = [(key, part) for key, idx in groups.items() for part in _chunks(sw, key, edges, idx)]
         receivers: _Receivers | None = None
         for key, part in progress(work, "edge chunks"):
@@ -230,9 +237,10 @@ def patch_cost(edge: names.Edge, n_layers: int) -> float:
 
 
 def _sweep(bridge: Any, base: dict, source: dict, clean: dict, positions: Any, metric_fn: Callable,
-           replacement: str, budget: int, out: np.ndarray) -> _Sweep:
-    """The checked torch arithmetic, the caches trimmed to the positions up to the last scored
-    one (causal attention: nothing scored reads later ones), masks, the senders' deltas."""
+           replacement: str, budget: int, out: np.ndarray, check: dict) -> _Sweep:
+    """The torch arithmetic checked on `check`'s first prompts, the caches trimmed to the positions
+    up to the last scored one (causal attention: nothing scored reads later ones), masks, the
+    senders' deltas."""
     ref = base[hook_resid_pre(0)]  # dtype and device of the activations
     positions = positions.to(ref.device)
     s = int(positions.max()) + 1
@@ -240,8 +248,9 @@ def _sweep(bridge: Any, base: dict, source: dict, clean: dict, positions: Any, m
     caches = {id(c): _trim(c, s, L) for c in (base, source, clean)}
     tbase = caches[id(base)]
     model, weights = blocks.build(bridge, ref.dtype, ref.device, tbase)
-    blocks.check(model, weights, tbase, blocks.tolerance(ref.dtype))
-    vocab = int(model.logits(tbase[hook_resid_post(L - 1)][:1, :1]).shape[-1])
+    tcheck = tbase if check is base else _trim(check, s, L)
+    blocks.check(model, weights, tcheck, blocks.tolerance(ref.dtype))
+    vocab = int(model.logits(tcheck[hook_resid_post(L - 1)][:1, :1]).shape[-1])
     windows = [lay.window for lay in model.layers]
     return _Sweep(model, tbase, positions, metric_fn, out, budget,
                   _deltas(bridge, tbase, caches[id(source)], caches[id(clean)], replacement),

@@ -299,11 +299,13 @@ class Runs:
 
                 return torch.as_tensor(metric_at(logits))
 
+            every = [hook_resid_pre(layer) for layer in range(self.n_layers)]
+            check = base if all(n in base for n in every) else self.graph_probe.get()
             try:
                 got = batched_edges.batched_metrics(self.bridge, todo, base, source, self.clean, self.ds.positions,
                                                     metric_fn, replacement=replacement,
                                                     budget_bytes=memory.working(BATCH_BUDGET) if budget is None
-                                                    else budget,
+                                                    else budget, check=check,
                                                     **({"progress": progress} if progress else {}))
             except UnsupportedError:
                 got = None  # an architecture the batched arithmetic does not reproduce: one by one

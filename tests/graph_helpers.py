@@ -4,6 +4,7 @@ attribution and discovery tests."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from harness.engine import runner
@@ -18,13 +19,17 @@ from harness.tools.scan import scan_hooks
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def graph_runs(hypothesis: str, n: int, *, corruption: str | None = None) -> Runs:
-    """The first `n` prompts of hypotheses/`hypothesis`.yaml, with every hook an edge test needs."""
+def graph_runs(hypothesis: str, n: int, *, corruption: str | None = None, reference: bool = True) -> Runs:
+    """The first `n` prompts of hypotheses/`hypothesis`.yaml, with every hook an edge test needs
+    (without `reference`: means over the other prompts, leave-one-out, as a prompt file without
+    `mean_from` has them)."""
     h = load(ROOT / "hypotheses" / f"{hypothesis}.yaml")
     m = runner.load_model_cached(str(ModelRef.parse(h.spec.model, h.base_dir).source), "cpu")
     ds = runner.build_dataset(h, m).select(list(range(n)))
     if corruption is not None:
         ds = ds.keep_corruptions([corruption])
+    if not reference:
+        ds = dataclasses.replace(ds, reference=None)
     g = Graph.of(m.bridge)
     wanted = scan_hooks(m.n_layers, m.has_mlp) + graph_run.cache_names(m.n_layers, m.has_mlp)
     for e in g.edges():

@@ -16,7 +16,11 @@ from the JSON alone.
                Stream.SIGNATURE_EFFECT) and its use status by the edge claims'
                rule (p BH-adjusted over the patched candidates; `untested`
                when the patch changes nothing the receiver reads, mech.change);
-               claimed edges are marked.
+               claimed edges are marked.  The patches run on the first
+               FIGURE_PROMPTS prompts: the base runs' own when there are no more
+               (they cache what the plot reads), else a run of those prompts
+               with the default corruption (`runs_for`), so neither the figure's
+               memory nor its cost grows with the file's n_prompts.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..claims.composition import route_evidence
 from ..claims.edge_test import EdgeTestSpec, edge_tests
 from ..claims.registry import kind_of
 from ..mech import batched_edges, weights
+from ..mech.base_runs import base_runs
 from ..mech.batched_edges import patch_cost
 from ..mech.factored import Composition
 from ..mech.runs import Runs
@@ -40,6 +45,7 @@ from ..spec.settings import Stats
 from ..streams import Stream, derive_seed
 
 SIGNATURE_BUDGET = 4.0  # forward passes the signature plot's patches may cost (patch_cost)
+FIGURE_PROMPTS = 200  # prompts the signature plot's candidate edges are patched on, at most
 #: (head pair, null draw) evaluations the composition matrix's per-cell null percentiles may cost per mode
 #: (about 3 s on two cores); past it every cell gets fewer draws, never fewer than MATRIX_MIN_DRAWS
 MATRIX_NULL_BUDGET = 4_000_000
@@ -79,6 +85,17 @@ def receivers(claims: Sequence[ClaimSpec]) -> list[names.HeadInput]:
         if isinstance(e.receiver, names.HeadInput) and e.receiver not in out:
             out.append(e.receiver)
     return out
+
+
+def runs_for(runs: Runs, claims: Sequence[ClaimSpec], metric: str) -> Runs:
+    """The runs the signature plot patches on: `runs` when they show at most FIGURE_PROMPTS prompts
+    (engine.measure.hooks_needed had them cache what the plot reads), else the clean and default
+    corrupted runs of the first FIGURE_PROMPTS prompts, caching it (2 x FIGURE_PROMPTS / n
+    forward-equivalents)."""
+    if runs.ds.n <= FIGURE_PROMPTS:
+        return runs
+    ds = runs.ds.select(list(range(FIGURE_PROMPTS))).keep_corruptions([runs.corruption])
+    return base_runs(runs.bridge, ds, hooks_needed(claims, runs.n_layers), metric)
 
 
 def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int) -> list[str]:
@@ -132,10 +149,11 @@ def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> di
 
 
 def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: Stats, *, seed: int, unit: str,
-              progress: Callable[..., Any]) -> dict[str, Any]:
+              progress: Callable[..., Any], n_prompts: int | None = None) -> dict[str, Any]:
     """Every candidate edge into the named receivers: its composition test and, for the
-    patched ones, the noising resample effect and its use status under the edge claims'
-    rule (claims.edge_test.UseRule; sign-flip p-values BH-adjusted over the patched candidates)."""
+    patched ones, the noising resample effect on `runs`' prompts (`runs_for`: the first of the file's
+    `n_prompts`) and its use status under the edge claims' rule (claims.edge_test.UseRule; sign-flip
+    p-values BH-adjusted over the patched candidates)."""
     claimed = {str(e) for e in named_edges(claims)}
     candidates = [names.Edge(h, r) for r in receivers(claims)
                   for h in names.Head.every(r.head.layer, comp.hw.n_heads)]
@@ -165,6 +183,8 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
     skipped = len(candidates) - len(chosen)
     note = ("noising, resample replacement; use by the edge claims' rule with p BH-adjusted over the patched "
             "candidates; composition p BH-adjusted over these candidates")
+    if n_prompts is not None and n_prompts > runs.ds.n:
+        note += f"; effects on the first {runs.ds.n} of the {n_prompts} prompts"
     if capped:
         note += f" (a candidate's null from at most {max(st.null_draws, SIGNATURE_MAX_DRAWS)} draws)"
     if skipped:

@@ -44,10 +44,12 @@ class Measurements:
     ladder: list[LadderRow] = field(default_factory=list)
 
 
-def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int, figures: bool = True) -> list[str]:
-    """Every hook the claims (and the figures, if drawn) read from the base runs, once each."""
+def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int, figures: bool = True,
+                 n_prompts: int = 0) -> list[str]:
+    """Every hook the claims (and the figures, if drawn, on at most figure_data.FIGURE_PROMPTS
+    prompts: else they run their own, figure_data.runs_for) read from the base runs, once each."""
     out = [h for c in claims for h in kind_of(c).hooks(c, n_layers)]
-    out += figure_data.hooks_needed(claims, n_layers) if figures else []
+    out += figure_data.hooks_needed(claims, n_layers) if figures and n_prompts <= figure_data.FIGURE_PROMPTS else []
     return list(dict.fromkeys(out))
 
 
@@ -86,7 +88,7 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
     bridge = model.bridge
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads
-    names_ = hooks_needed(claims, n_layers, figures)
+    names_ = hooks_needed(claims, n_layers, figures, ds.n)
     stage(f"base runs: {ds.n} prompts, clean and {len(ds.corruptions)} corruption(s)")
     runs = base_runs(bridge, ds, names_, metric)
     spent(ledger, "base runs done")
@@ -127,8 +129,9 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
         if any(kind_of(c).needs_weights(c) for c in claims):
             stage("figure data: composition matrices and the signature plot")
             figs["composition"] = figure_data.composition(ctx.composition(), claims, st)
-            figs["signature"] = figure_data.signature(ctx.composition(), claims, runs, st, seed=seed, unit=unit,
-                                                      progress=progress)
+            figs["signature"] = figure_data.signature(ctx.composition(), claims,
+                                                      figure_data.runs_for(runs, claims, metric), st, seed=seed,
+                                                      unit=unit, progress=progress, n_prompts=ds.n)
             spent(ledger, "figure data done")
     stage(f"measured: {ledger.total:.2f} forward-equivalents of the {ds.n} prompts in all")
     return Measurements(baseline, checks, results, rows, figs, st.warnings() + means_warnings(claims, ds),

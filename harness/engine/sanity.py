@@ -76,7 +76,7 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
     first IDENTITY_PROMPTS prompts."""
     full = runs
     if runs.ds.n > IDENTITY_PROMPTS and runs.scorers is not None:
-        runs = runs.first(IDENTITY_PROMPTS)
+        runs = runs.prompts(0, IDENTITY_PROMPTS)
     checks: list[tuple[str, Any, np.ndarray]] = []  # (path, metric per prompt, expected metric)
     units = sorted({h for p in paths if isinstance(p, HeadAblationPath) for h in p.heads}, key=str)
     if units:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import memory
+from ..model.shape import vocab_out
 from ..spec.names import Head, hook_z
 from .hooks import Plan, run_from
 
@@ -40,10 +41,12 @@ class Variant:
     sources: dict[int, Any]
 
 
-def bytes_per_variant(n: int, s: int, d: int, d_mlp: int, n_heads: int, itemsize: int = 4) -> int:
+def bytes_per_variant(n: int, s: int, d: int, d_mlp: int, n_heads: int, itemsize: int = 4, k: int = 0,
+                      vocab: int = 0) -> int:
     """Working memory of one variant's pass through a block (residual, q/k/v/z, MLP hidden,
-    attention scores and pattern), with a factor 2 for temporaries."""
-    return 2 * itemsize * n * s * (6 * d + 2 * d_mlp + 2 * n_heads * s)
+    attention scores and pattern), with a factor 2 for temporaries, and of its logits at the k
+    scored positions with the float64 temporaries of their metric (3 x 4 x n k vocab)."""
+    return 2 * itemsize * n * s * (6 * d + 2 * d_mlp + 2 * n_heads * s) + 12 * n * k * vocab
 
 
 def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variants: list[Variant],
@@ -56,7 +59,8 @@ def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variant
     budget_bytes = memory.working(DEFAULT_BUDGET) if budget_bytes is None else budget_bytes
     n, s, d = resid.shape
     d_mlp = int(getattr(cfg, "d_mlp", None) or 4 * d)
-    size = max(1, budget_bytes // bytes_per_variant(n, s, d, d_mlp, cfg.n_heads, resid.element_size()))
+    size = max(1, budget_bytes // bytes_per_variant(n, s, d, d_mlp, cfg.n_heads, resid.element_size(),
+                                                    int(positions.shape[1]), vocab_out(cfg)))
     out = np.zeros((len(variants), n))
     for lo in range(0, len(variants), size):
         chunk = variants[lo:lo + size]

@@ -120,11 +120,13 @@ def can_start_inside(bridge: Any, cache: Cache, layer: int, positions: Any) -> b
     cached, and (rotary models) the run's rotation.  Checked once per model: run_from with no
     hooks must reproduce the cached logits of the first prompts at the scored `positions`
     (`logits_at`; else every run is a whole forward)."""
-    if hook_resid_pre(layer) not in cache or "logits_at" not in cache:
+    if hook_resid_pre(layer) not in cache:
         return False
     if architecture.of(bridge).rotary and HOOK_ROT_COS not in cache:
         return False
     known = _START_INSIDE.get(bridge)
+    if known is None and "logits_at" not in cache:
+        return False
     if known is None:
         m = 2
         want = cache["logits_at"][:m]

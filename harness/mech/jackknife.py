@@ -50,7 +50,7 @@ def replicates(runs: Runs, measure: Measure) -> list[np.ndarray]:
     if j >= n:
         return measure(runs, drops)
     full = measure(runs, [None])[0]
-    sub, *dropped = measure(runs.first(j), [None, *drops])
+    sub, *dropped = measure(runs.prompts(0, j), [None, *drops])
     out = []
     for got in dropped:
         shift = got - sub

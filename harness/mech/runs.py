@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import memory
 from ..errors import UnsupportedError
-from ..model import architecture
+from ..model import architecture, shape
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) prompt by prompt
 GROUPS = 10  # reference groups of the delete-a-group jackknife
 BATCH_BUDGET = 64 * 2**20  # working memory of one chunk of batched edge patching
+CHUNK_BUDGET = 256 * 2**20  # working memory of one prompt chunk of an intervention (Runs.chunk)
+CHUNK_FACTOR = 3  # the logits (float32) and two float64 temporaries of the metric, per logit
 
 
 @dataclass
@@ -56,7 +58,7 @@ class Reference:
     cache: Cache
     loo: bool
     groups: int = GROUPS
-    rows: int | None = None  # with `loo`: the means of the first `rows` prompts only (Runs.first)
+    rows: tuple[int, int] | None = None  # with `loo`: the means of prompts lo..hi-1 only (Runs.prompts)
 
     def mean(self, x: Any, drop: int | None = None) -> Any:
         """Per-position mean of x [m, ...] over the reference prompts (leaving out group
@@ -71,7 +73,7 @@ class Reference:
         total = (x * w).sum(0, keepdim=True)
         if not self.loo:
             return total / keep.sum()
-        xs, ws = (x, w) if self.rows is None else (x[:self.rows], w[:self.rows])
+        xs, ws = (x, w) if self.rows is None else (x[slice(*self.rows)], w[slice(*self.rows)])
         return (total - xs * ws) / (keep.sum() - ws)  # each prompt's own activation left out
 
 
@@ -131,31 +133,49 @@ class Runs:
         cache, metric = self.corruptions[name]
         return replace(self, corrupt=cache, m_corrupt=metric, corruption=name)
 
-    def first(self, k: int) -> Runs:
-        """The same runs on the first `k` prompts: every cached tensor sliced (a view, not a copy), the
+    def prompts(self, lo: int, hi: int) -> Runs:
+        """The same runs on prompts lo..hi-1: every cached tensor sliced (a view, not a copy), the
         reference means still over every reference prompt (leave-one-out: each prompt's own left out),
-        interventions memoised apart from these runs'."""
+        interventions memoised apart from these runs'.  The logits kept for run_from's check (those of
+        the first prompts) stay with a range that starts at 0."""
         if self.scorers is None:
             raise ValueError("these runs cannot be narrowed to fewer prompts")
         n = self.ds.n
 
         def cut(run: Cache) -> Cache:
-            return {name: t[:k] if t.shape[0] == n else t for name, t in run.items()}
+            return {name: t[lo:hi] if t.shape[0] == n and name != "logits_at" else t for name, t in run.items()
+                    if name != "logits_at" or lo == 0}
 
-        ds = self.ds.select(list(range(k)))
-        lp = None if self.clean_logp is None else self.clean_logp[:k]
+        ds = self.ds.select(list(range(lo, hi)))
+        lp = None if self.clean_logp is None else self.clean_logp[lo:hi]
         metric, metric_at, metric_rows = self.scorers(ds, lp)
-        corruptions = {name: (cut(c), m[:k]) for name, (c, m) in self.corruptions.items()}
+        corruptions = {name: (cut(c), m[lo:hi]) for name, (c, m) in self.corruptions.items()}
         source = self.reference_source
 
         def reference() -> Reference | None:
             ref = source.get()
-            return None if ref is None else replace(ref, rows=k) if ref.loo else ref
+            return None if ref is None else replace(ref, rows=(lo, hi)) if ref.loo else ref
 
         return replace(self, ds=ds, clean=cut(self.clean), corrupt=cut(self.corrupt), metric=metric,
-                       m_clean=self.m_clean[:k], m_corrupt=self.m_corrupt[:k], metric_at=metric_at,
+                       m_clean=self.m_clean[lo:hi], m_corrupt=self.m_corrupt[lo:hi], metric_at=metric_at,
                        corruptions=corruptions, reference_source=Lazy(reference), memo={}, clean_logp=lp,
                        metric_rows=metric_rows)
+
+    def chunk(self) -> int:
+        """Prompts one intervention runs at once: the logits at the scored positions and the float64
+        temporaries of their metric (CHUNK_FACTOR x 4 x k x vocab bytes a prompt) within
+        memory.working(CHUNK_BUDGET), so an intervention's memory does not grow with n_prompts."""
+        per_prompt = CHUNK_FACTOR * 4 * int(self.ds.positions.shape[1]) * shape.vocab_out(self.bridge.cfg)
+        return max(1, memory.working(CHUNK_BUDGET) // per_prompt)
+
+    def in_chunks(self, fn: Callable[[Runs], list[PerPrompt]]) -> list[PerPrompt] | None:
+        """fn over views of consecutive prompts (`prompts`, `chunk` at a time), each result concatenated
+        over them; None when every prompt fits one chunk (then the caller runs on these runs)."""
+        n, size = self.ds.n, self.chunk()
+        if n <= size:
+            return None
+        parts = [fn(self.prompts(lo, min(n, lo + size))) for lo in range(0, n, size)]
+        return [np.concatenate(got) for got in zip(*parts, strict=True)]
 
     @property
     def reference(self) -> Reference:
@@ -204,6 +224,10 @@ class Runs:
         zero, mean, resample); each distinct ablation is computed once per run (`memo`)."""
         key = self._key(heads, kind, freeze, drop)
         if key not in self.memo:
+            got = self.in_chunks(lambda r: [r.ablated(heads, kind, freeze, drop)])
+            if got is not None:
+                self.memo[key] = got[0]
+                return got[0]
             only_heads = [h for h in heads if isinstance(h, names.Head)]
             mlps = [m for m in heads if isinstance(m, names.Mlp)]
             means = self.mean_z({h.layer for h in only_heads}, drop) if kind == Ablation.MEAN else {}
@@ -230,6 +254,12 @@ class Runs:
         todo = [v for v, (hs, dr) in enumerate(zip(head_sets, drops, strict=True))
                 if self._key(hs, kind, False, dr) not in self.memo and hs
                 and all(isinstance(h, names.Head) for h in hs)]
+        sets, dr_ = [head_sets[v] for v in todo], [drops[v] for v in todo]
+        chunked = self.in_chunks(lambda r: r.ablated_many(sets, kind, dr_)) if todo else None
+        if chunked is not None:
+            for v, m in zip(todo, chunked, strict=True):
+                self.memo[self._key(head_sets[v], kind, False, drops[v])] = m
+            todo = []
         start = min((h.layer for v in todo for h in head_sets[v]), default=0)
         key = hook_resid_pre(start)
         if todo and self.metric_at is not None and hooks.can_start_inside(self.bridge, self.clean, start,
@@ -267,6 +297,10 @@ class Runs:
             edge = edge.as_edge
         key = self._edge_key(edge, direction, replacement, freeze, drop)
         if key not in self.memo:
+            got = self.in_chunks(lambda r: [r.patched(edge, direction, replacement, freeze, drop)])
+            if got is not None:
+                self.memo[key] = got[0]
+                return got[0]
             noising = direction == Direction.NOISING
             base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
             means = self.mean_activations(edge.sender, drop) if replacement == Replacement.MEAN else None
@@ -287,6 +321,12 @@ class Runs:
         else one by one."""
         todo = list(dict.fromkeys(e for e in edges if self._edge_key(e, direction, replacement, False, None)
                                   not in self.memo and not paths.needs_paths(e)))
+        chunked = (self.in_chunks(lambda r: r.patched_many(todo, direction, replacement, budget, progress))
+                   if todo else None)
+        if chunked is not None:
+            for e, m in zip(todo, chunked, strict=True):
+                self.memo[self._edge_key(e, direction, replacement, False, None)] = m
+            todo = []
         noising = direction == Direction.NOISING
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
         wanted = hooks.for_architecture(self.bridge, batched_edges.cache_names(self.n_layers, todo))

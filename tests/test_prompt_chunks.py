@@ -1,0 +1,58 @@
+"""Interventions run over consecutive prompt chunks (Runs.chunk, Runs.in_chunks: what keeps an
+intervention's logits within the memory budget at any n_prompts) give the metric that one pass
+over every prompt gives: ablations (single and stacked, zero, resample, and mean with a reference
+group left out, over a leave-one-out reference and a reference split) and edge patches (one and
+batched), on the induction fixture (means over the generator's reference split) and the names
+fixture (MLPs; means over the other prompts, leave-one-out, as a prompt file has them)."""
+
+import numpy as np
+import pytest
+
+from harness.mech.graph import Graph
+from harness.mech.runs import Runs
+from harness.spec import names
+from harness.spec.vocabulary import Direction
+
+from .graph_helpers import graph_runs
+
+N, CHUNK = 13, 4  # 13 prompts in chunks of 4: three full chunks and a partial one
+
+
+def interventions(runs: Runs) -> dict[str, np.ndarray]:
+    g = Graph.of(runs.bridge)
+    heads = list(names.Head.every(runs.n_layers, runs.n_heads))[:3]
+    edges = [e for e in g.edges() if isinstance(e.sender, names.Head) and isinstance(e.receiver, names.HeadInput)][:3]
+    to_logits = next(e for e in g.edges() if isinstance(e.receiver, names.Logits) and isinstance(e.sender, names.Head))
+    out = {"zero": runs.ablated(heads[:1], "zero"), "resample": runs.ablated(heads[:2], "resample"),
+           "mean": runs.ablated(heads[:1], "mean"), "mean, group 3 left out": runs.ablated(heads[:1], "mean", drop=3)}
+    stacked = runs.ablated_many([heads[:1], heads[1:3]], "mean", [None, 2])
+    out |= {"stacked 0": stacked[0], "stacked 1": stacked[1]}
+    out["edge"] = runs.patched(edges[0], Direction.NOISING, "resample")
+    out["edge, mean"] = runs.patched(edges[1], Direction.NOISING, "mean", drop=1)
+    out["edge, denoising"] = runs.patched(edges[2], Direction.DENOISING, "resample")
+    many = runs.patched_many([edges[0], edges[2], to_logits], Direction.NOISING, "resample")
+    out |= {f"batched {i}": m for i, m in enumerate(many)}
+    return out
+
+
+@pytest.mark.parametrize("hypothesis, reference", [("induction", True), ("names", False)])
+def test_chunked_interventions_equal_one_pass(hypothesis, reference, monkeypatch):
+    whole = interventions(graph_runs(hypothesis, N, reference=reference))
+    assert graph_runs(hypothesis, N, reference=reference).reference.loo is not reference
+    views = []
+    prompts = Runs.prompts
+
+    def counted(self, lo, hi):
+        views.append((lo, hi))
+        return prompts(self, lo, hi)
+
+    monkeypatch.setattr(Runs, "chunk", lambda self: CHUNK)
+    monkeypatch.setattr(Runs, "prompts", counted)
+    runs = graph_runs(hypothesis, N, reference=reference)
+    chunked = interventions(runs)
+    assert (0, 4) in views and (12, 13) in views  # the chunks ran, the last one partial
+    scale = max(1.0, float(np.abs(runs.m_clean).max()), float(np.abs(runs.m_corrupt).max()))
+    for what, m in whole.items():
+        assert chunked[what].shape == (N,), what
+        # float32: a prompt's row computed in a batch of 4 or of 13 differs by reduction order only
+        assert np.abs(chunked[what] - m).max() <= 1e-5 * scale, what

@@ -123,6 +123,42 @@ def test_names_discovery_end_to_end(tmp_path):
     assert {c["id"] for c in ev["claims"]} == {c["id"] for c in starter["claims"]}
 
 
+def test_a_starter_that_cannot_be_written_is_a_warning_not_a_lost_run(tmp_path, monkeypatch, capsys):
+    """When the starter would not be a valid hypothesis file (here: over a hypothesis file's size
+    limit, as a circuit of 60,000 edges is), discovery still writes its whole folder, without
+    starter.yaml, and says why in discovery.json, the report and the terminal."""
+    from harness.hypothesis import loading
+
+    monkeypatch.setattr(loading, "MAX_FILE_BYTES", 200)
+    out = tmp_path / "d"
+    code = main(["discover", str(ROOT / "fixtures" / "induction-2l"), "--out", str(out), "--n-prompts", "8",
+                 "--bootstrap", "100", "--top", "3", "--device", "cpu"])
+    assert code == 0
+    doc = json.loads((out / "discovery.json").read_text())
+    assert len(doc["warnings"]) == 1 and doc["warnings"][0].startswith("starter.yaml not written: ")
+    assert "hypothesis files are limited to 200 bytes" in doc["warnings"][0]
+    assert not (out / "starter.yaml").exists() and (out / "discover.md").exists()
+    assert "## Warnings" in (out / "discover.md").read_text()
+    assert "warning: starter.yaml not written" in capsys.readouterr().out
+
+
+def test_a_circuit_of_a_hundred_thousand_edges_validates_in_linear_time():
+    """Checking an edge circuit's edges for repeats is one pass: a 100,000-edge circuit claim
+    validates (about a second here; the quadratic check it replaces took more than 8 minutes at
+    61,605 edges, and would take hours here), and a repeat is still found."""
+    from pydantic import ValidationError
+
+    from harness.claims.circuit import CircuitClaim
+
+    edges = [f"L{s}H{h} -> L{r}H{q}.{x}" for s in range(30) for h in range(9) for r in range(s + 1, 30)
+             for q in range(9) for x in "qkv"][:100_000]
+    assert len(set(edges)) == 100_000
+    claim = CircuitClaim.model_validate({"id": "c", "kind": "circuit", "edges": edges, "at_least": 0.5})
+    assert claim.edges is not None and len(claim.edges) == 100_000
+    with pytest.raises(ValidationError, match="L0H0 -> L1H1.q is listed twice"):
+        CircuitClaim.model_validate({"id": "c", "kind": "circuit", "edges": [*edges[:10], edges[3]], "at_least": 0.5})
+
+
 @pytest.mark.slow
 def test_exact_method_ranks_by_the_patch_it_confirms(tmp_path):
     """--method exact scores every edge by exact noising on the discovery prompts: its first edges

@@ -46,12 +46,23 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
         memory.check_cache(per_prompt, ds.n, n_runs, weights, f"the base runs of {ds.n} prompts")
 
     def run(tokens: Any) -> tuple[Cache, PerPrompt]:
-        cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=fits)
         if metrics.get(metric).needs_clean and not reference_lp:  # the clean run comes first
+            # its log-probabilities at the scored positions are what the metric compares every run with
+            cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=fits)
             reference_lp.append(metrics.clean_logp(cache["logits_at"]))
-        m = metric_at(cache["logits_at"])
-        cache["logits_at"] = cache["logits_at"][:KEEP_LOGITS].clone()  # the metric is taken; run_from's check
-        return cache, m
+            m = metric_at(cache["logits_at"])
+            cache["logits_at"] = cache["logits_at"][:KEEP_LOGITS].clone()  # run_from's check reads these
+            return cache, m
+        got: list[np.ndarray] = []
+
+        def take(logits_at: Any, lo: int) -> None:  # the metric, batch by batch: no logits of all n prompts
+            import torch
+
+            idx = torch.arange(lo, lo + logits_at.shape[0], device=logits_at.device)
+            got.append(metric_rows(logits_at, idx).detach().cpu().numpy())
+
+        cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=fits, keep=KEEP_LOGITS, each=take)
+        return cache, np.concatenate(got)
 
     clean, m_clean = run(ds.clean)
     corruptions = {name: run(tokens) for name, tokens in ds.corruptions.items()}
@@ -62,8 +73,8 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
         # means are taken of activations only: z, MLP outputs, the embedding
         means_of = [n for n in wanted if n.endswith((".attn.hook_z", ".hook_mlp_out")) or n in EMBED_HOOKS]
         positions = ds.positions[:1].expand(ds.reference.shape[0], -1)
-        cache = hooks.cache_hooks(bridge, ds.reference, means_of or wanted, positions)
-        cache.pop("logits_at", None)  # a large vocabulary makes these the biggest tensors, and no mean reads them
+        # no logits: a large vocabulary makes them the biggest tensors, and no mean reads them
+        cache = hooks.cache_hooks(bridge, ds.reference, means_of or wanted, positions, keep=0)
         return Reference(cache, loo=False)
 
     graph_names = graph_run.cache_names(int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp)

@@ -229,7 +229,8 @@ def output_transform(bridge: Any, logits: Any) -> Any:
 
 
 def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], positions: Any = None,
-                budget_bytes: int | None = None, check: Callable[[float], None] | None = None) -> Cache:
+                budget_bytes: int | None = None, check: Callable[[float], None] | None = None,
+                keep: int | None = None, each: Callable[[Any, int], None] | None = None) -> Cache:
     """A clean forward caching the named hooks; returns {name: tensor} and the logits, on the
     model's device (the tokens are moved there).  The prompts run in batches whose logits fit
     `budget_bytes`, and the batches' activations are concatenated.  Without `positions` the
@@ -237,7 +238,11 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     the scored positions, under "logits_at" [n, k, vocab] (what the metric reads).  The
     batches' working memory is `budget_bytes` (default: harness.memory.working of 256 MiB).
     `check(bytes a prompt)` is called after the first batch with what each prompt's cached
-    activations hold (harness.memory.check_cache stops a run whose caches cannot fit)."""
+    activations hold (harness.memory.check_cache stops a run whose caches cannot fit).
+    `each(logits, lo)`: called with each batch's logits (at the scored positions) and the index of
+    its first prompt, so what is read of them (the metric) is taken batch by batch; `keep`: the
+    logits of the first `keep` prompts only are kept (0: none; None: all), so they do not grow
+    with n."""
     import torch
 
     budget_bytes = memory.working(256 * 2**20) if budget_bytes is None else budget_bytes
@@ -261,17 +266,21 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
                       if cache[x].shape[0] == rows) / rows)
         for name in names:
             parts[name].append(cache[name])
-        if positions is None:
-            logits_parts.append(logits)
-        else:
+        if positions is not None:
             pos = positions[lo:lo + size].to(logits.device)
-            logits_parts.append(logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])))
+            logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        if each is not None:
+            each(logits, lo)
+        kept = max(0, min(logits.shape[0], (n if keep is None else keep) - lo))
+        if kept:
+            logits_parts.append(logits if kept == logits.shape[0] else logits[:kept].clone())
         del logits, cache
     # an activation shared by every prompt of a batch (the rotation's cos and sin, [1, pos, r]) is kept once
     out = {name: torch.cat(parts[name]) if len(parts[name]) > 1 and not _shared(parts[name], size) else parts[name][0]
            for name in names}
-    out["logits" if positions is None else "logits_at"] = (torch.cat(logits_parts) if len(logits_parts) > 1
-                                                           else logits_parts[0])
+    if logits_parts:
+        out["logits" if positions is None else "logits_at"] = (torch.cat(logits_parts) if len(logits_parts) > 1
+                                                               else logits_parts[0])
     return out
 
 

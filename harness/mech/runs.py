@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) prompt by prompt
 GROUPS = 10  # reference groups of the delete-a-group jackknife
 BATCH_BUDGET = 64 * 2**20  # working memory of one chunk of batched edge patching
-CHUNK_BUDGET = 256 * 2**20  # working memory of one prompt chunk of an intervention (Runs.chunk)
+CHUNK_BUDGET = 512 * 2**20  # working memory of one prompt chunk of an intervention (Runs.chunk)
 CHUNK_FACTOR = 3  # the logits (float32) and two float64 temporaries of the metric, per logit
 
 

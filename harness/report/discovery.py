@@ -142,6 +142,8 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
                 f"Its faithfulness on the confirmation prompts is {fmt(known['faithfulness'])} "
                 f"{fmt_ci(known['ci'])}; the circuit of the top {top['k']} edges reads {fmt(top['faithfulness'])} "
                 f"{fmt_ci(top['ci'])}, whose interval {covers} the known circuit's value.", ""]
+    if doc.get("warnings"):
+        out += ["## Warnings", "", *(f"- {t(w)}" for w in doc["warnings"]), ""]
     out += ["## Confirmed edges", "",
             f"The top {s['top']} edges patched exactly on the confirmation prompts (noising, resample; "
             f"Benjamini-Hochberg over them; used: CI above {s['min_effect']:g} and p_adj < {s['alpha']:g}):", ""]
@@ -192,4 +194,5 @@ def summary(doc: dict[str, Any]) -> str:
         lines.append(f"known circuit {k['claim']} ({len(k['edges'])} edges): ROC AUC {fmt(k['auc'])}; faithfulness "
                      f"{fmt(k['faithfulness'])} {fmt_ci(k['ci'])}; the top {k['top']['k']}: "
                      f"{fmt(k['top']['faithfulness'])} {fmt_ci(k['top']['ci'])}")
+    lines += [f"warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(lines)

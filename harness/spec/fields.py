@@ -115,9 +115,11 @@ def _circuit_edges(value: Any, info: ValidationInfo) -> list[names.Edge]:
         if isinstance(e.sender, names.Group):
             parts = " and ".join(f"'{m} -> {e.receiver}'" for m in e.sender.members)
             raise ValueError(f"'{e}': an edge of a circuit has one sender; list {parts}")
-    twice = next((e for i, e in enumerate(out) if e in out[:i]), None)
-    if twice is not None:
-        raise ValueError(f"{twice} is listed twice")
+    seen: set[names.Edge] = set()
+    for e in out:  # one pass: a circuit may list a hundred thousand edges
+        if e in seen:
+            raise ValueError(f"{e} is listed twice")
+        seen.add(e)
     return out
 
 

@@ -51,7 +51,7 @@ from ..claims import effects
 from ..claims.circuit import CircuitClaim, with_mlps
 from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
 from ..engine.data_source import for_exploring, from_data_file
-from ..errors import UserError
+from ..errors import SpecError, UserError
 from ..hypothesis.loading import load
 from ..mech.base_runs import base_runs
 from ..mech.graph import Graph
@@ -269,8 +269,14 @@ def discover(source: str, out: Path, *, device: str | None = None, data_file: Pa
     got = inputs(source, cfg, data_file, resolve_device(device))
     with threads.using(None, int(got.model.bridge.cfg.d_model)):
         doc = run_discovery(got, cfg, source)
+    try:
+        starter: bytes | None = starter_yaml(doc, got, out)
+    except SpecError as exc:  # the work is done: a starter that cannot be written must not lose it
+        starter = None
+        doc["warnings"].append(f"starter.yaml not written: {' '.join(str(exc).split())}")
     files = render.files(doc)
-    files["starter.yaml"] = starter_yaml(doc, got, out)
+    if starter is not None:
+        files["starter.yaml"] = starter
     write_folder(out, files, unique=unique)
     return doc, render.summary(doc)
 
@@ -320,7 +326,8 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
         "confirmed": [confirmed_row(r, t) for r, t in enumerate(tests, start=1)],
         "known": None if got.known is None or known_mask is None else known_doc(got.known, known_mask, g, order,
                                                                                 curve),
-        "starter_k": next((p["k"] for p in curve.points if p["k"] > 0 and p["ci"][0] >= cfg.bound), None)}
+        "starter_k": next((p["k"] for p in curve.points if p["k"] > 0 and p["ci"][0] >= cfg.bound), None),
+        "warnings": []}
 
 
 def ranking_rows(score: np.ndarray, g: Graph, order: np.ndarray, gap: float) -> list[dict[str, Any]]:

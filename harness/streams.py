@@ -35,6 +35,7 @@ class Stream(IntEnum):
     #: `harness discover`: the faithfulness curve's intervals; keys: the curve point's index (then CPR, CMD,
     #: the known circuit and the top-|known| circuit)
     DISCOVER_CURVE = 16
+    DISCOVER_AGREEMENT = 17  #: `harness discover`: the estimate-vs-exact correlations' intervals; no key
 
 
 def derive_seed(*keys: int) -> int:

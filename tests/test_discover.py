@@ -112,6 +112,28 @@ def test_names_discovery_end_to_end(tmp_path):
     pairs = sum(a < b for a in inside for b in outside)  # the AUC by counting every (known, other) pair
     assert known["auc"] == pytest.approx(pairs / (len(inside) * len(outside)), abs=1e-12)
     assert known["auc"] > 0.5  # better than chance: the ranking finds the mechanism the file states
+    # the estimate against the exact patch: scipy's correlations of the same pairs are the oracle
+    from scipy.stats import pearsonr, spearmanr
+
+    estimate = {r["edge"]: r["estimate"] for r in doc["ranking"]}
+    pairs = [(estimate[c["edge"]], c["effect"]) for c in doc["confirmed"] if c["effect"] is not None]
+    agree = doc["agreement"]
+    assert agree["edges"] == len(pairs) >= 3
+    x, y = zip(*pairs, strict=True)
+    assert agree["spearman"]["value"] == pytest.approx(spearmanr(x, y).statistic, abs=1e-12)
+    assert agree["pearson"]["value"] == pytest.approx(pearsonr(x, y).statistic, abs=1e-12)
+    for key in ("spearman", "pearson"):
+        assert agree[key]["ci"][0] <= agree[key]["value"] <= agree[key]["ci"][1]
+    # the starter circuit read as nodes, and its whole edge list in a file
+    k = doc["starter_k"]
+    assert k
+    nodes = doc["starter_nodes"]
+    assert sum(r["share"] for r in nodes) == pytest.approx(1.0, abs=1e-12)
+    assert sum(r["edges"] for r in nodes) == 2 * k  # every edge has two ends
+    assert [r["share"] for r in nodes] == sorted((r["share"] for r in nodes), reverse=True)
+    assert (out / "starter-edges.txt").read_text().splitlines() == [r["edge"] for r in doc["ranking"][:k]]
+    md = (out / "discover.md").read_text()
+    assert "## The estimate against the exact patch" in md and "| node " in md
     assert {"discover.md", "discover.html", "discovery.json", "starter.yaml"} <= {p.name for p in out.iterdir()}
     assert (out / "figures" / "curve.png").stat().st_size > 1000
     starter = yaml.safe_load((out / "starter.yaml").read_text())

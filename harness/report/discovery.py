@@ -11,6 +11,7 @@ from tabulate import tabulate
 
 from ..evidence.document import to_json
 from ..evidence.format import fmt, fmt_ci, fmt_p
+from ..tools.circuit_reading import SHOWN_NODES, node_of
 from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
 from .html import render_html
 from .style import VERDICT_COLOURS
@@ -59,22 +60,28 @@ def _node_xy(name: str, n_layers: int) -> tuple[float, float]:
     return float(head.split(".")[0]) + 1, float(layer)
 
 
+CIRCUIT_EDGES = 60  # edges the circuit figure draws at most (the first by |score|; the rest in starter-edges.txt)
+
+
 @literal
 def draw_circuit(doc: dict[str, Any]) -> Any | None:
-    """The starter circuit's edges as arrows between nodes; colour: the edge's confirmation use."""
+    """The starter circuit's first CIRCUIT_EDGES edges (by |score|) as arrows between nodes; colour: the
+    edge's confirmation use; a node's disc sized by its share of the circuit's attribution (all k edges:
+    tools.circuit_reading), and per layer a count of the circuit's nodes no drawn edge reaches."""
     k = doc.get("starter_k") or 0
     if not k:
         return None
-    edges = [r["edge"] for r in doc["ranking"][:k]]
+    edges = [r["edge"] for r in doc["ranking"][:min(k, CIRCUIT_EDGES)]]
+    share = {r["node"]: r["share"] for r in doc.get("starter_nodes") or []}
     use = {c["edge"]: c["use"] for c in doc["confirmed"]}
-    layers = max([int(part[1:].split("H")[0].split(".")[0]) for e in edges for part in e.split(" -> ")
-                  if part.startswith("L")] + [0]) + 1
+    every = {part for r in doc["ranking"][:k] for part in r["edge"].split(" -> ")}
+    layers = max([int(part[1:].split("H")[0].split(".")[0]) for part in every if part.startswith("L")] + [0]) + 1
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(min(8.0, MAX_WIDTH_IN), 1.2 + 0.9 * (layers + 2)), layout="constrained")
+    fig, ax = plt.subplots(figsize=(min(8.0, MAX_WIDTH_IN), 1.2 + 0.5 * (layers + 2)), layout="constrained")
     nodes: set[str] = set()
     for e in edges:
         src, dst = e.split(" -> ")
-        owner = dst.split(".")[0] if dst.startswith("L") and "H" in dst else dst
+        owner = node_of(dst)
         nodes |= {src, owner}
         (x0, y0), (x1, y1) = _node_xy(src, layers), _node_xy(owner, layers)
         colour = USE_COLOURS.get(use.get(e, ""), "#cccccc")
@@ -83,17 +90,28 @@ def draw_circuit(doc: dict[str, Any]) -> Any | None:
                                 "shrinkA": 8, "shrinkB": 8})
     for n in nodes:
         x, y = _node_xy(n, layers)
-        ax.annotate(n, (x, y), ha="center", va="center", fontsize=7,
-                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "#444444", "lw": 0.6})
+        ax.scatter([x], [y], s=30 + 900 * share.get(n, 0.0), color="#9ecae1", alpha=0.6, zorder=1, lw=0)
+        ax.annotate(n, (x, y), ha="center", va="center", fontsize=6, zorder=2,
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "#444444", "lw": 0.5})
     xs = [_node_xy(n, layers)[0] for n in nodes]
-    ax.set_xlim(min(xs) - 1, max(xs) + 1)
+    right = max(xs) + 1
+    hidden: dict[float, int] = {}
+    for n in {node_of(part) for part in every} - nodes:
+        y = _node_xy(n, layers)[1]
+        hidden[y] = hidden.get(y, 0) + 1
+    for y, count in sorted(hidden.items()):
+        ax.annotate(f"+{count} more", (right, y), ha="left", va="center", fontsize=6, color="#666666")
+    ax.set_xlim(min(xs) - 1, right + (1.5 if hidden else 0))
     ax.set_ylim(-1.6, layers + 0.6)
-    ax.set_yticks(range(-1, layers + 1), ["embed", *[f"layer {i}" for i in range(layers)], "logits"], fontsize=8)
+    ax.set_yticks(range(-1, layers + 1), ["embed", *[f"layer {i}" for i in range(layers)], "logits"],
+                  fontsize=8 if layers <= 12 else 5)
     ax.set_xticks([])
     handles = [plt.Line2D([], [], color=c, lw=1.4, label=u) for u, c in USE_COLOURS.items()]
     handles.append(plt.Line2D([], [], color="#cccccc", lw=0.8, label="not patched"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(f"the top {k} edges (confirmation: exact patching of the top {doc['settings']['top']})", fontsize=9)
+    shown = f"the top {k} edges" if k <= CIRCUIT_EDGES else f"the first {CIRCUIT_EDGES} of the circuit's {k} edges"
+    ax.set_title(label(f"{shown} by |score| (discs: a node's share of the circuit's attribution; confirmation: "
+                       f"exact patching of the top {doc['settings']['top']})", 90), fontsize=8)
     return fig
 
 
@@ -130,6 +148,13 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
                "starter.yaml)."), ""]
     if "circuit.png" in figures:
         out += ["![the circuit](figures/circuit.png)", ""]
+    if k and doc.get("starter_nodes"):
+        nodes = doc["starter_nodes"]
+        out += [f"Its {len(nodes)} nodes, by their share of the circuit's attribution (the |score| of the edges they "
+                f"send or receive, each edge's split between its two ends); every edge is in `starter-edges.txt`"
+                + (f"; the first {SHOWN_NODES}:" if len(nodes) > SHOWN_NODES else ":"), ""]
+        out += [tabulate([[md_cell(r["node"]), r["edges"], f"{100 * r['share']:.1f}%"] for r in nodes[:SHOWN_NODES]],
+                         headers=["node", "edges", "share"], tablefmt="github", disable_numparse=True), ""]
     known = doc.get("known")
     if known:
         top = known["top"]
@@ -151,6 +176,14 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
                        f"{fmt(c['effect'])} {fmt_ci(c['ci'])}", fmt_p(c["p_adjusted"]), md_cell(c["use"])]
                       for c in doc["confirmed"]], headers=["rank", "edge", "effect [CI]", "p_adj", "use"],
                      tablefmt="github", disable_numparse=True), ""]
+    agree = doc.get("agreement")
+    if agree is not None:
+        out += ["## The estimate against the exact patch", "",
+                f"Over the {agree['edges']} confirmed edges: the correlation of each edge's estimate (discovery "
+                "prompts) with its exact effect (confirmation prompts), 95% BCa intervals over the edges: "
+                + "; ".join(f"{name} **{fmt(agree[key]['value'])}** {fmt_ci(agree[key]['ci'])}" if agree[key]
+                            else f"{name} undefined (fewer than 3 edges, or no spread)"
+                            for name, key in (("Pearson", "pearson"), ("Spearman", "spearman"))) + ".", ""]
     est = "estimated effect" if s["method"] != "exact" else "effect on the discovery prompts"
     out += ["## Discovery ranking (an estimate)", "",
             f"The first 30 of {len(doc['ranking'])} edges by |score| ({t(s['method'])} on the discovery prompts; "
@@ -173,6 +206,8 @@ def files(doc: dict[str, Any]) -> dict[str, bytes]:
     out["discover.md"] = md.encode()
     out["discover.html"] = render_html(md, figs, f"discovery: {doc['settings']['model']}").encode()
     out["discovery.json"] = to_json(doc).encode()
+    if doc.get("starter_k"):
+        out["starter-edges.txt"] = "".join(r["edge"] + "\n" for r in doc["ranking"][:doc["starter_k"]]).encode()
     return out
 
 
@@ -194,5 +229,10 @@ def summary(doc: dict[str, Any]) -> str:
         lines.append(f"known circuit {k['claim']} ({len(k['edges'])} edges): ROC AUC {fmt(k['auc'])}; faithfulness "
                      f"{fmt(k['faithfulness'])} {fmt_ci(k['ci'])}; the top {k['top']['k']}: "
                      f"{fmt(k['top']['faithfulness'])} {fmt_ci(k['top']['ci'])}")
+    agree = doc.get("agreement")
+    if agree and agree.get("spearman"):
+        lines.append(f"estimate vs exact over {agree['edges']} confirmed edges: Spearman "
+                     f"{fmt(agree['spearman']['value'])} {fmt_ci(agree['spearman']['ci'])}, Pearson "
+                     f"{fmt(agree['pearson']['value'])} {fmt_ci(agree['pearson']['ci'])}")
     lines += [f"warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(lines)

@@ -67,6 +67,7 @@ from ..spec import names
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Replacement
 from ..streams import Stream, derive_seed
+from . import circuit_reading as reading
 from .scan import ScanSettings, explore_dataset, held_out_mapping, scan_hooks
 
 PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's circuit sizes
@@ -307,6 +308,9 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     extra = [known_mask, top_mask(g, order, n_known)] if known_mask is not None else []
     curve = faithfulness_curve(conf, g, order, st, derive_seed(cfg.seed, Stream.DISCOVER_CURVE), unit, extra)
     gap = float(np.mean(disc.m_clean - disc.m_corrupt))
+    rows = ranking_rows(score, g, order, gap)
+    confirmed = [confirmed_row(r, t) for r, t in enumerate(tests, start=1)]
+    starter_k = next((p["k"] for p in curve.points if p["k"] > 0 and p["ci"][0] >= cfg.bound), None)
     return {
         "kind": "discovery", "version": VERSION,
         "settings": {"input": source, "model": m.source, "model_sha256": m.sha256, "method": cfg.method,
@@ -321,12 +325,15 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
                   "discovery_gap": gap, "confirmation_gap": float(np.mean(conf.m_clean - conf.m_corrupt))},
         "graph": {"edges": g.n_edges, "senders": len(g.senders), "receivers": len(g.receivers),
                   "classes": g.counts()},
-        "ranking": ranking_rows(score, g, order, gap),
+        "ranking": rows,
         "curve": curve.points, "summaries": curve.summaries,
-        "confirmed": [confirmed_row(r, t) for r, t in enumerate(tests, start=1)],
+        "confirmed": confirmed,
+        "agreement": reading.agreement(rows, confirmed, st.bootstrap, st.confidence,
+                                       derive_seed(cfg.seed, Stream.DISCOVER_AGREEMENT)),
         "known": None if got.known is None or known_mask is None else known_doc(got.known, known_mask, g, order,
                                                                                 curve),
-        "starter_k": next((p["k"] for p in curve.points if p["k"] > 0 and p["ci"][0] >= cfg.bound), None),
+        "starter_k": starter_k,
+        "starter_nodes": reading.starter_nodes(rows, starter_k) if starter_k else [],
         "warnings": []}
 
 

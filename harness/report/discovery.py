@@ -11,7 +11,7 @@ from tabulate import tabulate
 
 from ..evidence.document import to_json
 from ..evidence.format import fmt, fmt_ci, fmt_p
-from ..tools.circuit_reading import SHOWN_NODES, node_of
+from .circuit_reading import SHOWN_NODES, node_of
 from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
 from .html import render_html
 from .style import VERDICT_COLOURS
@@ -67,7 +67,7 @@ CIRCUIT_EDGES = 60  # edges the circuit figure draws at most (the first by |scor
 def draw_circuit(doc: dict[str, Any]) -> Any | None:
     """The starter circuit's first CIRCUIT_EDGES edges (by |score|) as arrows between nodes; colour: the
     edge's confirmation use; a node's disc sized by its share of the circuit's attribution (all k edges:
-    tools.circuit_reading), and per layer a count of the circuit's nodes no drawn edge reaches."""
+    report.circuit_reading), and per layer a count of the circuit's nodes no drawn edge reaches."""
     k = doc.get("starter_k") or 0
     if not k:
         return None

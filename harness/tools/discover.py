@@ -61,13 +61,13 @@ from ..model.devices import of, resolve_device
 from ..model.loading import LoadedModel
 from ..model.ref import ModelRef, load_model
 from ..progress import progress, stage
+from ..report import circuit_reading as reading
 from ..report import discovery as render
 from ..report.writer import write_folder
 from ..spec import names
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Replacement
 from ..streams import Stream, derive_seed
-from . import circuit_reading as reading
 from .scan import ScanSettings, explore_dataset, held_out_mapping, scan_hooks
 
 PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's circuit sizes

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from harness.mech import hooks
-from harness.mech.runs import Lazy, Reference, Runs
+from harness.mech.reference import Lazy, Reference
+from harness.mech.runs import Runs
 from harness.model import data, metrics
 from harness.model.ref import load_model
 from harness.spec.names import Head, hook_pattern, hook_resid_pre, hook_z

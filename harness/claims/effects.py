@@ -19,7 +19,7 @@ prompt n, with m the metric:
   metric's units, always shown beside the normalised effect).
 * the mean's own uncertainty (mean ablation, mean replacement): the statistic is
   recomputed with each of the K reference groups left out of the mean (theta_k,
-  mech.runs.Reference).  The delete-a-group jackknife gives the bias a finite
+  mech.reference.Reference).  The delete-a-group jackknife gives the bias a finite
   reference set causes, b = (K-1) (mean theta_k - theta) (a statistic nonlinear in
   the mean, e.g. a circuit with every other head mean-ablated, is biased by O(1/m)
   for m reference prompts), and its variance var_ref = (K-1)/K sum_k (theta_k -

@@ -16,7 +16,8 @@ from ..progress import stage
 from ..spec import names
 from . import graph_run, hooks
 from .hooks import Cache
-from .runs import Lazy, PerPrompt, Reference, Runs
+from .reference import Lazy, Reference
+from .runs import PerPrompt, Runs
 
 GRAPH_PROBE = 4  # prompts of the run that checks the graph arithmetic when the base runs did not cache every write
 KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)

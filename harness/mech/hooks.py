@@ -8,7 +8,7 @@ values, before W_O), replacing only that head's slice:
 
 * zero:     z_h <- 0                       (b_O is shared by all heads and kept)
 * mean:     z_h[n, p] <- mean_m z_h^ref[m, p]   per position over reference prompts
-            other than n (mech.runs.Reference; fixed length required)
+            other than n (mech.reference.Reference; fixed length required)
 * resample: z_h[n, p] <- z_h^corrupted[n, p]    (the paired corrupted prompt)
 
 The head's output is then z_h W_O^h, so its contribution to every later
@@ -290,7 +290,7 @@ def ablation_plan(heads: list[Head], kind: str, corrupted_z: dict[int, Float[Ten
 
     corrupted_z: {layer: z [n, seq, n_heads, d_head]} of the paired corrupted run (resample);
     mean_z: {layer: z [1 or n, seq, n_heads, d_head]}, the per-position means that replace
-    them (mean; mech.runs.Reference takes them over prompts other than the ablated ones).
+    them (mean; mech.reference.Reference takes them over prompts other than the ablated ones).
     """
     if kind not in ABLATIONS:
         raise ValueError(f"unknown ablation {kind!r}; allowed: {', '.join(ABLATIONS)}")

@@ -23,7 +23,7 @@ Directions:
 * denoising (base = corrupted, replacement from the clean run): sufficiency.
 Replacement (noising only for mean and zero): `resample` = the other run's
 activation (default), `mean` = the sender's activation averaged per position over
-reference prompts other than the patched one (mech.runs.Reference), `zero` = 0.
+reference prompts other than the patched one (mech.reference.Reference), `zero` = 0.
 
 `fast_plan` hooks the receiver's own slice of q/k/v where the model has one (the
 model then rotates and attends); for a shared key/value head it sets the receiver's z

@@ -28,7 +28,7 @@ into the residual stream: every later reader sees it in an ordinary forward pass
 from there (a head input: as patching.fast_plan; an MLP: its `hook_mlp_out` is
 replaced; `logits`: the final residual gets + D_{m-1}).  Everything else reads the
 base run.  Replacements: `resample` (the source run's activation), `mean` (the
-per-position mean over reference prompts, mech.runs.Reference), `zero`.
+per-position mean over reference prompts, mech.reference.Reference), `zero`.
 
 The changes are computed in float64 from the base and source runs' caches, with
 the model's own norm and MLP modules; only the last hop runs inside a forward.

@@ -12,11 +12,14 @@ Each returns the metric per prompt (numpy, float64).  A `Runs` is for one
 corruption (`corrupt`, `m_corrupt`); `with_corruption(name)` gives the view
 for another.
 
-Means (mean ablation, mean replacement) come from a `Reference`: per position,
-over reference prompts other than the one being intervened on, so no prompt's
-own activation is part of its replacement.  `drop=k` leaves out the k-th of
-`Reference.groups` groups of reference prompts as well (the delete-a-group
-jackknife that carries the mean's own uncertainty into intervals; claims.effects).
+Means (mean ablation, mean replacement) come from a `Reference` (mech.reference):
+per position, over reference prompts other than the one being intervened on.
+`drop=k` leaves out the k-th of its groups as well (the delete-a-group jackknife;
+claims.effects, mech.jackknife).
+
+`prompts(lo, hi)` is the same runs on a range of their prompts (views); every
+ablation and edge patch runs over chunks of them sized by the memory budget
+(`chunk`, `in_chunks`), so what an intervention holds does not grow with n.
 """
 
 from __future__ import annotations
@@ -35,59 +38,16 @@ from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
 from . import attribution, batched_ablation, batched_edges, graph_run, hooks, patching, paths, writes
 from .hooks import Cache
+from .reference import Lazy, Reference
 
 if TYPE_CHECKING:
     from jaxtyping import Float
     from torch import Tensor
 
 PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) prompt by prompt
-GROUPS = 10  # reference groups of the delete-a-group jackknife
 BATCH_BUDGET = 64 * 2**20  # working memory of one chunk of batched edge patching
 CHUNK_BUDGET = 512 * 2**20  # working memory of one prompt chunk of an intervention (Runs.chunk)
 CHUNK_FACTOR = 3  # the logits (float32) and two float64 temporaries of the metric, per logit
-
-
-@dataclass
-class Reference:
-    """The prompts per-position means are taken over.
-
-    cache: their run's cached activations (the same hooks as the base runs);
-    loo:   they are the clean prompts themselves, so prompt n's mean leaves n out;
-    groups: prompt i belongs to group i mod `groups` (for `drop`)."""
-
-    cache: Cache
-    loo: bool
-    groups: int = GROUPS
-    rows: tuple[int, int] | None = None  # with `loo`: the means of prompts lo..hi-1 only (Runs.prompts)
-
-    def mean(self, x: Any, drop: int | None = None) -> Any:
-        """Per-position mean of x [m, ...] over the reference prompts (leaving out group
-        `drop`, and with `loo` each prompt itself): [1, ...], or [m, ...] with `loo`."""
-        import torch
-
-        m = x.shape[0]
-        keep = torch.ones(m, dtype=torch.bool, device=x.device)
-        if drop is not None:
-            keep &= torch.arange(m, device=x.device) % self.groups != drop
-        w = keep.to(x.dtype).reshape(m, *([1] * (x.dim() - 1)))
-        total = (x * w).sum(0, keepdim=True)
-        if not self.loo:
-            return total / keep.sum()
-        xs, ws = (x, w) if self.rows is None else (x[slice(*self.rows)], w[slice(*self.rows)])
-        return (total - xs * ws) / (keep.sum() - ws)  # each prompt's own activation left out
-
-
-@dataclass
-class Lazy:
-    """A value computed on first use and shared by every view of the runs."""
-
-    make: Callable[[], Any] | None
-    value: Any = None
-
-    def get(self) -> Any:
-        if self.value is None and self.make is not None:
-            self.value = self.make()
-        return self.value
 
 
 @dataclass

@@ -27,7 +27,7 @@ import numpy as np
 from .. import memory
 from ..model.shape import vocab_out
 from ..spec.names import Head, hook_z
-from .hooks import Plan, run_from
+from .hooks import Plan, logits_bytes, run_from
 
 DEFAULT_BUDGET = 64 * 2**20  # stacking saves per-forward overhead; larger stacks were not faster on a CPU
 
@@ -45,8 +45,8 @@ def bytes_per_variant(n: int, s: int, d: int, d_mlp: int, n_heads: int, itemsize
                       vocab: int = 0) -> int:
     """Working memory of one variant's pass through a block (residual, q/k/v/z, MLP hidden,
     attention scores and pattern), with a factor 2 for temporaries, and of its logits at the k
-    scored positions with the float64 temporaries of their metric (3 x 4 x n k vocab)."""
-    return 2 * itemsize * n * s * (6 * d + 2 * d_mlp + 2 * n_heads * s) + 12 * n * k * vocab
+    scored positions with the float64 temporaries of their metric (hooks.logits_bytes a prompt)."""
+    return 2 * itemsize * n * s * (6 * d + 2 * d_mlp + 2 * n_heads * s) + n * logits_bytes(k, vocab)
 
 
 def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variants: list[Variant],

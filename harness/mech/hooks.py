@@ -115,6 +115,12 @@ def first_layer(plan: Plan) -> int | None:
 _START_INSIDE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
+def logits_bytes(k: int, vocab: int) -> int:
+    """Working memory of one prompt's logits at its k scored positions and the float64 temporaries
+    of its metric: 3 x 4 x k x vocab bytes (what sizes every intervention's chunks of prompts)."""
+    return 12 * k * vocab
+
+
 def can_start_inside(bridge: Any, cache: Cache, layer: int, positions: Any) -> bool:
     """Whether blocks can run from `cache`'s residual at `layer` (`run_from`): the residual is
     cached, and (rotary models) the run's rotation.  Checked once per model: run_from with no

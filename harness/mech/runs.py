@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) prompt by prompt
 BATCH_BUDGET = 64 * 2**20  # working memory of one chunk of batched edge patching
 CHUNK_BUDGET = 512 * 2**20  # working memory of one prompt chunk of an intervention (Runs.chunk)
-CHUNK_FACTOR = 3  # the logits (float32) and two float64 temporaries of the metric, per logit
 
 
 @dataclass
@@ -71,7 +70,7 @@ class Runs:
     metric_rows: Callable[[Any, Any], Any] | None = None
     graph_source: Lazy = field(default_factory=lambda: Lazy(None))  # the edge-graph arithmetic, made on first use
     graph_probe: Lazy = field(default_factory=lambda: Lazy(None))  # a run of the first prompts caching every write
-    #: (dataset, clean log-probabilities) -> (metric, metric_at, metric_rows) of that dataset's prompts (`first`)
+    #: (dataset, clean log-probabilities) -> (metric, metric_at, metric_rows) of that dataset's prompts (`prompts`)
     scorers: Callable[[Any, Any], tuple[Callable[..., Any], ...]] | None = None
 
     @property
@@ -122,10 +121,10 @@ class Runs:
                        metric_rows=metric_rows)
 
     def chunk(self) -> int:
-        """Prompts one intervention runs at once: the logits at the scored positions and the float64
-        temporaries of their metric (CHUNK_FACTOR x 4 x k x vocab bytes a prompt) within
-        memory.working(CHUNK_BUDGET), so an intervention's memory does not grow with n_prompts."""
-        per_prompt = CHUNK_FACTOR * 4 * int(self.ds.positions.shape[1]) * shape.vocab_out(self.bridge.cfg)
+        """Prompts one intervention runs at once: their logits at the scored positions and the float64
+        temporaries of their metric (hooks.logits_bytes) within memory.working(CHUNK_BUDGET), so an
+        intervention's memory does not grow with n_prompts."""
+        per_prompt = hooks.logits_bytes(int(self.ds.positions.shape[1]), shape.vocab_out(self.bridge.cfg))
         return max(1, memory.working(CHUNK_BUDGET) // per_prompt)
 
     def in_chunks(self, fn: Callable[[Runs], list[PerPrompt]]) -> list[PerPrompt] | None:

@@ -135,11 +135,12 @@ def test_per_prompt_scores_average_to_the_graph_scores():
         assert sc.per_prompt[w].mean() == pytest.approx(sc.total[u, v], abs=1e-6 * scale)
 
 
-@pytest.mark.parametrize("method", ["eap", "eap-ig"])
-def test_one_edge_from_its_receiver_alone_equals_the_whole_graph(method):
-    """An attribution claim's per-prompt scores (the gradient at the edge's receiver only) equal the
-    whole graph's per-prompt scores of that edge: heads into q/k/v, MLPs, embed, and the logits."""
-    runs = graph_runs("names", 8)
+@pytest.mark.parametrize("method,hypothesis", [("eap", "names"), ("eap-ig", "names"), ("eap-ig", "rotary")])
+def test_one_edge_from_its_receiver_alone_equals_the_whole_graph(method, hypothesis):
+    """An attribution claim's per-prompt scores (the gradient at the edge's receiver only, through the
+    model's own blocks elsewhere) equal the whole graph's per-prompt scores of that edge: heads into
+    q/k/v, MLPs, embed, and the logits; on a GPT-2-style model and a rotary one."""
+    runs = graph_runs(hypothesis, 8)
     g = runs.graph_model().graph
     us, rs = g.edge_index()
     wanted = list(zip(us[::29].tolist(), rs[::29].tolist(), strict=True)) + [(0, len(g.receivers) - 1)]

@@ -34,7 +34,7 @@ from a given residual at the embedding (mech.attribution integrates it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -227,6 +227,11 @@ class GraphModel:
         rot = m.rotation
         if rot is not None and rot[0].shape[0] > 1:
             rot = (rot[0][cur_idx], rot[1][cur_idx])
+        # one probed receiver with every edge kept: the other layers are the model's own blocks
+        # (before the receiver's layer without gradients), only the probed layer runs per receiver
+        dense = only if D is None and probes is not None else None
+        lv = g.receiver_layer(only) if dense is not None else -1
+        mm = replace(m, rotation=rot)
 
         def take_out(inp: Any, U: int, cols: Any) -> Any:
             """inp minus the removed senders' D (the first U senders) for the receivers `cols`."""
@@ -253,6 +258,10 @@ class GraphModel:
             return inp + p
 
         for L, (lay, hw) in enumerate(zip(m.layers, self.heads)):
+            if dense is not None and L != lv:
+                with torch.set_grad_enabled(L > lv and torch.is_grad_enabled()):
+                    resid = blocks.block(mm, lay, resid, blocks.mask(s, lay.window, x0))
+                continue
             U = g.senders_before(L)
             cols, mlp_col = g.layer_receivers(L)
             norm = _norm_of(lay.ln1)

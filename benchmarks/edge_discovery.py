@@ -20,7 +20,7 @@ torch threads for every contender:
    compared with harness's scores on the same prompts: the largest difference, absolute and
    relative to the largest score;
 3. EAP-IG (5 steps, noising) on the same prompts: the ranking of step 4;
-4. the faithfulness curve of `harness discover` (`tools.discover.faithfulness_curve`: 10
+4. the faithfulness curve of `harness discover` (`tools.curve.faithfulness_curve`: 10
    circuits of the top-k edges, k at MIB's fractions, every other edge resampled; plus the
    full and empty circuits; BCa intervals and CPR/CMD with 1000 resamples) on
    `--curve-prompts` other prompts (seed 1), with their base runs timed apart.  Its metric is
@@ -57,7 +57,7 @@ from harness.model import data
 from harness.model.ref import ModelRef
 from harness.spec.settings import Stats
 from harness.spec.vocabulary import Direction
-from harness.tools import discover
+from harness.tools import curve, discover
 
 SEGMENT, BOS = 20, 50256
 # a random model's outputs are near uniform: its KL gap is small (about 0.07 nats), so the
@@ -167,12 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         order = discover.ranking(ig.per_position, g, "abs")
         curve_base_s, conf = timed(lambda: runs_on(m.bridge, m.n_layers, m.d_vocab, a.curve_prompts, 1,
                                                         metric="kl"))
-        curve_s, curve = timed(lambda: discover.faithfulness_curve(
+        curve_s, fc = timed(lambda: curve.faithfulness_curve(
             conf, g, order, CURVE_STATS, 0, "nats", []))
-        points = ", ".join(f"k={pt['k']}: {pt['faithfulness']:.3f}" for pt in curve.points)
+        points = ", ".join(f"k={pt['k']}: {pt['faithfulness']:.3f}" for pt in fc.points)
         say(f"faithfulness curve, 10 values of k (+ full and empty), {a.curve_prompts} prompts: {curve_s:.1f} s "
-            f"(+ base runs {curve_base_s:.1f} s): {points}; CPR {curve.summaries['CPR']['value']:.3f}, "
-            f"CMD {curve.summaries['CMD']['value']:.3f}")
+            f"(+ base runs {curve_base_s:.1f} s): {points}; CPR {fc.summaries['CPR']['value']:.3f}, "
+            f"CMD {fc.summaries['CMD']['value']:.3f}")
     say(f"speedup vs TransformerLens: {scaled / harness_s:.1f}x, max abs diff {diff:.3g}")
     return 0
 

@@ -36,6 +36,7 @@ class Stream(IntEnum):
     #: the known circuit and the top-|known| circuit)
     DISCOVER_CURVE = 16
     DISCOVER_AGREEMENT = 17  #: `harness discover`: the estimate-vs-exact correlations' intervals; no key
+    DISCOVER_STABILITY = 18  #: `harness discover`: the bootstrap resamples of the discovery prompts; no key
 
 
 def derive_seed(*keys: int) -> int:

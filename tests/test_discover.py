@@ -15,7 +15,8 @@ import yaml
 
 from harness.cli import main
 from harness.tools import constructed
-from harness.tools.discover import PERCENTAGES, curve_ks, discover, roc_auc, split
+from harness.tools.curve import PERCENTAGES, curve_ks
+from harness.tools.discover import discover, roc_auc, split
 
 from .graph_helpers import ROOT
 
@@ -124,6 +125,22 @@ def test_names_discovery_end_to_end(tmp_path):
     assert agree["pearson"]["value"] == pytest.approx(pearsonr(x, y).statistic, abs=1e-12)
     for key in ("spearman", "pearson"):
         assert agree[key]["ci"][0] <= agree[key]["value"] <= agree[key]["ci"][1]
+    # the finer search lies between the grid's last point below the bound and its first above, and the
+    # starter is the smallest k tried whose interval clears the bound
+    bound = doc["settings"]["bound"]
+    first = next(i for i, p in enumerate(curve) if p["k"] > 0 and p["ci"][0] >= bound)
+    for p in doc["curve_finer"]:
+        assert curve[first - 1]["k"] < p["k"] < curve[first]["k"]
+    assert doc["starter_k"] == min(p["k"] for p in [*curve, *doc["curve_finer"]] if p["k"] > 0 and p["ci"][0] >= bound)
+    # stability: at every k tried, and at the starter's
+    stab = doc["stability"]
+    assert stab["resamples"] == 20 and stab["prompts"] == doc["split"]["discovery"]
+    assert {p["k"] for p in stab["points"]} == {p["k"] for p in [*curve, *doc["curve_finer"]]}
+    for p in stab["points"]:
+        assert 0.0 <= p["range"][0] <= p["jaccard"] <= p["range"][1] <= 1.0
+    assert stab["points"][-1]["jaccard"] == 1.0  # every edge: the same set whatever the prompts
+    assert stab["starter"]["k"] == doc["starter_k"] and stab["starter"]["stable"] == (stab["starter"]["jaccard"] >= 0.8)
+    assert (out / "figures" / "stability.png").stat().st_size > 1000
     # the starter circuit read as nodes, and its whole edge list in a file
     k = doc["starter_k"]
     assert k
@@ -140,6 +157,9 @@ def test_names_discovery_end_to_end(tmp_path):
     assert starter["data"]["split"] == "test"  # held out from the explore split discovery used
     kinds = {c["kind"] for c in starter["claims"]}
     assert kinds <= {"circuit", "edge"} and kinds
+    for c in starter["claims"]:  # a circuit names its edges by reference: the file beside it
+        if c["kind"] == "circuit":
+            assert c["edges_from"] == "starter-edges.txt" and "edges" not in c
     assert main(["run", str(out / "starter.yaml"), "--out", str(tmp_path / "starter-run"), "--device", "cpu"]) in (0, 1)
     ev = json.loads((tmp_path / "starter-run" / "evidence.json").read_text())
     assert {c["id"] for c in ev["claims"]} == {c["id"] for c in starter["claims"]}
@@ -147,7 +167,7 @@ def test_names_discovery_end_to_end(tmp_path):
 
 def test_a_starter_that_cannot_be_written_is_a_warning_not_a_lost_run(tmp_path, monkeypatch, capsys):
     """When the starter would not be a valid hypothesis file (here: over a hypothesis file's size
-    limit, as a circuit of 60,000 edges is), discovery still writes its whole folder, without
+    limit, lowered to 200 bytes), discovery still writes its whole folder, without
     starter.yaml, and says why in discovery.json, the report and the terminal."""
     from harness.hypothesis import loading
 

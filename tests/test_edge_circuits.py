@@ -6,6 +6,8 @@ lacks is a one-line error."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 import yaml
@@ -34,12 +36,29 @@ def evidence(tmp_path_factory):
     g = Graph(2, 8, False)
     among = [str(e) for e in g.edges_of(g.node_mask([names.Head(int(h[1]), int(h[3])) for h in HEADS]))]
     every = [str(e) for e in g.edges()]
+    folder = tmp_path_factory.mktemp("ec")
+    (folder / "small.txt").write_text(SMALL_FILE)
     claims = [{"id": "node", "kind": "circuit", "heads": HEADS, "at_least": 0.5},
               {"id": "edges-among", "kind": "circuit", "edges": among, "at_least": 0.5},
               {"id": "every-edge", "kind": "circuit", "edges": every, "at_most": 1.5},
-              {"id": "small", "kind": "circuit", "at_least": 0.3,
-               "edges": ["embed -> L0H7.v", "L0H7 -> L1H5.k", "embed -> L1H5.v", "embed -> L1H5.q", "L1H5 -> logits"]}]
-    return harness.run(write(tmp_path_factory.mktemp("ec"), claims), device="cpu")
+              {"id": "small", "kind": "circuit", "at_least": 0.3, "edges": SMALL},
+              {"id": "small-from-file", "kind": "circuit", "at_least": 0.3, "edges_from": "small.txt", "top": 5}]
+    return harness.run(write(folder, claims), device="cpu")
+
+
+SMALL = ["embed -> L0H7.v", "L0H7 -> L1H5.k", "embed -> L1H5.v", "embed -> L1H5.q", "L1H5 -> logits"]
+SMALL_FILE = "# the small circuit, then one edge more\n" + "\n".join(SMALL) + "\n\nL0H3 -> L1H5.q\n"
+
+
+def test_edges_named_by_a_file_are_the_listed_circuit_and_hashed_into_the_evidence(evidence, tmp_path_factory):
+    """`edges_from: small.txt` with `top: 5` (a comment, the five edges, a blank line, one more) is the
+    circuit of the five listed edges, to the last bit, and the file's sha256 is in the evidence."""
+    listed, named = evidence.claim("small"), evidence.claim("small-from-file")
+    assert named.details.edges == listed.details.edges and set(named.details.edges) == set(SMALL)
+    assert named.value == listed.value and named.details.circuit_metric_mean == listed.details.circuit_metric_mean
+    (ref,) = evidence.hypothesis["references"]
+    assert (ref["claim"], ref["file"], ref["top"], ref["edges"]) == ("small-from-file", "small.txt", 5, 5)
+    assert ref["sha256"] == hashlib.sha256(SMALL_FILE.encode()).hexdigest()
 
 
 def test_edges_among_a_node_circuit_are_the_node_circuit(evidence):

@@ -79,6 +79,8 @@ class CircuitClaim(BoundedCausalClaim):
     kind: Literal["circuit"]
     heads: UnitList | None = None  # heads and MLPs (L1.mlp): a node circuit
     edges: CircuitEdgeList | None = None  # an edge circuit
+    edges_from: str | None = None  # the file the edges were read from (hypothesis.references)
+    top: int | None = Field(None, ge=1)  # with edges_from: its first `top` edges
     ablation: Ablation = Ablation.RESAMPLE
     random_circuits: int = Field(100, ge=20, le=100_000)  # the most random circuits drawn
     beat_rate: float = Field(0.5, ge=0.0, lt=1.0)
@@ -87,7 +89,10 @@ class CircuitClaim(BoundedCausalClaim):
     @model_validator(mode="after")
     def _one_set(self) -> CircuitClaim:
         if (self.heads is None) == (self.edges is None):
-            raise ValueError("give exactly one of heads (a node circuit) / edges (an edge circuit)")
+            raise ValueError("give exactly one of heads (a node circuit) / edges (an edge circuit), or edges_from "
+                             "(a file of edges)")
+        if self.top is not None and self.edges_from is None:
+            raise ValueError("top keeps the first edges of an edges_from file; give edges_from")
         return self
 
     @property

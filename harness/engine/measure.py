@@ -25,6 +25,7 @@ from ..claims.registry import kind_of
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
 from ..evidence.result import ClaimResult
 from ..mech.base_runs import base_runs
+from ..mech.runs import Runs
 from ..model import metrics
 from ..model.devices import of
 from ..progress import progress, stage
@@ -76,9 +77,13 @@ def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str
                             figures=figures, ledger=ledger)
 
 
-def spent(ledger: cost.Ledger, what: str) -> None:
+def spent(ledger: cost.Ledger, what: str, runs: Runs | None = None) -> None:
     """The stage line that closes a stage: the forward-equivalents it spent (harness.cost) and the
-    process's peak memory so far."""
+    process's peak memory so far; what the stage made for itself is let go first (`runs.release`,
+    memory.release)."""
+    if runs is not None:
+        runs.release()
+    memory.release()
     peak = memory.peak()
     stage(f"{what}: {ledger.lap():.2f} forward-equivalents" + (f"; peak memory {memory.gb(peak)}" if peak else ""))
 
@@ -110,7 +115,7 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
                                      for name, (_, m_c) in corruptions.items()}
     stage("sanity checks: identity interventions")
     checks += sanity.identity_checks(runs, interventions(claims, n_layers, n_heads))
-    spent(ledger, "sanity checks done")
+    spent(ledger, "sanity checks done", runs)
 
     ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing, baseline=m_base)
     found: dict[int, ClaimResult] = {}
@@ -118,7 +123,7 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
     for kind, items in by_kind(claims).items():
         stage(f"claims: {len(items)} {kind.name}")
         measured = kind.measure(items, ctx)
-        spent(ledger, f"{kind.name} done")
+        spent(ledger, f"{kind.name} done", runs)
         found.update(measured.results)
         rows += measured.weights_vs_use
     results = [found[i] for i in range(len(claims))]
@@ -132,7 +137,7 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
             figs["signature"] = figure_data.signature(ctx.composition(), claims,
                                                       figure_data.runs_for(runs, claims, metric), st, seed=seed,
                                                       unit=unit, progress=progress, n_prompts=ds.n)
-            spent(ledger, "figure data done")
+            spent(ledger, "figure data done", runs)
     stage(f"measured: {ledger.total:.2f} forward-equivalents of the {ds.n} prompts in all")
     return Measurements(baseline, checks, results, rows, figs, st.warnings() + means_warnings(claims, ds),
                         ladder.build(claims, results, rows))

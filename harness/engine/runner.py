@@ -122,7 +122,7 @@ def _run(hypothesis: str | Path | dict[str, Any], *, seed: int | None, base_dir:
     cfg = loaded.bridge.cfg
     return Evidence(
         hypothesis={"name": s.name, "description": s.description, "file": provenance.shown_path(h.path),
-                    "sha256": h.sha256},
+                    "sha256": h.sha256, "references": [r.to_dict() for r in h.references]},
         model={**model_record(loaded),
                "n_layers": loaded.n_layers, "n_heads": loaded.n_heads, "d_model": int(cfg.d_model),
                "d_head": int(cfg.d_head), "d_vocab": loaded.d_vocab,

@@ -41,6 +41,7 @@ from ..spec.fields import SHAPE, BoundedClaim, ClaimSpec
 from ..spec.names import Shape
 from ..textfile import utf8
 from .document import Hypothesis, data_document_model, document_model, tags
+from .references import EdgeReference, ReferenceError, expand
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class LoadedHypothesis:
     base_dir: str  # relative paths in the file resolve against this
     sha256: str
     lines: dict[str, int] = field(default_factory=dict)  # "claims[0].head" -> line, as printed in errors
+    references: tuple[EdgeReference, ...] = ()  # the edge files circuit claims name (`edges_from`)
 
     @property
     def name(self) -> str:
@@ -296,12 +298,12 @@ def yaml_problem(exc: yaml.YAMLError) -> tuple[int, str]:
 
 
 def parse_text(text: str, where: str | None, base_dir: Path | None = None,
-               check_model: bool = False) -> tuple[Hypothesis, str, dict[str, int]]:
-    """Validate YAML text; return (spec, sha256 of the text, {field: line}).  `where` is
-    the file problems are reported in (`file:line: field: message`), None for a dict's
-    dump (`field: message`, naming claims by id).  With `check_model`, names are checked
-    against the model directory's config.json (model_shape_of; `base_dir` resolves a
-    relative `model`)."""
+               check_model: bool = False) -> tuple[Hypothesis, str, dict[str, int], tuple[EdgeReference, ...]]:
+    """Validate YAML text; return (spec, sha256 of the text, {field: line}, the edge files its
+    circuit claims name).  `where` is the file problems are reported in (`file:line: field:
+    message`), None for a dict's dump (`field: message`, naming claims by id).  With
+    `check_model`, names are checked against the model directory's config.json (model_shape_of;
+    `base_dir` resolves a relative `model` and every `edges_from`)."""
     digest = hashlib.sha256(text.encode()).hexdigest()
     source = _Source(where)
     if len(text.encode()) > MAX_FILE_BYTES:
@@ -319,6 +321,7 @@ def parse_text(text: str, where: str | None, base_dir: Path | None = None,
     if dups:
         raise SpecError([f"{source.at(ln, _field(p))}: duplicate key" for ln, p in dups])
     shape = model_shape_of(raw.get("model"), base_dir) if check_model else None
+    refs = _read_references(raw, lines, source, base_dir or Path("."), shape)
     spec = _validate(raw, lines, source, shape)
     seen: set[str] = set()
     for i, c in enumerate(spec.claims):
@@ -333,7 +336,29 @@ def parse_text(text: str, where: str | None, base_dir: Path | None = None,
         raise SpecError([f"{source.at(lines.get(('claims', i, 'corruption'), 1), f'claims[{i}].corruption')}: "
                          f"{name!r} is not one of the data's corruptions: {', '.join(known or [])} "
                          "(add it to data.corruptions)" for i, name in bad])
-    return spec, digest, {_field(k): v for k, v in lines.items()}
+    return spec, digest, {_field(k): v for k, v in lines.items()}, refs
+
+
+def _read_references(raw: dict[str, Any], lines: dict[KeyPath, int], source: _Source, base_dir: Path,
+                     shape: Shape | None) -> tuple[EdgeReference, ...]:
+    """Each circuit claim's `edges_from` file read into its `edges` (hypothesis.references), in
+    place in `raw`; a problem is one SpecError line at the claim's `edges_from`."""
+    claims = raw.get("claims")
+    if not isinstance(claims, list):
+        return ()
+    out = []
+    for i, c in enumerate(claims):
+        if not (isinstance(c, dict) and c.get("kind") == "circuit" and "edges_from" in c):
+            continue
+        key = ("claims", i, "edges_from")
+        try:
+            claims[i], ref = expand(c, base_dir, shape)
+        except ReferenceError as exc:
+            named = "" if source.file is None else f" ({c.get('id')})"
+            raise SpecError([f"{source.at(lines.get(key, 1), _field(key))}:{named} {exc}"]) from None
+        lines[("claims", i, "edges")] = lines.get(key, 1)
+        out.append(ref)
+    return tuple(out)
 
 
 def _parse_yaml(text: str, source: _Source) -> tuple[yaml.Node | None, Any]:
@@ -441,9 +466,10 @@ def load(source: str | Path | dict[str, Any], base_dir: str | Path | None = None
         except yaml.YAMLError as exc:
             raise SpecError([f"(top level): the hypothesis holds a value that is not plain data "
                              f"(strings, numbers, booleans, lists, mappings): {exc}"]) from None
-        spec, digest, lines = parse_text(text, None, folder, check_model)
-        return LoadedHypothesis(spec=spec, path=None, base_dir=str(folder), sha256=digest, lines=lines)
+        spec, digest, lines, refs = parse_text(text, None, folder, check_model)
+        return LoadedHypothesis(spec=spec, path=None, base_dir=str(folder), sha256=digest, lines=lines,
+                                references=refs)
     path = Path(source)
-    spec, digest, lines = parse_text(read_text(path), str(path), path.resolve().parent, check_model)
+    spec, digest, lines, refs = parse_text(read_text(path), str(path), path.resolve().parent, check_model)
     return LoadedHypothesis(spec=spec, path=str(path), base_dir=str(path.resolve().parent),
-                            sha256=digest, lines=lines)
+                            sha256=digest, lines=lines, references=refs)

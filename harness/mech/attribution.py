@@ -46,10 +46,13 @@ BATCH = 16  # prompts per backward pass
 class Scores:
     """Attribution scores: `per_position` [U, V, s] (mean over prompts, per position) and `total` [U, V]
     (summed over positions), zero where the graph has no edge; `per_prompt` [len(wanted), n]: the
-    wanted edges' scores prompt by prompt, summed over positions."""
+    wanted edges' scores prompt by prompt, summed over positions; `resampled` [B, U, V] (with
+    `resamples` weights w [B, n]): sum_n w_b,n total_n / sum_n w_b,n, the totals of B reweightings of
+    the prompts (bootstrap resamples: w_b,n how often prompt n is drawn), from the same pass."""
 
     per_position: np.ndarray
     per_prompt: np.ndarray
+    resampled: np.ndarray | None = None
 
     @property
     def total(self) -> np.ndarray:
@@ -86,17 +89,18 @@ def _deltas(gm: GraphModel, clean: Writes, corrupt: Writes, layer: int, idx: Any
     import torch
 
     dz = clean.rows(clean.z[layer], idx) - corrupt.rows(corrupt.z[layer], idx)
-    return torch.einsum("bshe,hed->bshd", dz, gm.heads[layer].W_O)
+    return torch.einsum("bshe,hed->bshd", dz, gm.heads(layer).W_O)
 
 
 def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
                 metric: Callable[[Any, Any], Any], method: str = "eap-ig", steps: int = 5,
                 direction: str = Direction.NOISING, batch: int = BATCH,
-                progress: Callable[..., Any] | None = None, wanted: list[tuple[int, int]] | None = None) -> Scores:
+                progress: Callable[..., Any] | None = None, wanted: list[tuple[int, int]] | None = None,
+                resamples: np.ndarray | None = None) -> Scores:
     """The attribution score of every edge (module docstring) over the prompts of `clean` /
-    `corrupt` (run_writes of the two runs), `batch` prompts per backward pass; and, for the
-    `wanted` edges ((sender index, receiver index) in the graph), each prompt's score summed over
-    positions."""
+    `corrupt` (run_writes of the two runs), `batch` prompts per backward pass; for the `wanted`
+    edges ((sender index, receiver index) in the graph), each prompt's score summed over
+    positions; with `resamples` [B, n] (prompt weights), Scores.resampled."""
     import torch
 
     if method not in METHODS:
@@ -109,6 +113,7 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
     k = positions.shape[1]
     out = np.zeros((len(g.senders), len(g.receivers), s))
     per_prompt = np.zeros((len(wanted or []), n))
+    resampled = None if resamples is None else np.zeros((resamples.shape[0], len(g.senders), len(g.receivers)))
     points = ([1.0] if direction == Direction.NOISING else [0.0]) if method == "eap" else \
         [j / steps for j in range(1, steps + 1)]
     starts = list(range(0, n, batch))
@@ -125,15 +130,22 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
         assert grads is not None
         grads = [x / len(points) for x in grads]
         every = _changes(gm, clean, corrupt, idx, xk - xc)  # [b, s, senders, d]
+        w = None if resamples is None else torch.from_numpy(resamples[:, lo:lo + len(idx)]).double()  # [B, b]
         gi = 0
         for L in range(g.n_layers):
             U = g.senders_before(L)
             cols, mlp_col = g.layer_receivers(L)
-            out[:U, cols] += _contract(every[:, :, :U], grads[gi])
+            summed, drawn = _contract(every[:, :, :U], grads[gi], w)
+            out[:U, cols] += summed
+            if resampled is not None and drawn is not None:
+                resampled[:, :U, cols] += drawn
             gi += 1
             if mlp_col is not None:
                 Um = U + (0 if gm.arch.parallel else H)
-                out[:Um, mlp_col] += _contract(every[:, :, :Um], grads[gi][:, :, None])[:, 0]
+                summed, drawn = _contract(every[:, :, :Um], grads[gi][:, :, None], w)
+                out[:Um, mlp_col] += summed[:, 0]
+                if resampled is not None and drawn is not None:
+                    resampled[:, :Um, mlp_col] += drawn[:, :, 0]
                 gi += 1
         at = positions[idx]
         picked = every.gather(1, at[:, :, None, None].expand(-1, -1, every.shape[2], d))  # [b, k, U, d]
@@ -141,11 +153,16 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
         per_pos = torch.zeros(len(idx), every.shape[2], s, dtype=torch.float64, device=contrib.device)
         per_pos.scatter_add_(2, at[:, None, :].expand(-1, every.shape[2], k), contrib)
         out[:, -1] += per_pos.sum(0).cpu().numpy()
-        for w, (u, v) in enumerate(wanted or []):
-            per_prompt[w, idx.cpu().numpy()] = _prompt_scores(g, every, grads, at, u, v).cpu().numpy()
+        if resampled is not None and w is not None:
+            resampled[:, :, -1] += (w @ contrib.sum(-1).cpu()).numpy()
+        for j, (u, v) in enumerate(wanted or []):
+            per_prompt[j, idx.cpu().numpy()] = _prompt_scores(g, every, grads, at, u, v).cpu().numpy()
     out /= n
     out *= g.adjacency[:, :, None]
-    return Scores(out, per_prompt)
+    if resampled is not None and resamples is not None:
+        resampled /= resamples.sum(1)[:, None, None]
+        resampled *= g.adjacency[None]
+    return Scores(out, per_prompt, resampled)
 
 
 def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
@@ -206,13 +223,15 @@ def _changes(gm: GraphModel, clean: Writes, corrupt: Writes, idx: Any, d_embed: 
     return torch.cat(parts, 2)
 
 
-def _contract(delta: Any, grad: Any) -> np.ndarray:
+def _contract(delta: Any, grad: Any, weights: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
     """[U, V, s]: sum over prompts of delta[b, s, u] . grad[b, s, v] (the dot product over d in the
-    model's dtype, position by position; the sum over prompts in float64)."""
+    model's dtype, position by position; the sum over prompts in float64); and with `weights` [B, b]
+    (float64), [B, U, V]: sum_b weights[B, b] (sum over positions of those dot products)."""
     import torch
 
-    per = torch.einsum("bsud,bsvd->bsuv", delta, grad)
-    return np.asarray(per.double().sum(0).permute(1, 2, 0).cpu().numpy())
+    per = torch.einsum("bsud,bsvd->bsuv", delta, grad).double()
+    drawn = None if weights is None else torch.einsum("Bb,buv->Buv", weights, per.sum(1).cpu()).numpy()
+    return np.asarray(per.sum(0).permute(1, 2, 0).cpu().numpy()), drawn
 
 
 def _prompt_scores(g: Graph, every: Any, grads: list[Any], at: Any, u: int, v: int) -> Any:

@@ -4,7 +4,7 @@ them); `harness run` (engine.measure), `harness scan` and `harness discover` cal
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,8 @@ from .runs import PerPrompt, Runs
 GRAPH_PROBE = 4  # prompts of the run that checks the graph arithmetic when the base runs did not cache every write
 KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)
 EMBED_HOOKS = (names.HOOK_EMBED, names.HOOK_POS_EMBED)
+REFERENCE_FIRST = 8  # reference prompts of the first chunk, which measures a prompt's cache
+REFERENCE_BUDGET = 128 * 2**20  # the caches of one chunk of reference prompts, before they are summed
 
 
 def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
@@ -73,10 +75,21 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
             return Reference(clean, loo=True)
         # means are taken of activations only: z, MLP outputs, the embedding
         means_of = [n for n in wanted if n.endswith((".attn.hook_z", ".hook_mlp_out")) or n in EMBED_HOOKS]
-        positions = ds.positions[:1].expand(ds.reference.shape[0], -1)
-        # no logits: a large vocabulary makes them the biggest tensors, and no mean reads them
-        cache = hooks.cache_hooks(bridge, ds.reference, means_of or wanted, positions, keep=0)
-        return Reference(cache, loo=False)
+        m = ds.reference.shape[0]
+        positions = ds.positions[:1].expand(m, -1)
+        per_prompt: list[float] = []
+
+        def chunks() -> Iterator[tuple[int, Cache]]:  # summed into groups chunk by chunk: memory does not grow with m
+            lo = 0
+            while lo < m:
+                size = REFERENCE_FIRST if not per_prompt else max(1, int(memory.working(REFERENCE_BUDGET)
+                                                                          // max(1.0, per_prompt[0])))
+                hi = min(m, lo + size)
+                # no logits: a large vocabulary makes them the biggest tensors, and no mean reads them
+                yield lo, hooks.cache_hooks(bridge, ds.reference[lo:hi], means_of or wanted, positions[lo:hi],
+                                            keep=0, check=per_prompt.append if not per_prompt else None)
+                lo = hi
+        return Reference.summed(chunks(), m)
 
     graph_names = graph_run.cache_names(int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp)
 

@@ -72,8 +72,11 @@ def receiver_factors(hw: HeadWeights, mode: str) -> tuple[Any, Any]:
 
 
 def receiver_cores(hw: HeadWeights, mode: str) -> Any:
-    """core_Y = a R_b^T per head for input `mode`: [L, H, d, r]."""
+    """core_Y = a R_b^T per head for input `mode`: [L, H, d, r].  A rotary model's q and k: b^T is the
+    identity, whose R is the identity, so core_Y = a itself (the weights, not a copy)."""
     a, bT = receiver_factors(hw, mode)
+    if mode in ("q", "k") and hw.rotary:
+        return a
     return a @ _r_factor(bT).mT
 
 

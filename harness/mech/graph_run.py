@@ -34,7 +34,7 @@ from a given residual at the embedding (mech.attribution integrates it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -62,25 +62,14 @@ def cache_names(n_layers: int, has_mlp: bool) -> list[str]:
 
 @dataclass
 class _HeadWeights:
-    """One layer's per-head projections (norm1's affine folded in as in torch_blocks): W [H, d, dh] of
-    q (score scale included), and k and v repeated from each query head's key/value head."""
+    """One layer's per-head projections (norm1's affine folded in as in torch_blocks): Wqkv
+    [H, 3, d, dh], each head's q (score scale included), k and v (k and v repeated from each query
+    head's key/value head), and their biases bqkv [3, 1, H, 1, dh]; W_O [H, dh, d], b_O [d]."""
 
-    Wq: Any
-    bq: Any
-    Wk: Any
-    bk: Any
-    Wv: Any
-    bv: Any
-    W_O: Any  # [H, dh, d]
-    b_O: Any  # [d]
-    Wqkv: Any = None  # [H, 3, d, dh]: Wq, Wk, Wv stacked (one einsum for a layer's receivers)
-    bqkv: Any = None  # [3, 1, H, 1, dh]
-
-    def __post_init__(self) -> None:
-        import torch
-
-        self.Wqkv = torch.stack([self.Wq, self.Wk, self.Wv], 1).contiguous()
-        self.bqkv = torch.stack([self.bq, self.bk, self.bv], 0)[:, None, :, None, :]
+    Wqkv: Any
+    bqkv: Any
+    W_O: Any
+    b_O: Any
 
 
 def _dense(dense: blocks.Dense) -> tuple[Any, Any]:
@@ -103,11 +92,10 @@ def _head_weights(lay: blocks.Layer, arch: architecture.Architecture) -> _HeadWe
         bx = b[cols].reshape(heads, dh)
         return (Wx, bx) if pick is None else (Wx[pick], bx[pick])
 
-    Wq, bq = per_head(slice(0, hq), H)
-    Wk, bk = per_head(slice(hq, hq + hk), Hkv, kv)
-    Wv, bv = per_head(slice(hq + hk, hq + 2 * hk), Hkv, kv)
+    (Wq, bq), (Wk, bk), (Wv, bv) = (per_head(slice(0, hq), H), per_head(slice(hq, hq + hk), Hkv, kv),
+                                    per_head(slice(hq + hk, hq + 2 * hk), Hkv, kv))
     W_O, b_O = _dense(lay.out)
-    return _HeadWeights(Wq.contiguous(), bq, Wk.contiguous(), bk, Wv.contiguous(), bv,
+    return _HeadWeights(torch.stack([Wq, Wk, Wv], 1).contiguous(), torch.stack([bq, bk, bv], 0)[:, None, :, None, :],
                         W_O.reshape(H, dh, d), b_O if b_O is not None else W_O.new_zeros(d))
 
 
@@ -172,9 +160,16 @@ class GraphModel:
 
     graph: Graph
     model: blocks.Model
-    heads: list[_HeadWeights]
     arch: architecture.Architecture
     s: int  # positions computed: up to the last scored one
+    _heads: dict[int, _HeadWeights] = field(default_factory=dict)  # per layer, made on first use
+
+    def heads(self, layer: int) -> _HeadWeights:
+        """Layer `layer`'s per-head projections (made on first use: a forward through the model's own
+        blocks needs none, and a one-receiver gradient one layer's)."""
+        if layer not in self._heads:
+            self._heads[layer] = _head_weights(self.model.layers[layer], self.arch)
+        return self._heads[layer]
 
     @classmethod
     def build(cls, bridge: Any, base: dict[str, Any], positions: Any) -> GraphModel:
@@ -199,7 +194,7 @@ class GraphModel:
             blocks.check(model, w, trimmed, blocks.tolerance(ref.dtype))
         if hook_resid_post(L - 1) not in trimmed:
             raise UnsupportedError("edge graph: the base run did not cache the final residual")
-        return cls(Graph.of(bridge), model, [_head_weights(lay, arch) for lay in model.layers], arch, s)
+        return cls(Graph.of(bridge), model, arch, s)
 
     # ------------------------------------------------------------ the forward
     def forward(self, x0: Any, cur_idx: Any, rep: Writes | None, removed: Any | None, positions: Any,
@@ -230,7 +225,7 @@ class GraphModel:
         # one probed receiver with every edge kept: the other layers are the model's own blocks
         # (before the receiver's layer without gradients), only the probed layer runs per receiver
         dense = only if D is None and probes is not None else None
-        lv = g.receiver_layer(only) if dense is not None else -1
+        lv = g.receiver_layer(dense) if dense is not None else -1
         mm = replace(m, rotation=rot)
 
         def take_out(inp: Any, U: int, cols: Any) -> Any:
@@ -257,11 +252,12 @@ class GraphModel:
             probes.append(p)
             return inp + p
 
-        for L, (lay, hw) in enumerate(zip(m.layers, self.heads)):
+        for L, lay in enumerate(m.layers):
             if dense is not None and L != lv:
                 with torch.set_grad_enabled(L > lv and torch.is_grad_enabled()):
                     resid = blocks.block(mm, lay, resid, blocks.mask(s, lay.window, x0))
                 continue
+            hw = self.heads(L)
             U = g.senders_before(L)
             cols, mlp_col = g.layer_receivers(L)
             norm = _norm_of(lay.ln1)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) prompt by prompt
 BATCH_BUDGET = 64 * 2**20  # working memory of one chunk of batched edge patching
-CHUNK_BUDGET = 512 * 2**20  # working memory of one prompt chunk of an intervention (Runs.chunk)
+CHUNK_BUDGET = 256 * 2**20  # working memory of one prompt chunk of an intervention (Runs.chunk)
 
 
 @dataclass
@@ -354,6 +354,12 @@ class Runs:
             raise ValueError("these runs have no per-row metric")
         return self.metric_rows
 
+    def release(self) -> None:
+        """Forget what is made again on use and costs memory of the model's size: the edge-graph
+        arithmetic (its folded weights); called between stages, so that it is held only by the stages
+        that use it."""
+        self.graph_source.drop()
+
     def graph_model(self) -> graph_run.GraphModel:
         """The model's arithmetic with one input per receiver (mech.graph_run), checked on the clean run
         (or, when the base runs did not cache every sender's write, on a run of the first prompts that
@@ -394,12 +400,14 @@ class Runs:
 
     def edge_scores(self, method: str, *, steps: int = 5, direction: str = Direction.NOISING,
                     wanted: list[tuple[int, int]] | None = None, batch: int = attribution.BATCH,
-                    progress: Callable[..., Any] | None = None) -> attribution.Scores:
+                    progress: Callable[..., Any] | None = None, resamples: np.ndarray | None = None
+                    ) -> attribution.Scores:
         """The attribution score of every edge between this clean run and this corruption's run
-        (mech.attribution.edge_scores, its formulas and sign convention)."""
+        (mech.attribution.edge_scores, its formulas and sign convention; `resamples`: prompt weights)."""
         return attribution.edge_scores(self.graph_model(), self.writes(self.clean), self.writes(self.corrupt),
                                        self.ds.positions, self.rows_metric, method=method, steps=steps,
-                                       direction=direction, wanted=wanted, batch=batch, progress=progress)
+                                       direction=direction, wanted=wanted, batch=batch, progress=progress,
+                                       resamples=resamples)
 
     def edge_prompt_scores(self, edge: names.Edge, method: str, *, steps: int = 5,
                            batch: int = attribution.BATCH) -> np.ndarray:

@@ -32,6 +32,12 @@ def draw_curve(doc: dict[str, Any]) -> Any:
     lo = [p["faithfulness"] - p["ci"][0] for p in pts]
     hi = [p["ci"][1] - p["faithfulness"] for p in pts]
     ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", color="#1f4e79", capsize=3, label="top-k circuit (95% CI)")
+    finer = doc.get("curve_finer") or []
+    if finer:
+        n = doc["graph"]["edges"]
+        err = [[p["faithfulness"] - p["ci"][0] for p in finer], [p["ci"][1] - p["faithfulness"] for p in finer]]
+        ax.errorbar([100 * p["k"] / n for p in finer], [p["faithfulness"] for p in finer], yerr=err,
+                    fmt="s", ms=3, color="#6a51a3", capsize=2, lw=0.8, label="finer search")
     ax.axhline(1.0, color="#888888", lw=0.8, ls=":")
     ax.axhline(doc["settings"]["bound"], color=VERDICT_COLOURS["PASS"], lw=0.8, ls="--",
                label=f"bound {doc['settings']['bound']:g}")
@@ -48,6 +54,34 @@ def draw_curve(doc: dict[str, Any]) -> Any:
     return fig
 
 
+@literal
+def draw_stability(doc: dict[str, Any]) -> Any | None:
+    """The Jaccard overlap of the resamples' top-k sets with the ranking's, against k (log x): the mean
+    and the 2.5-97.5 % range over resamples, the stability bar, the starter's k."""
+    st = doc.get("stability")
+    if not st:
+        return None
+    n = doc["graph"]["edges"]
+    pts = [p for p in st["points"] if p["k"] > 0]
+    xs = [100 * p["k"] / n for p in pts]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(min(7.0, MAX_WIDTH_IN), 3.2), layout="constrained")
+    ax.fill_between(xs, [p["range"][0] for p in pts], [p["range"][1] for p in pts], color="#9ecae1", alpha=0.5,
+                    lw=0, label="2.5-97.5 % of resamples")
+    ax.plot(xs, [p["jaccard"] for p in pts], "o-", color="#1f4e79", ms=3, label="mean over resamples")
+    ax.axhline(st["bar"], color=VERDICT_COLOURS["PASS"], lw=0.8, ls="--", label=f"stable: {st['bar']:g}")
+    if doc.get("starter_k"):
+        ax.axvline(100 * doc["starter_k"] / n, color="#d95f02", lw=0.8, ls="-.", label="starter circuit")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("edges kept (% of the graph's edges)")
+    ax.set_ylabel("Jaccard with the ranking's top k")
+    ax.set_title(label(f"stability: {st['resamples']} bootstrap resamples of the {st['prompts']} discovery prompts",
+                       90), fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
 def _node_xy(name: str, n_layers: int) -> tuple[float, float]:
     """(x, y) of a node: y the layer (embed at -1, logits at n_layers), x its head index (MLP right)."""
     if name == "embed":
@@ -60,6 +94,7 @@ def _node_xy(name: str, n_layers: int) -> tuple[float, float]:
     return float(head.split(".")[0]) + 1, float(layer)
 
 
+STARTER_EDGES = "starter-edges.txt"  # the starter circuit's edges, one per line (starter.yaml's edges_from)
 CIRCUIT_EDGES = 60  # edges the circuit figure draws at most (the first by |score|; the rest in starter-edges.txt)
 
 
@@ -142,10 +177,24 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
             f"**{fmt(su['CPR']['value'])}** {fmt_ci(su['CPR']['ci'])}; CMD (area under |1 - F|): "
             f"**{fmt(su['CMD']['value'])}** {fmt_ci(su['CMD']['ci'])} (MIB's summaries; intervals from the same "
             "paired bootstrap of the confirmation prompts).", ""]
+    finer = doc.get("curve_finer") or []
+    if finer:
+        out += [f"A finer search between the grid's last point below {s['bound']:g} and its first above tried "
+                f"{len(finer)} more circuits:", "",
+                tabulate([[p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"]
+                          for p in sorted(finer, key=lambda p: p["k"])],
+                         headers=["k", "faithfulness [CI]"], tablefmt="github"), ""]
     k = doc.get("starter_k")
-    out += [f"The smallest circuit whose interval lies above {s['bound']:g}: "
-            + (f"**the top {k} edges** (starter.yaml's circuit claim)." if k else "none (no circuit claim in "
-               "starter.yaml)."), ""]
+    out += [f"The smallest circuit tried whose interval lies above {s['bound']:g}: "
+            + (f"**the top {k} edges** (starter.yaml's circuit claim; the smallest of several intervals that clear "
+               "a bound is an optimistic pick, which the starter file tests again on held-out prompts)." if k else
+               "none (no circuit claim in starter.yaml)."), ""]
+    drops = doc.get("curve_drops") or []
+    if drops:
+        out += ["**The curve is not monotone**: keeping more edges makes the circuit less faithful, beyond both "
+                "intervals, " + "; ".join(f"from {fmt(d['from'])} at k = {d['from_k']} to {fmt(d['to'])} at "
+                                          f"k = {d['to_k']}" for d in drops)
+                + " (edges ranked in between push the metric the other way).", ""]
     if "circuit.png" in figures:
         out += ["![the circuit](figures/circuit.png)", ""]
     if k and doc.get("starter_nodes"):
@@ -167,6 +216,7 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
                 f"Its faithfulness on the confirmation prompts is {fmt(known['faithfulness'])} "
                 f"{fmt_ci(known['ci'])}; the circuit of the top {top['k']} edges reads {fmt(top['faithfulness'])} "
                 f"{fmt_ci(top['ci'])}, whose interval {covers} the known circuit's value.", ""]
+    out += _stability_lines(doc, figures)
     if doc.get("warnings"):
         out += ["## Warnings", "", *(f"- {t(w)}" for w in doc["warnings"]), ""]
     out += ["## Confirmed edges", "",
@@ -195,19 +245,42 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _stability_lines(doc: dict[str, Any], figures: set[str]) -> list[str]:
+    st = doc.get("stability")
+    if not st:
+        return ["## Stability", "", "Not measured: the `positions` rank would need every position of every "
+                "resample; rank `abs` measures it.", ""]
+    out = ["## Stability", "",
+           f"The discovery prompts resampled {st['resamples']} times with replacement, each resample's ranking "
+           "from the same scoring pass: the Jaccard overlap |T_b ∩ T| / |T_b ∪ T| of each resample's top-k set "
+           "T_b with the ranking's T (mean over resamples, and the range of 95% of them).", ""]
+    if "stability.png" in figures:
+        out += ["![stability](figures/stability.png)", ""]
+    starter = st.get("starter")
+    if starter:
+        verdict = ("**stable**" if starter["stable"] else "**not stable**: other prompts would give a different "
+                   "circuit of this size")
+        out += [f"The starter circuit (k = {starter['k']}): Jaccard **{fmt(starter['jaccard'])}** "
+                f"{fmt_ci(starter['range'])}, {verdict} (bar {st['bar']:g}).", ""]
+    return out
+
+
 def files(doc: dict[str, Any]) -> dict[str, bytes]:
     """{relative path: bytes}: discovery.json, discover.md, discover.html, figures/."""
     figs: dict[str, bytes] = {"curve.png": png(draw_curve(doc), tight=False)}
     circuit = draw_circuit(doc)
     if circuit is not None:
         figs["circuit.png"] = png(circuit, tight=False)
+    stable = draw_stability(doc)
+    if stable is not None:
+        figs["stability.png"] = png(stable, tight=False)
     md = render_markdown(doc, set(figs))
     out = {f"figures/{k}": v for k, v in figs.items()}
     out["discover.md"] = md.encode()
     out["discover.html"] = render_html(md, figs, f"discovery: {doc['settings']['model']}").encode()
     out["discovery.json"] = to_json(doc).encode()
     if doc.get("starter_k"):
-        out["starter-edges.txt"] = "".join(r["edge"] + "\n" for r in doc["ranking"][:doc["starter_k"]]).encode()
+        out[STARTER_EDGES] = "".join(r["edge"] + "\n" for r in doc["ranking"][:doc["starter_k"]]).encode()
     return out
 
 
@@ -229,6 +302,13 @@ def summary(doc: dict[str, Any]) -> str:
         lines.append(f"known circuit {k['claim']} ({len(k['edges'])} edges): ROC AUC {fmt(k['auc'])}; faithfulness "
                      f"{fmt(k['faithfulness'])} {fmt_ci(k['ci'])}; the top {k['top']['k']}: "
                      f"{fmt(k['top']['faithfulness'])} {fmt_ci(k['top']['ci'])}")
+    starter = (doc.get("stability") or {}).get("starter")
+    if starter:
+        word = "stable" if starter["stable"] else "not stable"
+        lines.append(f"stability of the starter circuit: Jaccard {fmt(starter['jaccard'])} "
+                     f"{fmt_ci(starter['range'])} over {doc['stability']['resamples']} resamples ({word})")
+    lines += [f"the curve falls from {fmt(d['from'])} at k = {d['from_k']} to {fmt(d['to'])} at k = {d['to_k']}"
+              for d in doc.get("curve_drops") or []]
     agree = doc.get("agreement")
     if agree and agree.get("spearman"):
         lines.append(f"estimate vs exact over {agree['edges']} confirmed edges: Spearman "

@@ -220,6 +220,10 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
                f"{t(', '.join(m['architecture']['features']) or 'learned positions, one key/value head per head')}"]
               if m.get("architecture") else []),
             f"- hypothesis: {md_code(h['file'] or '<dict>')}, sha256 {md_code(str(h['sha256'])[:16] + '…')}",
+            *[f"- edges of {md_code(r['claim'])}: {md_code(r['file'])}"
+              + (f" (its first {t(r['top'])})" if r.get("top") else "")
+              + f", {t(r['edges'])} edges, sha256 {md_code(str(r['sha256'])[:16] + '…')}"
+              for r in h.get("references", [])],
             "- versions: " + ", ".join(f"{t(k)} {t(v)}" for k, v in p["versions"].items()),
             f"- command: {md_code(p['command'])}",
             f"- run: {t(p['started'])} to {t(p['finished'])} on {t(p['host']['platform'])}"

@@ -118,9 +118,11 @@ def sweep(files: list[Path], model_args: list[str], executor: Any, *, seed: int 
 
 def job_key(h: LoadedHypothesis, source: str, model_sha256: str | None, seed: int | None,
             device: str | None) -> dict[str, Any]:
-    """What a finished job must match to be reused by `--resume`."""
+    """What a finished job must match to be reused by `--resume` (the edge files its circuits name, when
+    there are any: a changed edge file is a changed hypothesis)."""
+    refs = {"references_sha256": [r.sha256 for r in h.references]} if h.references else {}
     return {"hypothesis": h.spec.name, "hypothesis_sha256": h.sha256, "model": source, "model_sha256": model_sha256,
-            "seed": seed, "device": device, "version": provenance.versions().get("harness")}
+            "seed": seed, "device": device, "version": provenance.versions().get("harness"), **refs}
 
 
 def finished(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:

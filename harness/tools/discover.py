@@ -18,14 +18,12 @@ estimate; only the confirmation part confirms:
 
 * the top `top` edges are patched exactly on the confirmation prompts (noising, resample;
   claims.edge_test: Benjamini-Hochberg over them, each edge's use status);
-* the faithfulness curve: for k = floor(p x edges) at p = 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50 and
-  100 % of the graph's edges (MIB's grid), the circuit of the top-k edges (every other edge
-  resampled from the corrupted run, mech.graph_run) has faithfulness
-  F_k = sum(m_k - m_empty) / sum(m_full - m_empty) over the prompts whose full-empty gap is at
-  least min_prompt_gap, with a BCa interval (claims.effects.normalized_effect, as circuit
-  claims); MIB's summaries on the same grid and linear x (the fraction of edges), by the
-  trapezoid rule: CPR = area under F, CMD = area under |1 - F|, each with an interval from one
-  paired bootstrap of the confirmation prompts.
+* the faithfulness curve (tools.curve): the circuit of the top-k edges (every other edge
+  resampled from the corrupted run) on MIB's grid of k, with CPR and CMD, then a finer search
+  between the last k below `bound` and the first above it; the curve's drops beyond its
+  intervals;
+* stability (tools.stability): the Jaccard overlap of the top-k sets of bootstrap resamples of
+  the discovery prompts with the full ranking's, from the same scoring pass.
 
 With a hypothesis file that has a circuit claim, its edges are the known circuit (its first edge
 circuit; else its first node circuit as an edge circuit: the edges among its nodes, from embed
@@ -46,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import stats, threads
+from .. import threads
 from ..claims import effects
 from ..claims.circuit import CircuitClaim, with_mlps
 from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
@@ -63,18 +61,20 @@ from ..model.ref import ModelRef, load_model
 from ..progress import progress, stage
 from ..report import circuit_reading as reading
 from ..report import discovery as render
+from ..report.discovery import STARTER_EDGES
 from ..report.writer import write_folder
 from ..spec import names
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Replacement
 from ..streams import Stream, derive_seed
+from . import stability
+from .curve import Curve, curve_ks, drops, faithfulness_curve, refine, starter_k, top_mask
 from .scan import ScanSettings, explore_dataset, held_out_mapping, scan_hooks
 
-PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's circuit sizes
 METHODS = ("eap-ig", "eap", "exact")
 RANKS = ("abs", "positions")
 DISCOVER_STATS = Stats(bootstrap=1000, permutations=2000)  # thresholds are the defaults; fewer resamples
-VERSION = 1  # of discovery.json
+VERSION = 2  # of discovery.json (docs/discover.md)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,17 +162,22 @@ def split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
 
 
 # ---------------------------------------------------------------- scores and ranking
-def scores(runs: Runs, g: Graph, cfg: DiscoverSettings) -> np.ndarray:
-    """[U, V, s] every edge's discovery score (0 where the graph has no edge): the mean over
-    prompts, per position for attribution (exact: a single position slot)."""
-    if cfg.method in ("eap", "eap-ig"):
-        return runs.edge_scores(cfg.method, steps=cfg.steps, progress=progress).per_position
-    edges = g.edges()
-    got = runs.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE, progress=progress)
-    out = np.zeros((len(g.senders), len(g.receivers), 1))
+def scores(runs: Runs, g: Graph, cfg: DiscoverSettings, resamples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([U, V, s] every edge's discovery score (0 where the graph has no edge): the mean over
+    prompts, per position for attribution (exact: a single position slot); [B, E] each edge's
+    score (summed over positions) under each of the prompt weights `resamples` [B, n], graph edge
+    order: tools.stability), from one pass."""
     us, rs = g.edge_index()
-    out[us, rs, 0] = [float(np.mean(runs.m_clean - m)) for m in got]
-    return out
+    if cfg.method in ("eap", "eap-ig"):
+        got = runs.edge_scores(cfg.method, steps=cfg.steps, progress=progress, resamples=resamples)
+        assert got.resampled is not None
+        return got.per_position, got.resampled[:, us, rs]
+    edges = g.edges()
+    per_prompt = np.stack([runs.m_clean - m for m in
+                           runs.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE, progress=progress)])
+    out = np.zeros((len(g.senders), len(g.receivers), 1))
+    out[us, rs, 0] = per_prompt.mean(1)
+    return out, (resamples @ per_prompt.T) / resamples.sum(1)[:, None]
 
 
 def ranking(score: np.ndarray, g: Graph, how: str) -> np.ndarray:
@@ -193,71 +198,6 @@ def roc_auc(order: np.ndarray, known: np.ndarray) -> float:
     rank[order] = np.arange(len(order))
     before = np.searchsorted(np.sort(rank[~known]), rank[known])  # other edges ranked above each known one
     return float(1.0 - before.sum() / (pos * neg))
-
-
-def top_mask(g: Graph, order: np.ndarray, k: int) -> np.ndarray:
-    """The circuit of the first k edges of a ranking."""
-    us, rs = g.edge_index()
-    m = np.zeros_like(g.adjacency)
-    m[us[order[:k]], rs[order[:k]]] = True
-    return m
-
-
-# ---------------------------------------------------------------- the curve
-def curve_ks(n_edges: int) -> list[int]:
-    """k = floor(p x edges) for each of MIB's fractions p."""
-    return [int(p * n_edges) for p in PERCENTAGES]
-
-
-@dataclass(frozen=True)
-class Curve:
-    points: list[dict[str, Any]]
-    summaries: dict[str, Any]
-    extra: list[effects.NormalizedEffect]  # the extra circuits' faithfulness
-
-
-def faithfulness_curve(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed: int, unit: str,
-                       extra: list[np.ndarray]) -> Curve:
-    """The top-k circuits' faithfulness at curve_ks (module docstring), CPR and CMD; and the
-    faithfulness of the `extra` circuits on the same prompts."""
-    ks = curve_ks(g.n_edges)
-    masks = [top_mask(g, order, k) for k in ks]
-    stage(f"faithfulness curve: {len(ks)} circuits (+{len(extra)}) on {runs.ds.n} confirmation prompts")
-    got = runs.edge_circuits([g.full(), np.zeros_like(g.adjacency), *masks, *extra], Replacement.RESAMPLE)
-    m_full, m_empty = got[0], got[1]
-    gap = m_full - m_empty
-    per_k = [effects.normalized_effect(m - m_empty, gap, st, derive_seed(seed, i), unit, gap_name="full-empty")
-             for i, m in enumerate(got[2:2 + len(ks)])]
-    if per_k[0].interval is None:
-        raise UserError(f"faithfulness is undefined on the confirmation prompts: {per_k[0].reason} (the corruption "
-                        "barely changes the behaviour)")
-    points = []
-    for k, p, f in zip(ks, PERCENTAGES, per_k, strict=True):
-        iv = f.interval
-        assert iv is not None
-        points.append({"k": k, "fraction": p, "faithfulness": iv.estimate, "ci": [iv.low, iv.high],
-                       "ci_method": iv.method})
-    kept = per_k[0].kept
-    nums = [(m - m_empty)[kept] for m in got[2:2 + len(ks)]]
-    x = np.asarray(PERCENTAGES)
-
-    def area(index: int) -> Any:
-        def statistic(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
-            *num_s, gap_s = samples
-            f = np.stack([np.sum(n, axis=axis) / np.sum(gap_s, axis=axis) for n in num_s], -1)
-            return np.asarray(np.trapezoid(f if index == 0 else np.abs(1.0 - f), x, axis=-1))
-        return statistic
-
-    summaries: dict[str, Any] = {}
-    for index, name in enumerate(("CPR", "CMD")):
-        iv = stats.bootstrap_ci([*nums, gap[kept]], area(index), st.bootstrap, st.confidence,
-                                derive_seed(seed, len(ks) + index))
-        summaries[name] = {"value": iv.estimate, "ci": [iv.low, iv.high], "ci_method": iv.method}
-    summaries["kept_prompts"] = int(kept.sum())
-    summaries["excluded_prompts"] = int((~kept).sum())
-    extra_f = [effects.normalized_effect(m - m_empty, gap, st, derive_seed(seed, len(ks) + 2 + i), unit,
-                                         gap_name="full-empty") for i, m in enumerate(got[2 + len(ks):])]
-    return Curve(points, summaries, extra_f)
 
 
 # ---------------------------------------------------------------- the command
@@ -295,7 +235,8 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     disc = base_runs(bridge, ds.select(disc_idx), hooks, metric)
     g = disc.graph_model().graph
     known_mask = None if got.known is None else known_edges(got.known, g)
-    score = scores(disc, g, cfg)
+    resamples = stability.weights(len(disc_idx), derive_seed(cfg.seed, Stream.DISCOVER_STABILITY))
+    score, resampled = scores(disc, g, cfg, resamples)
     order = ranking(score, g, cfg.rank)
     edges = g.edges()
     top = [edges[i] for i in order[:cfg.top]]
@@ -306,11 +247,16 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     tests = edge_tests(conf, specs, st, unit, progress=progress, label="confirmation edge tests")
     n_known = int(known_mask.sum()) if known_mask is not None else 0
     extra = [known_mask, top_mask(g, order, n_known)] if known_mask is not None else []
-    curve = faithfulness_curve(conf, g, order, st, derive_seed(cfg.seed, Stream.DISCOVER_CURVE), unit, extra)
+    curve_seed = derive_seed(cfg.seed, Stream.DISCOVER_CURVE)
+    curve = faithfulness_curve(conf, g, order, st, curve_seed, unit, extra)
+    finer = refine(conf, g, order, curve, cfg.bound, st, curve_seed, unit)
+    k_start = starter_k(curve, finer, cfg.bound)
+    ks = sorted({*curve_ks(g.n_edges), *(p["k"] for p in finer)})
+    stable = None if cfg.rank != "abs" else stability.summary(stability.jaccard(resampled, order, ks), ks, k_start,
+                                                              len(disc_idx))
     gap = float(np.mean(disc.m_clean - disc.m_corrupt))
     rows = ranking_rows(score, g, order, gap)
     confirmed = [confirmed_row(r, t) for r, t in enumerate(tests, start=1)]
-    starter_k = next((p["k"] for p in curve.points if p["k"] > 0 and p["ci"][0] >= cfg.bound), None)
     return {
         "kind": "discovery", "version": VERSION,
         "settings": {"input": source, "model": m.source, "model_sha256": m.sha256, "method": cfg.method,
@@ -326,14 +272,15 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
         "graph": {"edges": g.n_edges, "senders": len(g.senders), "receivers": len(g.receivers),
                   "classes": g.counts()},
         "ranking": rows,
-        "curve": curve.points, "summaries": curve.summaries,
+        "curve": curve.points, "summaries": curve.summaries, "curve_finer": finer,
+        "curve_drops": drops([*curve.points, *finer], st.tolerance), "stability": stable,
         "confirmed": confirmed,
         "agreement": reading.agreement(rows, confirmed, st.bootstrap, st.confidence,
                                        derive_seed(cfg.seed, Stream.DISCOVER_AGREEMENT)),
         "known": None if got.known is None or known_mask is None else known_doc(got.known, known_mask, g, order,
                                                                                 curve),
-        "starter_k": starter_k,
-        "starter_nodes": reading.starter_nodes(rows, starter_k) if starter_k else [],
+        "starter_k": k_start,
+        "starter_nodes": reading.starter_nodes(rows, k_start) if k_start else [],
         "warnings": []}
 
 
@@ -396,8 +343,9 @@ def known_doc(claim: CircuitClaim, mask: np.ndarray, g: Graph, order: np.ndarray
 
 
 def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
-    """starter.yaml: the circuit at the smallest k whose interval clears the bound, and an edge claim
-    for each confirmed edge; its data held out where the data has a split."""
+    """starter.yaml: the circuit at the smallest k whose interval clears the bound (its edges named by
+    `edges_from: starter-edges.txt`, which the folder holds), and an edge claim for each confirmed edge;
+    its data held out where the data has a split."""
     import yaml
 
     claims: list[dict[str, Any]] = []
@@ -425,6 +373,10 @@ def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
            "model": ModelRef.parse(got.model.source).relative_to(folder), "data": got.mapping,
            "metric": doc["settings"]["metric"], "claims": claims}
     load(out, base_dir=folder)  # the starter file must be valid
+    if k:  # the circuit's edges by reference: starter-edges.txt, written beside it with the same edges
+        circuit = out["claims"][0]
+        circuit["edges_from"] = STARTER_EDGES
+        del circuit["edges"]
     return yaml.safe_dump(out, sort_keys=False).encode()
 
 

@@ -1,0 +1,162 @@
+"""The faithfulness curve of a ranking of edges (`harness discover`), its summaries, and the
+search for the smallest circuit whose interval clears a bound.
+
+For k edges kept (the top k of the ranking; every other edge resampled from the corrupted run,
+mech.graph_run) the faithfulness on the confirmation prompts is
+
+    F_k = sum_K (m_k - m_empty) / sum_K (m_full - m_empty)
+
+over the prompts K whose full-empty gap is at least min_prompt_gap, with a BCa interval
+(claims.effects.normalized_effect, as circuit claims).
+
+* **The grid**: k = floor(p x edges) at MIB's fractions p = 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50,
+  100 %.  MIB's summaries on that grid, linear in x (the fraction of edges), by the trapezoid
+  rule: CPR = area under F, CMD = area under |1 - F|, each with an interval from one paired
+  bootstrap of the prompts.
+* **The finer search** (`refine`): between the last grid point below the bound (its interval's
+  lower end under it) and the first at or above it, ROUNDS rounds of POINTS evenly spaced k,
+  each round narrowing to the interval between the last k below and the first k above (each
+  round's circuits run together); the starter is the smallest k tried whose interval clears the
+  bound.  Choosing the smallest of many intervals that clear a bound is optimistic: the
+  starter's faithfulness is tested again on held-out prompts when its file is run.
+* **Drops** (`drops`): where the curve is not monotone, each pair of consecutive points (grid
+  and finer search together, by k >= 1) where F at the larger k lies below F at the smaller k by
+  more than both intervals allow (the larger k's upper end below the smaller k's lower end) and
+  by more than the file's `tolerance` (the width of "no effect" in every other claim).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import stats
+from ..claims import effects
+from ..errors import UserError
+from ..mech.graph import Graph
+from ..mech.runs import Runs
+from ..progress import stage
+from ..spec.settings import Stats
+from ..spec.vocabulary import Replacement
+from ..streams import derive_seed
+
+PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's circuit sizes
+ROUNDS = 2  # rounds of the finer search
+POINTS = 5  # circuits per round: the gap between two grid points narrows 36-fold
+
+
+def top_mask(g: Graph, order: np.ndarray, k: int) -> np.ndarray:
+    """The circuit of the first k edges of a ranking."""
+    us, rs = g.edge_index()
+    m = np.zeros_like(g.adjacency)
+    m[us[order[:k]], rs[order[:k]]] = True
+    return m
+
+
+def curve_ks(n_edges: int) -> list[int]:
+    """k = floor(p x edges) for each of MIB's fractions p."""
+    return [int(p * n_edges) for p in PERCENTAGES]
+
+
+@dataclass(frozen=True)
+class Curve:
+    points: list[dict[str, Any]]
+    summaries: dict[str, Any]
+    extra: list[effects.NormalizedEffect]  # the extra circuits' faithfulness
+    m_full: np.ndarray  # [n] the metric with every edge kept, and with none: what the finer search reuses
+    m_empty: np.ndarray
+
+
+def _point(k: int, f: effects.NormalizedEffect, fraction: float | None) -> dict[str, Any]:
+    iv = f.interval
+    if iv is None:
+        raise UserError(f"faithfulness is undefined on the confirmation prompts: {f.reason}")
+    return {"k": k, "fraction": fraction, "faithfulness": iv.estimate, "ci": [iv.low, iv.high],
+            "ci_method": iv.method}
+
+
+def faithfulness_curve(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed: int, unit: str,
+                       extra: list[np.ndarray]) -> Curve:
+    """The top-k circuits' faithfulness at curve_ks (module docstring), CPR and CMD; and the
+    faithfulness of the `extra` circuits on the same prompts."""
+    ks = curve_ks(g.n_edges)
+    masks = [top_mask(g, order, k) for k in ks]
+    stage(f"faithfulness curve: {len(ks)} circuits (+{len(extra)}) on {runs.ds.n} confirmation prompts")
+    got = runs.edge_circuits([g.full(), np.zeros_like(g.adjacency), *masks, *extra], Replacement.RESAMPLE)
+    m_full, m_empty = got[0], got[1]
+    gap = m_full - m_empty
+    per_k = [effects.normalized_effect(m - m_empty, gap, st, derive_seed(seed, i), unit, gap_name="full-empty")
+             for i, m in enumerate(got[2:2 + len(ks)])]
+    if per_k[0].interval is None:
+        raise UserError(f"faithfulness is undefined on the confirmation prompts: {per_k[0].reason} (the corruption "
+                        "barely changes the behaviour)")
+    points = [_point(k, f, p) for k, p, f in zip(ks, PERCENTAGES, per_k, strict=True)]
+    kept = per_k[0].kept
+    nums = [(m - m_empty)[kept] for m in got[2:2 + len(ks)]]
+    x = np.asarray(PERCENTAGES)
+
+    def area(index: int) -> Any:
+        def statistic(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+            *num_s, gap_s = samples
+            f = np.stack([np.sum(n, axis=axis) / np.sum(gap_s, axis=axis) for n in num_s], -1)
+            return np.asarray(np.trapezoid(f if index == 0 else np.abs(1.0 - f), x, axis=-1))
+        return statistic
+
+    summaries: dict[str, Any] = {}
+    for index, name in enumerate(("CPR", "CMD")):
+        iv = stats.bootstrap_ci([*nums, gap[kept]], area(index), st.bootstrap, st.confidence,
+                                derive_seed(seed, len(ks) + index))
+        summaries[name] = {"value": iv.estimate, "ci": [iv.low, iv.high], "ci_method": iv.method}
+    summaries["kept_prompts"] = int(kept.sum())
+    summaries["excluded_prompts"] = int((~kept).sum())
+    extra_f = [effects.normalized_effect(m - m_empty, gap, st, derive_seed(seed, len(ks) + 2 + i), unit,
+                                         gap_name="full-empty") for i, m in enumerate(got[2 + len(ks):])]
+    return Curve(points, summaries, extra_f, m_full, m_empty)
+
+
+def clears(point: dict[str, Any], bound: float) -> bool:
+    """Whether a point's interval lies at or above the bound (a circuit of at least one edge)."""
+    return point["k"] > 0 and point["ci"][0] >= bound
+
+
+def refine(runs: Runs, g: Graph, order: np.ndarray, curve: Curve, bound: float, st: Stats, seed: int,
+           unit: str) -> list[dict[str, Any]]:
+    """The finer search's points (module docstring), in the order tried; [] when no grid point
+    clears the bound, or the first one that does has no grid point below it."""
+    first = next((i for i, p in enumerate(curve.points) if clears(p, bound)), None)
+    if first is None or first == 0:
+        return []
+    lo, hi = curve.points[first - 1]["k"], curve.points[first]["k"]
+    gap = curve.m_full - curve.m_empty
+    tried: list[dict[str, Any]] = []
+    for r in range(ROUNDS):
+        ks = sorted({int(k) for k in np.linspace(lo, hi, POINTS + 2)[1:-1]} - {lo, hi})
+        if not ks:
+            break
+        stage(f"faithfulness between {lo:,} and {hi:,} edges: {len(ks)} circuits on {runs.ds.n} confirmation prompts")
+        got = runs.edge_circuits([top_mask(g, order, k) for k in ks], Replacement.RESAMPLE)
+        points = [_point(k, effects.normalized_effect(m - curve.m_empty, gap, st, derive_seed(seed, 100 * (r + 1) + i),
+                                                      unit, gap_name="full-empty"), None)
+                  for i, (k, m) in enumerate(zip(ks, got, strict=True))]
+        tried += points
+        above = next((p for p in points if clears(p, bound)), None)
+        below = [p["k"] for p in points if above is None or p["k"] < above["k"]]
+        hi = above["k"] if above is not None else hi
+        lo = max(below, default=lo)
+    return tried
+
+
+def starter_k(curve: Curve, finer: list[dict[str, Any]], bound: float) -> int | None:
+    """The smallest k tried (grid or finer search) whose interval clears the bound."""
+    return min((p["k"] for p in [*curve.points, *finer] if clears(p, bound)), default=None)
+
+
+def drops(points: list[dict[str, Any]], least: float) -> list[dict[str, Any]]:
+    """Where the curve falls beyond its intervals (module docstring), by more than `least`: from k to
+    the next larger k (circuits of at least one edge)."""
+    ordered = sorted((p for p in points if p["k"] > 0), key=lambda p: p["k"])
+    return [{"from_k": a["k"], "to_k": b["k"], "from": a["faithfulness"], "to": b["faithfulness"]}
+            for a, b in zip(ordered, ordered[1:])
+            if b["ci"][1] < a["ci"][0] and a["faithfulness"] - b["faithfulness"] > least]

@@ -1,0 +1,63 @@
+"""The pieces of discovery's reading of a ranking, each against a hand computation: the Jaccard
+stability of resampled rankings (tools.stability), the curve's drops (tools.curve), and the
+resampled attribution scores, which must be the per-prompt scores reweighted (mech.attribution)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.tools import stability
+from harness.tools.curve import drops
+
+from .graph_helpers import graph_runs
+
+
+def test_jaccard_of_top_k_sets_by_hand():
+    order = np.array([0, 1, 2, 3, 4, 5])  # the ranking: edge 0 first
+    resampled = np.array([[6.0, 5.0, 4.0, 3.0, 2.0, 1.0],     # the same ranking
+                          [1.0, -5.0, 6.0, 0.5, 2.0, 0.1],    # by |s|: 2, 1, 4, 0, 3, 5
+                          [0.0, 0.0, 0.0, 0.0, 0.0, 9.0]])    # 5 first, then ties in edge order: 0, 1, 2, 3, 4
+    got = stability.jaccard(resampled, order, [1, 2, 3, 6])
+    # resample 1: top-1 {2} vs {0}: 0; top-2 {2, 1} vs {0, 1}: 1/3; top-3 {2, 1, 4} vs {0, 1, 2}: 2/4
+    # resample 2: top-1 {5}: 0; top-2 {5, 0} vs {0, 1}: 1/3; top-3 {5, 0, 1} vs {0, 1, 2}: 2/4
+    want = np.array([[1, 1, 1, 1], [0, 1 / 3, 2 / 4, 1], [0, 1 / 3, 2 / 4, 1]])
+    assert got == pytest.approx(want, abs=1e-12)
+    s = stability.summary(got, [1, 2, 3, 6], 2, n_prompts=10)
+    assert s["starter"] == {"k": 2, "jaccard": pytest.approx(5 / 9), "range": s["points"][1]["range"], "stable": False}
+    assert s["points"][0]["range"] == [pytest.approx(0.0), pytest.approx(0.95)]  # numpy's linear quantiles of 1, 0, 0
+
+
+def test_bootstrap_weights_draw_n_prompts_each():
+    w = stability.weights(7, seed=3)
+    assert w.shape == (stability.RESAMPLES, 7) and (w.sum(1) == 7).all() and (w >= 0).all()
+    assert (w == stability.weights(7, seed=3)).all() and not (w == stability.weights(7, seed=4)).all()
+
+
+def test_drops_are_falls_beyond_both_intervals():
+    pts = [{"k": 10, "faithfulness": 0.9, "ci": [0.85, 0.95]},
+           {"k": 0, "faithfulness": 0.0, "ci": [0.0, 0.0]},
+           {"k": 1, "faithfulness": 0.5, "ci": [0.4, 0.6]},
+           {"k": 100, "faithfulness": 0.6, "ci": [0.5, 0.7]},     # falls from 0.85 beyond both intervals
+           {"k": 50, "faithfulness": 0.85, "ci": [0.8, 0.9]},     # falls from 0.9, but the intervals overlap
+           {"k": 1000, "faithfulness": 1.0, "ci": [1.0, 1.0]},
+           {"k": 1001, "faithfulness": 0.99, "ci": [0.99, 0.99]}]  # beyond the intervals, by less than 0.05
+    assert drops(pts, 0.05) == [{"from_k": 50, "to_k": 100, "from": 0.85, "to": 0.6}]
+    assert drops(pts, 0.0)[-1] == {"from_k": 1000, "to_k": 1001, "from": 1.0, "to": 0.99}
+
+
+def test_resampled_scores_are_the_per_prompt_scores_reweighted():
+    """One pass with weights: a one-hot weight gives that prompt's own score of every wanted edge, and
+    uniform weights give the mean over prompts (the scores' total)."""
+    runs = graph_runs("names", 6)
+    g = runs.graph_model().graph
+    us, rs = g.edge_index()
+    wanted = list(zip(us[::31].tolist(), rs[::31].tolist(), strict=True)) + [(0, len(g.receivers) - 1)]
+    w = np.vstack([np.eye(6), np.ones((1, 6)), np.arange(1.0, 7.0)[None]])
+    sc = runs.edge_scores("eap-ig", steps=2, wanted=wanted, batch=4, resamples=w)
+    assert sc.resampled is not None
+    tol = 1e-6 * np.abs(sc.per_prompt).max()  # float32 dot products (in another order), summed in float64
+    for j, (u, v) in enumerate(wanted):
+        assert sc.resampled[:6, u, v] == pytest.approx(sc.per_prompt[j], abs=tol)
+        assert sc.resampled[7, u, v] == pytest.approx(np.dot(np.arange(1, 7), sc.per_prompt[j]) / 21, abs=tol)
+    assert sc.resampled[6] == pytest.approx(sc.total, abs=1e-6 * np.abs(sc.total).max())

@@ -43,6 +43,7 @@ from .model import metrics
 from .model.devices import check_form, resolve_device
 from .model.ref import load_model
 from .progress import clock, stage
+from .report import discovery as discovery_report
 from .report import writer
 from .report.markdown import claim_table
 from .report.writer import check_new, default_folder, write_report
@@ -147,9 +148,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_device(sw)
 
     rp = sub.add_parser("report", help="re-render report.md/report.html/figures from evidence.json alone "
-                        "(or a sweep report from sweep.json)")
+                        "(or a sweep report from sweep.json, a discovery report from discovery.json)")
     rp.add_argument("evidence", type=Path, metavar="EVIDENCE.json",
-                    help="an evidence.json, a sweep.json, or an unfinished sweep folder (its report so far)")
+                    help="an evidence.json, a sweep.json, a discovery.json, or an unfinished sweep folder (its report "
+                         "so far)")
     rp.add_argument("--out", type=Path, help="write into this new folder instead of beside the JSON")
 
     w = sub.add_parser("weights", help="composition-score matrices of a model, with the rotation null",
@@ -439,9 +441,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(f"{args.evidence} is a scan file (scan.json); scan results are not re-rendered: "
                         "run `harness scan` again")
     if is_discovery(doc):
-        raise UserError(f"{args.evidence} is a discovery file (discovery.json); its report is written with it: "
-                        "run `harness discover` again")
-    if sweep_document.is_sweep(doc):
+        folder = discovery_report.rerender(args.evidence, args.out)
+        stem = "discover"
+    elif sweep_document.is_sweep(doc):
         folder = sweep_report.rerender(args.evidence, args.out)
         stem = "sweep"
     else:

@@ -232,3 +232,32 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_harness_report_renders_a_discovery_again(tmp_path, capsys):
+    """`harness report discovery.json` writes the same discover.md from the JSON alone, keeps the JSON's
+    bytes and starter.yaml, and with --out fills a new folder; a document it cannot read is one line
+    and leaves the folder as it was."""
+    out = tmp_path / "d"
+    assert main(["discover", str(ROOT / "fixtures" / "induction-2l"), "--out", str(out), "--n-prompts", "12",
+                 "--bootstrap", "100", "--top", "3", "--device", "cpu"]) == 0
+    md, raw = (out / "discover.md").read_bytes(), (out / "discovery.json").read_bytes()
+    starter = (out / "starter.yaml").read_bytes() if (out / "starter.yaml").exists() else None
+    (out / "discover.md").write_text("stale")
+    capsys.readouterr()
+    assert main(["report", str(out / "discovery.json")]) == 0
+    assert "discover.md" in capsys.readouterr().out
+    assert (out / "discover.md").read_bytes() == md and (out / "discovery.json").read_bytes() == raw
+    assert ((out / "starter.yaml").read_bytes() if starter is not None else None) == starter
+    assert (out / "figures" / "curve.png").stat().st_size > 1000
+    assert main(["report", str(out / "discovery.json"), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "discover.md").read_bytes() == md
+    assert (tmp_path / "again" / "discovery.json").read_bytes() == raw
+    doc = json.loads(raw)
+    del doc["curve"]
+    (out / "discovery.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["report", str(out / "discovery.json")]) != 0
+    err = capsys.readouterr().err
+    assert "missing curve" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert (out / "discover.md").read_bytes() == md

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from pydantic import Field, StrictBool, model_validator
@@ -358,8 +359,12 @@ class Routes:
     found: dict[names.Edge, RouteEvidence]
     alpha: float
 
+    @cached_property
+    def _listed(self) -> frozenset[names.Edge]:
+        return frozenset(self.edges)
+
     def has(self, route: names.Edge | names.Path) -> bool:
-        return isinstance(route, names.Edge) and route in self.edges
+        return isinstance(route, names.Edge) and route in self._listed
 
     def composes(self, route: names.Edge | names.Path) -> bool | None:
         r = self.found.get(route) if isinstance(route, names.Edge) else None

@@ -80,11 +80,7 @@ def named_edges(claims: Sequence[ClaimSpec]) -> list[names.Edge]:
 
 def receivers(claims: Sequence[ClaimSpec]) -> list[names.HeadInput]:
     """Head inputs the claims name, in first-mention order."""
-    out: list[names.HeadInput] = []
-    for e in named_edges(claims):
-        if isinstance(e.receiver, names.HeadInput) and e.receiver not in out:
-            out.append(e.receiver)
-    return out
+    return list(dict.fromkeys(e.receiver for e in named_edges(claims) if isinstance(e.receiver, names.HeadInput)))
 
 
 def runs_for(runs: Runs, claims: Sequence[ClaimSpec], metric: str) -> Runs:

@@ -84,11 +84,22 @@ class Evidence:
             return ExitCode.SANITY
         return ExitCode.OK if self.passed else ExitCode.CLAIMS
 
+    @property
+    def _by_id(self) -> dict[str, ClaimResult]:
+        """The claims by id, made once for the claims the document holds (the pytest plugin asks once per
+        claim)."""
+        key = (id(self.claims), len(self.claims))
+        cached = self.__dict__.get("_ids")
+        if cached is None or cached[0] != key:
+            cached = (key, {c.id: c for c in reversed(self.claims)})
+            self.__dict__["_ids"] = cached
+        return cached[1]
+
     def claim(self, claim_id: str) -> ClaimResult:
         """The result of the claim with this id (KeyError listing the ids if there is none)."""
-        for c in self.claims:
-            if c.id == claim_id:
-                return c
+        found = self._by_id.get(claim_id)
+        if found is not None:
+            return found
         ids = [c.id for c in self.claims]
         shown = ", ".join(ids[:20]) + (f", ... ({len(ids)} in all)" if len(ids) > 20 else "")
         raise KeyError(f"no claim {claim_id!r}; the claims are {shown}")

@@ -33,13 +33,16 @@ from typing import Any
 
 import numpy as np
 
+from .. import memory
 from ..spec import names
 from ..spec.vocabulary import Direction
 from .graph import Graph
 from .graph_run import GraphModel, Writes
 
 METHODS = ("eap", "eap-ig")
-BATCH = 16  # prompts per backward pass
+BATCH = 16  # prompts per backward pass of every receiver's gradient
+# working memory of one batch of one receiver's gradient passes (by one_gradient_bytes, about 3-fold generous)
+GRADIENT_BUDGET = 768 * 2**20
 
 
 @dataclass(frozen=True)
@@ -167,12 +170,17 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
 
 def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
                        metric: Callable[[Any, Any], Any], edge: tuple[int, int], method: str = "eap-ig",
-                       steps: int = 5, batch: int = BATCH, progress: Callable[..., Any] | None = None) -> np.ndarray:
+                       steps: int = 5, batch: int | None = None,
+                       progress: Callable[..., Any] | None = None) -> np.ndarray:
     """[n]: the noising attribution score of the one edge (u, v) (sender and receiver index in the
     graph) for each prompt, summed over positions: edge_scores' per_prompt for that edge alone, from
     the gradient at v's input only (GraphModel.receiver_gradient).  Cost: per batch of prompts, one
-    forward and one backward from the logits to v's layer per point (EAP: 1, EAP-IG: `steps`)."""
+    forward and one backward from the logits to v's layer per point (EAP: 1, EAP-IG: `steps`).
+    `batch`: prompts per pass (default: what memory.working(GRADIENT_BUDGET) holds, one_gradient_bytes)."""
     import torch
+
+    if batch is None:
+        batch = max(1, memory.working(GRADIENT_BUDGET) // one_gradient_bytes(gm, clean.embed.element_size()))
 
     if method not in METHODS:
         raise ValueError(f"unknown attribution method {method!r}; allowed: {', '.join(METHODS)}")
@@ -196,6 +204,16 @@ def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions
             delta = delta.gather(1, at[:, :, None].expand(-1, -1, delta.shape[-1]))
         out[lo:lo + len(idx)] = torch.einsum("bsd,bsd->bs", delta, grad).double().sum(1).cpu().numpy()
     return out
+
+
+def one_gradient_bytes(gm: GraphModel, item: int) -> int:
+    """A generous estimate of what one prompt's one-receiver gradient pass holds: per layer the
+    activations a backward pass reads (the residual, q, k, v, attention scores and output, the MLP's
+    hidden units), s positions, and the logits at every position."""
+    a, s = gm.arch, gm.s
+    d, H, d_mlp = a.d_model, a.n_heads, 4 * a.d_model
+    per_layer = s * (8 * d + 4 * d_mlp + 3 * H * s)
+    return item * (a.n_layers * per_layer + 3 * s * gm.vocab)
 
 
 def _sender_change(gm: GraphModel, clean: Writes, corrupt: Writes, idx: Any, d_embed: Any,

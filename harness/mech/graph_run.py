@@ -42,6 +42,7 @@ import numpy as np
 from .. import cost, memory
 from ..errors import UnsupportedError
 from ..model import architecture
+from ..model.shape import vocab_out
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_resid_post, hook_resid_pre, hook_z
 from . import torch_blocks as blocks
@@ -162,6 +163,7 @@ class GraphModel:
     model: blocks.Model
     arch: architecture.Architecture
     s: int  # positions computed: up to the last scored one
+    vocab: int = 0  # the logits' width
     _heads: dict[int, _HeadWeights] = field(default_factory=dict)  # per layer, made on first use
 
     def heads(self, layer: int) -> _HeadWeights:
@@ -194,7 +196,7 @@ class GraphModel:
             blocks.check(model, w, trimmed, blocks.tolerance(ref.dtype))
         if hook_resid_post(L - 1) not in trimmed:
             raise UnsupportedError("edge graph: the base run did not cache the final residual")
-        return cls(Graph.of(bridge), model, arch, s)
+        return cls(Graph.of(bridge), model, arch, s, vocab_out(bridge.cfg))
 
     # ------------------------------------------------------------ the forward
     def forward(self, x0: Any, cur_idx: Any, rep: Writes | None, removed: Any | None, positions: Any,

@@ -410,7 +410,7 @@ class Runs:
                                        resamples=resamples)
 
     def edge_prompt_scores(self, edge: names.Edge, method: str, *, steps: int = 5,
-                           batch: int = attribution.BATCH) -> np.ndarray:
+                           batch: int | None = None) -> np.ndarray:
         """[n]: one edge's noising attribution score per prompt, from the gradient at its receiver alone
         (mech.attribution.edge_prompt_scores: `steps` forwards and backwards to the receiver's layer)."""
         if isinstance(edge.sender, names.Group):
@@ -432,8 +432,10 @@ class Runs:
         keys = [("circuit", self.corruption if kind == Replacement.RESAMPLE else "", str(kind), drop,
                  hashlib.sha1(np.packbits(m).tobytes()).hexdigest()) for m in masks]
         todo: list[int] = []
+        pending: set[tuple[Any, ...]] = set()
         for i, k in enumerate(keys):
-            if k not in self.memo and all(keys[t] != k for t in todo):
+            if k not in self.memo and k not in pending:
+                pending.add(k)
                 todo.append(i)
         if todo:
             gm = self.graph_model()

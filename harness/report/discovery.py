@@ -5,18 +5,24 @@ graph: nodes by layer, each edge coloured by its exact effect where it was confi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
+from ..errors import EvidenceFormatError
 from ..evidence.document import to_json
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from .circuit_reading import SHOWN_NODES, node_of
 from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
+from .folders import preflight, write_folder
 from .html import render_html
+from .reading import load_bytes, parse
 from .style import VERDICT_COLOURS
 from .text import md_cell, md_code, md_text
+from .writer import render_error, replace_in_place
 
+VERSION = 2  # of discovery.json (docs/discover.md): the versions `rerender` reads are 1 and this
 USE_COLOURS = {"used": VERDICT_COLOURS["PASS"], "used (opposite sign)": "#7b3294", "unused": "#2c7bb6",
                "undetermined": VERDICT_COLOURS["INCONCLUSIVE"], "untested": "#aaaaaa"}
 
@@ -316,3 +322,31 @@ def summary(doc: dict[str, Any]) -> str:
                      f"{fmt(agree['pearson']['value'])} {fmt_ci(agree['pearson']['ci'])}")
     lines += [f"warning: {w}" for w in doc.get("warnings", [])]
     return "\n".join(lines)
+
+
+DISCOVERY_FILES = frozenset({"discover.md", "discover.html", "figures", STARTER_EDGES, "starter.yaml"})
+REQUIRED = ("settings", "split", "graph", "ranking", "curve", "summaries", "confirmed", "starter_k")
+
+
+def rerender(json_path: Path, out_dir: Path | None = None) -> Path:
+    """`harness report` of a discovery.json: discover.md/html, figures/ and starter-edges.txt again
+    from the JSON alone (discovery.json's versions 1 and 2).  In place the folder is swapped at once
+    for the new one, keeping discovery.json's bytes and starter.yaml; with `out_dir`, a new folder
+    gets a copy of the JSON (starter.yaml names its model relative to its own folder, so it stays
+    where it is).  Problems are one-line UserErrors; nothing is half-written."""
+    raw = load_bytes(json_path, "discovery")
+    doc = parse(raw, json_path)
+    missing = [k for k in REQUIRED if k not in doc]
+    if doc.get("version") not in (1, VERSION) or missing:
+        raise EvidenceFormatError(f"{json_path}: not a discovery.json this harness renders (version 1 or {VERSION}"
+                                  + (f"; missing {', '.join(missing)}" if missing else "") + ")")
+    if out_dir is not None:
+        preflight(Path(out_dir))
+    try:
+        new = files(doc)
+    except Exception as exc:
+        raise render_error(json_path, exc) from exc
+    new[json_path.name] = raw
+    if out_dir is not None:
+        return write_folder(Path(out_dir), new, unique=False, keep=False)
+    return replace_in_place(json_path, new, DISCOVERY_FILES, carry=("starter.yaml",))

@@ -176,6 +176,7 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
             f"of {len(ev.claims)} claims.", "", "## Verdicts", "", claim_table(ev, "github"), ""]
     out += ladder_table(ev.ladder)
     out += ["## Evidence per claim", ""]
+    position = {id(r): i for i, r in enumerate(ev.claims)}
     for kind, title in EVIDENCE_TYPES.items():
         group = [r for r in ev.claims if r.evidence == kind]
         if not group:
@@ -186,7 +187,7 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
         out += [f"### {title}", ""] + (_figure(place, figures) if place else [])
         out += _figure("explain.png", figures) if kind == "weights" else []
         for r in group:
-            out += _claim_section(r, b["unit"], ev.claims.index(r))
+            out += _claim_section(r, b["unit"], position[id(r)])
     explain_placed = any(r.evidence == "weights" for r in ev.claims)  # beside the composition figure
     out += (weights_vs_use_table(ev.weights_vs_use) + ([] if explain_placed else _figure("explain.png", figures))
             + _figure("signature.png", figures))

@@ -66,9 +66,11 @@ U = TypeVar("U", names.Head, names.Unit)
 
 def _no_duplicates(heads: list[U]) -> list[U]:
     """`heads`, unless one is listed twice (ValueError naming it)."""
-    twice = next((h for i, h in enumerate(heads) if h in heads[:i]), None)
-    if twice is not None:
-        raise ValueError(f"{twice} is listed twice")
+    seen: set[U] = set()
+    for h in heads:  # one pass
+        if h in seen:
+            raise ValueError(f"{h} is listed twice")
+        seen.add(h)
     return heads
 
 

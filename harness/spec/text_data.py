@@ -9,6 +9,7 @@ and `{{` / `}}` for literal braces (parse_template)."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
@@ -142,7 +143,7 @@ class TemplateData(DataSettings):
             empty = [x for x in values if not x]
             if empty:
                 raise ValueError(f"slot {name!r} has an empty value")
-            twice = sorted({x for x in values if values.count(x) > 1})
+            twice = sorted(x for x, n in Counter(values).items() if n > 1)
             if twice:
                 raise ValueError(f"slot {name!r} lists {twice[0]!r} twice")
         template = info.data.get("template")

@@ -54,6 +54,7 @@ def verdict_rows(doc: dict, hypothesis: str) -> list[list[str]]:
     """One row per claim: id, kind, then the verdict on each model (model order)."""
     plan = plan_of(doc, hypothesis)
     jobs = _jobs(doc, hypothesis)
+    by_id = {label: _claims(j) for label, j in jobs.items()}
     rows = []
     for c in plan:
         row = [c["id"], c["kind"]]
@@ -62,7 +63,7 @@ def verdict_rows(doc: dict, hypothesis: str) -> list[list[str]]:
             if j is None or j["status"] != "ok":
                 row.append(MISSING_CELL if j is not None and j["status"] == "missing" else ERROR_CELL)
             else:
-                row.append(next(x["verdict"] for x in j["claims"] if x["id"] == c["id"]))
+                row.append(by_id[m["label"]][c["id"]]["verdict"])
         rows.append(row)
     return rows
 
@@ -71,6 +72,7 @@ def holds_from(doc: dict, hypothesis: str) -> list[list[str]]:
     """Rows: claim, series, holds from, first PASS, verdict sequence (P/F/I/E)."""
     plan = plan_of(doc, hypothesis)
     jobs = _jobs(doc, hypothesis)
+    by_id = {label: _claims(j) for label, j in jobs.items()}
     series: dict[str, list[dict]] = {}
     for m in doc["models"]:
         series.setdefault(m["series"], []).append(m)
@@ -81,8 +83,7 @@ def holds_from(doc: dict, hypothesis: str) -> list[list[str]]:
             for m in models:
                 j = jobs.get(m["label"])
                 ok = j is not None and j["status"] == "ok"
-                verdicts.append(next(x["verdict"] for x in j["claims"] if x["id"] == c["id"])
-                                if j is not None and ok else "ERROR")
+                verdicts.append(by_id[m["label"]][c["id"]]["verdict"] if j is not None and ok else "ERROR")
             start: int | None = None
             for i in range(len(verdicts) - 1, -1, -1):
                 if verdicts[i] != "PASS":
@@ -181,21 +182,31 @@ def _row_key(row: dict[str, Any]) -> str:
     return f"{row['edge']} ({row['direction']})" if row.get("direction") else row["edge"]
 
 
+def _first_by(rows: list[dict], key: Any) -> dict[Any, dict]:
+    """{key(row): row} keeping each key's first row (one pass, not a scan per lookup)."""
+    out: dict[Any, dict] = {}
+    for r in rows:
+        out.setdefault(key(r), r)
+    return out
+
+
+def _claims(job: dict) -> dict[str, dict]:
+    """A job's claims by id."""
+    return _first_by(job.get("claims", []), lambda x: x["id"])
+
+
 def _weights_vs_use(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
     jobs = _jobs(doc, hypothesis)
-    edges: list[str] = []
-    for j in jobs.values():
-        for row in j.get("weights_vs_use", []):
-            if _row_key(row) not in edges:
-                edges.append(_row_key(row))
+    edges = list(dict.fromkeys(_row_key(row) for j in jobs.values() for row in j.get("weights_vs_use", [])))
     if not edges:
         return []
+    found = {m["label"]: _first_by((jobs.get(m["label"]) or {}).get("weights_vs_use", []), _row_key)
+             for m in doc["models"]}
     rows = []
     for e in edges:
         row = [e]
         for m in doc["models"]:
-            found = (jobs.get(m["label"]) or {}).get("weights_vs_use", [])
-            w = next((w for w in found if _row_key(w) == e), None)
+            w = found[m["label"]].get(e)
             row.append(w["class"] if w else "-")
         rows.append(row)
     return ["### Weights vs use over training", "",
@@ -210,18 +221,16 @@ def _ladder(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
     """The highest rung of the evidence ladder each mechanism reaches on each model (! marks
     a model on which some of its evidence contradicts the rest)."""
     jobs = _jobs(doc, hypothesis)
-    mechanisms: list[str] = []
-    for j in jobs.values():
-        for r in j.get("ladder", []):
-            if r["mechanism"] not in mechanisms:
-                mechanisms.append(r["mechanism"])
+    mechanisms = list(dict.fromkeys(r["mechanism"] for j in jobs.values() for r in j.get("ladder", [])))
     if not mechanisms:
         return []
+    found = {m["label"]: _first_by((jobs.get(m["label"]) or {}).get("ladder", []), lambda r: r["mechanism"])
+             for m in doc["models"]}
     rows = []
     for mech in mechanisms:
         row = [mech]
         for m in doc["models"]:
-            r = next((r for r in (jobs.get(m["label"]) or {}).get("ladder", []) if r["mechanism"] == mech), None)
+            r = found[m["label"]].get(mech)
             unexpected = r is not None and any(not c.endswith(AS_CLAIMED) for c in r["contradictions"])
             row.append("-" if r is None else (r["highest"] or "none") + (" !" if unexpected else ""))
         rows.append(row)
@@ -235,12 +244,13 @@ def _ladder(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
 def _numbers(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
     plan = plan_of(doc, hypothesis)
     jobs = _jobs(doc, hypothesis)
+    by_id = {label: _claims(j) for label, j in jobs.items()}
     rows = []
     for c in plan:
         row = [c["id"]]
         for m in doc["models"]:
             j = jobs.get(m["label"])
-            x = next((x for x in (j or {}).get("claims", []) if x["id"] == c["id"]), None)
+            x = by_id.get(m["label"], {}).get(c["id"])
             if x is None:
                 row.append("-")
             elif x["ci"]:

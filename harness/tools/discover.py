@@ -61,7 +61,7 @@ from ..model.ref import ModelRef, load_model
 from ..progress import progress, stage
 from ..report import circuit_reading as reading
 from ..report import discovery as render
-from ..report.discovery import STARTER_EDGES
+from ..report.discovery import STARTER_EDGES, VERSION
 from ..report.writer import write_folder
 from ..spec import names
 from ..spec.settings import Stats
@@ -74,7 +74,6 @@ from .scan import ScanSettings, explore_dataset, held_out_mapping, scan_hooks
 METHODS = ("eap-ig", "eap", "exact")
 RANKS = ("abs", "positions")
 DISCOVER_STATS = Stats(bootstrap=1000, permutations=2000)  # thresholds are the defaults; fewer resamples
-VERSION = 2  # of discovery.json (docs/discover.md)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -372,11 +371,16 @@ def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
                           f"prompts not used to find it); {held_out}.",
            "model": ModelRef.parse(got.model.source).relative_to(folder), "data": got.mapping,
            "metric": doc["settings"]["metric"], "claims": claims}
-    load(out, base_dir=folder)  # the starter file must be valid
     if k:  # the circuit's edges by reference: starter-edges.txt, written beside it with the same edges
         circuit = out["claims"][0]
+        CircuitClaim.model_validate(circuit)  # its edges, in one linear pass (not through the file's size limit)
         circuit["edges_from"] = STARTER_EDGES
-        del circuit["edges"]
+        edges = circuit.pop("edges")
+        checked = {**out, "claims": [{**circuit, "edges": edges[:1]}, *out["claims"][1:]]}
+        checked["claims"][0].pop("edges_from")
+        load(checked, base_dir=folder)  # the rest of the starter file must be valid
+    else:
+        load(out, base_dir=folder)
     return yaml.safe_dump(out, sort_keys=False).encode()
 
 

@@ -139,7 +139,8 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
     ds = ds.to(of(bridge))
     graph = Graph.of(bridge)
     head_edges = batched_edges.all_edges(L, H)  # first, in the order that keys their seeds
-    edges = head_edges + [e for e in graph.edges() if e not in set(head_edges)]
+    listed = set(head_edges)
+    edges = head_edges + [e for e in graph.edges() if e not in listed]
     hooks = scan_hooks(L, m.has_mlp)
     runs = base_runs(bridge, ds.keep_corruptions(chosen), hooks, cfg.metric)
     st = SCAN_STATS.model_copy(update={"bootstrap": cfg.bootstrap})
@@ -284,8 +285,10 @@ def starter(rows: list[dict[str, Any]], model_source: str, *, n_prompts: int, se
     `distinct`).  `folder`: where the file will be written; its model path is relative to it
     (default: absolute)."""
     used: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for r in rows:  # the strongest corruption per edge, rows being ranked by effect
-        if r["use"] == USED and all(u["edge"] != r["edge"] for u in used):
+        if r["use"] == USED and r["edge"] not in seen:
+            seen.add(r["edge"])
             used.append(r)
     claims: list[dict[str, Any]] = []
     for r in used[:top]:

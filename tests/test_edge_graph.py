@@ -77,12 +77,15 @@ def test_every_edge_but_one_is_the_exact_patch_of_that_edge(case):
             assert rel(got, runs.patched(e, Direction.NOISING, kind)) < 2e-5, (e, kind)
 
 
-def test_mlp_edges_patched_together_equal_one_at_a_time():
-    """Runs.patched_many takes edges with an MLP end through the graph, in one batch: the same
-    numbers as mech.paths one edge at a time, in both directions."""
-    runs = graph_runs("names", 12)
+@pytest.mark.parametrize("case", ["names", "rotary"])
+def test_mlp_edges_patched_together_equal_one_at_a_time(case):
+    """Runs.patched_many takes edges with an MLP end through the graph, each from its receiver's layer
+    (GraphModel.edge_patches): the same numbers as mech.paths one edge at a time, in both directions,
+    on a GPT-2-style model and a rotary one."""
+    runs = graph_runs(case, 12)
     mlp_edges = [e for e in runs.graph_model().graph.edges()
                  if isinstance(e.sender, names.Mlp) or isinstance(e.receiver, names.Mlp)][::5]
+    assert mlp_edges
     for direction in (Direction.NOISING, Direction.DENOISING):
         one = [runs.patched(e, direction, Replacement.RESAMPLE) for e in mlp_edges]
         runs.memo.clear()

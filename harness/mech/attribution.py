@@ -40,7 +40,8 @@ from .graph import Graph
 from .graph_run import GraphModel, Writes
 
 METHODS = ("eap", "eap-ig")
-BATCH = 16  # prompts per backward pass of every receiver's gradient
+BATCH = 16  # the most prompts per backward pass of every receiver's gradient
+EVERY_BUDGET = 512 * 2**20  # working memory of one such pass (by every_gradient_bytes)
 # working memory of one batch of one receiver's gradient passes (by one_gradient_bytes, about 3-fold generous)
 GRADIENT_BUDGET = 768 * 2**20
 
@@ -97,14 +98,19 @@ def _deltas(gm: GraphModel, clean: Writes, corrupt: Writes, layer: int, idx: Any
 
 def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
                 metric: Callable[[Any, Any], Any], method: str = "eap-ig", steps: int = 5,
-                direction: str = Direction.NOISING, batch: int = BATCH,
+                direction: str = Direction.NOISING, batch: int | None = None,
                 progress: Callable[..., Any] | None = None, wanted: list[tuple[int, int]] | None = None,
                 resamples: np.ndarray | None = None) -> Scores:
     """The attribution score of every edge (module docstring) over the prompts of `clean` /
     `corrupt` (run_writes of the two runs), `batch` prompts per backward pass; for the `wanted`
     edges ((sender index, receiver index) in the graph), each prompt's score summed over
-    positions; with `resamples` [B, n] (prompt weights), Scores.resampled."""
+    positions; with `resamples` [B, n] (prompt weights), Scores.resampled.  `batch`: prompts per pass
+    (default: at most BATCH, within memory.working(EVERY_BUDGET) by every_gradient_bytes)."""
     import torch
+
+    if batch is None:
+        one = every_gradient_bytes(gm, clean.embed.element_size())
+        batch = max(1, min(BATCH, memory.working(EVERY_BUDGET) // one))
 
     if method not in METHODS:
         raise ValueError(f"unknown attribution method {method!r}; allowed: {', '.join(METHODS)}")
@@ -198,12 +204,21 @@ def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions
             return metric(lg, idx[i])
 
         grad = sum(gm.receiver_gradient(xc + a * (xk - xc), positions[idx], rows, v) for a in points) / len(points)
-        delta = _sender_change(gm, clean, corrupt, idx, xk - xc, g.senders[u])  # [b, s, d]
+        delta = gm.sender_delta(clean, corrupt, g.senders[u], idx)  # [b, s, d]
         if v == len(g.receivers) - 1:
             at = positions[idx]
             delta = delta.gather(1, at[:, :, None].expand(-1, -1, delta.shape[-1]))
         out[lo:lo + len(idx)] = torch.einsum("bsd,bsd->bs", delta, grad).double().sum(1).cpu().numpy()
     return out
+
+
+def every_gradient_bytes(gm: GraphModel, item: int) -> int:
+    """A generous estimate of what one prompt's pass for every receiver's gradient holds: one_gradient_bytes,
+    and per layer the receivers' inputs, their gradients and those taken back through the norm
+    ([s, 3H, d] each) and the senders' changes the scores are contracted with."""
+    a, s = gm.arch, gm.s
+    per_layer = s * 3 * a.n_heads * a.d_model * 3 + s * len(gm.graph.senders) * a.d_model // a.n_layers
+    return one_gradient_bytes(gm, item) + item * a.n_layers * per_layer
 
 
 def one_gradient_bytes(gm: GraphModel, item: int) -> int:
@@ -214,17 +229,6 @@ def one_gradient_bytes(gm: GraphModel, item: int) -> int:
     d, H, d_mlp = a.d_model, a.n_heads, 4 * a.d_model
     per_layer = s * (8 * d + 4 * d_mlp + 3 * H * s)
     return item * (a.n_layers * per_layer + 3 * s * gm.vocab)
-
-
-def _sender_change(gm: GraphModel, clean: Writes, corrupt: Writes, idx: Any, d_embed: Any,
-                   sender: names.Node) -> Any:
-    """[b, s, d]: one sender's write in the clean run minus the corrupted run, prompts `idx`."""
-    if isinstance(sender, names.Head):
-        return _deltas(gm, clean, corrupt, sender.layer, idx)[:, :, sender.head]
-    if isinstance(sender, names.Mlp):
-        cm, km = clean.rows(clean.mlp[sender.layer], idx), corrupt.rows(corrupt.mlp[sender.layer], idx)
-        return cm - (0.0 if km is None else km)
-    return d_embed
 
 
 def _changes(gm: GraphModel, clean: Writes, corrupt: Writes, idx: Any, d_embed: Any) -> Any:

@@ -200,7 +200,8 @@ class GraphModel:
 
     # ------------------------------------------------------------ the forward
     def forward(self, x0: Any, cur_idx: Any, rep: Writes | None, removed: Any | None, positions: Any,
-                probes: list[Any] | None = None, only: int | None = None) -> Any:
+                probes: list[Any] | None = None, only: int | None = None, shift: Any = None,
+                start: int = 0) -> Any:
         """Logits at the scored positions [R, k, vocab] of R rows.
 
         x0 [R, s, d]: what enters the residual stream (embed's write in this forward); rep: the
@@ -210,7 +211,10 @@ class GraphModel:
         forward order: per layer [R, s, 3H, d] (the head inputs) and [R, s, d] (the MLP), then
         [R, k, d] (logits).  `only` (a receiver index, with `probes` and every edge kept): one probe
         [R, s, d] (logits: [R, k, d]) added to that receiver's input alone, so that a backward pass
-        reaches back to that receiver's layer only."""
+        reaches back to that receiver's layer only; with `shift` ([R, s, d] or [R, k, d]) that tensor
+        is added instead of a probe (an edit of the receiver's input, no gradient).  `start` (with
+        `only`): x0 is the residual entering layer `start` (at most the receiver's layer), the layers
+        before it are not run."""
         import torch
 
         g, arch, m = self.graph, self.arch, self.model
@@ -228,6 +232,8 @@ class GraphModel:
         # (before the receiver's layer without gradients), only the probed layer runs per receiver
         dense = only if D is None and probes is not None else None
         lv = g.receiver_layer(dense) if dense is not None else -1
+        if start and (dense is None or start > lv):
+            raise ValueError("a forward that starts inside the model is one probed receiver's, at or before its layer")
         mm = replace(m, rotation=rot)
 
         def take_out(inp: Any, U: int, cols: Any) -> Any:
@@ -250,11 +256,13 @@ class GraphModel:
         def probe(inp: Any, want: bool = True) -> Any:
             if probes is None or not want:
                 return inp
-            p = torch.zeros_like(inp, requires_grad=True)
+            p = shift if shift is not None else torch.zeros_like(inp, requires_grad=True)
             probes.append(p)
             return inp + p
 
         for L, lay in enumerate(m.layers):
+            if L < start:
+                continue
             if dense is not None and L != lv:
                 with torch.set_grad_enabled(L > lv and torch.is_grad_enabled()):
                     resid = blocks.block(mm, lay, resid, blocks.mask(s, lay.window, x0))
@@ -268,7 +276,7 @@ class GraphModel:
                 # copy alone carries the probe
                 x = resid[:, :, None, :].expand(R, s, 3 * H, d)
                 if wanted(cols.start, cols.stop):
-                    p = torch.zeros_like(resid, requires_grad=True)
+                    p = shift if shift is not None else torch.zeros_like(resid, requires_grad=True)
                     probes.append(p)  # type: ignore[union-attr]
                     one = torch.zeros(3 * H, 1, dtype=x.dtype, device=x.device)
                     one[only - cols.start] = 1.0
@@ -304,7 +312,7 @@ class GraphModel:
                 mr = rep.rows(rep.mlp[L], cur_idx)  # type: ignore[union-attr]
                 D[:, U + H] = mlp_out - (0.0 if mr is None else mr)
             resid = resid + attn + mlp_out
-        cost.spend(R)
+        cost.spend(R, cost.layers_from(start, arch.n_layers))
         final = take_out(resid, len(g.senders), len(g.receivers) - 1)
         at = blocks.at(positions, final[None])[0]  # [R, k, d]
         return m.logits(probe(at, wanted(len(g.receivers) - 1, len(g.receivers))))
@@ -334,6 +342,57 @@ class GraphModel:
                 logits = self.forward(x[i], i, rep, removed[e].to(x.dtype), positions[i])
                 out[lo:lo + len(rows)] = metric(logits, i).double().cpu().numpy()
         return out.reshape(E, n)
+
+    def edge_patches(self, base: Writes, rep: Writes, entering: Callable[[int], Any], edges: list[tuple[int, int]],
+                     positions: Any, metric: Callable[[Any, Any], Any], budget: int | None = None) -> np.ndarray:
+        """The metric [E, n] with one edge (u, v) patched at a time: receiver v reads its input with
+        sender u's write replaced by `rep`'s (input_v = R - (base_u - rep_u)), every other edge kept.
+        Exact, and run from v's layer on: `entering(layer)` gives the base run's residual entering a
+        layer [n, >= s, d] (n_layers: the final residual), nothing before v's layer changes, and the
+        layers after it are the model's own blocks.  Prompts in chunks of `budget` bytes."""
+        import torch
+
+        g, L = self.graph, self.arch.n_layers
+        budget = memory.working(BUDGET) if budget is None else budget
+        n = base.embed.shape[0]
+        size = max(1, budget // self.dense_row_bytes(base.embed.element_size()))
+        out = np.zeros((len(edges), n))
+        with torch.no_grad():
+            for e, (u, v) in enumerate(edges):
+                lv = g.receiver_layer(v)
+                x = entering(lv)[:, :self.s]
+                delta = self.sender_delta(base, rep, g.senders[u])
+                for lo in range(0, n, size):
+                    idx = torch.arange(lo, min(n, lo + size), device=x.device)
+                    shift = -delta[idx]
+                    if lv == L:  # the logits read the final residual at the scored positions
+                        shift = blocks.at(positions[idx], shift[None])[0]
+                    logits = self.forward(x[idx], idx, None, None, positions[idx], probes=[], only=v, shift=shift,
+                                          start=lv)
+                    out[e, lo:lo + len(idx)] = metric(logits, idx).double().cpu().numpy()
+        return out
+
+    def sender_delta(self, base: Writes, rep: Writes, sender: names.Node, idx: Any = None) -> Any:
+        """[n, s, d]: one sender's write in `base` minus its write in `rep` (prompts `idx`, default all):
+        a head's (z_base - z_rep) W_O[h], an MLP's output, embed's write."""
+        import torch
+
+        idx = torch.arange(base.embed.shape[0], device=base.embed.device) if idx is None else idx
+        if isinstance(sender, names.Head):
+            h, z = sender.head, sender.layer
+            return (base.rows(base.z[z], idx)[:, :, h] - rep.rows(rep.z[z], idx)[:, :, h]) @ self.heads(z).W_O[h]
+        if isinstance(sender, names.Mlp):
+            bm, rm = base.rows(base.mlp[sender.layer], idx), rep.rows(rep.mlp[sender.layer], idx)
+            return bm - (0.0 if rm is None else rm)
+        return base.rows(base.embed, idx) - rep.rows(rep.embed, idx)
+
+    def dense_row_bytes(self, item: int) -> int:
+        """A generous estimate of one prompt's working memory in a forward through the model's own
+        blocks (the residual, q, k, v, attention scores and output, the MLP's hidden units per layer,
+        one layer's at a time) and its logits at every position."""
+        a, s = self.arch, self.s
+        d, H = a.d_model, a.n_heads
+        return item * s * (8 * d + 4 * 4 * d + 3 * H * s + 3 * self.vocab)
 
     def row_bytes(self, item: int) -> int:
         """Working memory of one row (a generous estimate): the senders' D, a layer's per-receiver

@@ -34,7 +34,7 @@ from .. import memory
 from ..errors import UnsupportedError
 from ..model import architecture, shape
 from ..spec import names
-from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
+from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_post, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
 from . import attribution, batched_ablation, batched_edges, graph_run, hooks, patching, paths, writes
 from .hooks import Cache
@@ -335,11 +335,19 @@ class Runs:
         base = self.writes(self.clean if noising else self.corrupt)
         rep = (self.writes(self.corrupt if noising else self.clean) if replacement == Replacement.RESAMPLE
                else self.mean_writes() if replacement == Replacement.MEAN else base.zeros())
-        masks = np.repeat(g.full()[None], len(todo), axis=0)
-        for i, e in enumerate(todo):
-            masks[i, g.sender_index(e.sender), g.receiver_index(e.receiver)] = False  # type: ignore[arg-type]
-        with torch.no_grad():
-            got = gm.circuits(base, rep, masks, self.ds.positions, self.metric_rows)
+        pairs = [(g.sender_index(e.sender), g.receiver_index(e.receiver)) for e in todo]  # type: ignore[arg-type]
+        run = self.clean if noising else self.corrupt
+        L = self.n_layers
+        entering = [hook_resid_pre(layer) for layer in range(L)] + [hook_resid_post(L - 1)]
+        if all(entering[g.receiver_layer(v)] in run for _, v in pairs):  # each from its receiver's layer on
+            got = gm.edge_patches(base, rep, lambda layer: run[entering[layer]], pairs, self.ds.positions,
+                                  self.metric_rows)
+        else:  # the graph forward of every edge but one, from the start
+            masks = np.repeat(g.full()[None], len(todo), axis=0)
+            for i, (u, v) in enumerate(pairs):
+                masks[i, u, v] = False
+            with torch.no_grad():
+                got = gm.circuits(base, rep, masks, self.ds.positions, self.metric_rows)
         for e, m in zip(todo, got, strict=True):
             self.memo[self._edge_key(e, direction, replacement, False, None)] = m
 
@@ -399,7 +407,7 @@ class Runs:
                                 [None if m is None else ref.mean(m, drop) for m in ref_writes.mlp])
 
     def edge_scores(self, method: str, *, steps: int = 5, direction: str = Direction.NOISING,
-                    wanted: list[tuple[int, int]] | None = None, batch: int = attribution.BATCH,
+                    wanted: list[tuple[int, int]] | None = None, batch: int | None = None,
                     progress: Callable[..., Any] | None = None, resamples: np.ndarray | None = None
                     ) -> attribution.Scores:
         """The attribution score of every edge between this clean run and this corruption's run

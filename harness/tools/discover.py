@@ -236,6 +236,8 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     known_mask = None if got.known is None else known_edges(got.known, g)
     resamples = stability.weights(len(disc_idx), derive_seed(cfg.seed, Stream.DISCOVER_STABILITY))
     score, resampled = scores(disc, g, cfg, resamples)
+    gap = float(np.mean(disc.m_clean - disc.m_corrupt))
+    del disc  # its caches: the confirmation runs need the memory
     order = ranking(score, g, cfg.rank)
     edges = g.edges()
     top = [edges[i] for i in order[:cfg.top]]
@@ -253,7 +255,6 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     ks = sorted({*curve_ks(g.n_edges), *(p["k"] for p in finer)})
     stable = None if cfg.rank != "abs" else stability.summary(stability.jaccard(resampled, order, ks), ks, k_start,
                                                               len(disc_idx))
-    gap = float(np.mean(disc.m_clean - disc.m_corrupt))
     rows = ranking_rows(score, g, order, gap)
     confirmed = [confirmed_row(r, t) for r, t in enumerate(tests, start=1)]
     return {

@@ -190,7 +190,7 @@ def test_a_circuit_of_a_hundred_thousand_edges_validates_in_linear_time():
     61,605 edges, and would take hours here), and a repeat is still found."""
     from pydantic import ValidationError
 
-    from harness.claims.circuit import CircuitClaim
+    from harness.claims.circuit_spec import CircuitClaim
 
     edges = [f"L{s}H{h} -> L{r}H{q}.{x}" for s in range(30) for h in range(9) for r in range(s + 1, 30)
              for q in range(9) for x in "qkv"][:100_000]

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 import harness
-from harness.claims.circuit import CircuitClaim, EdgeCircuit
+from harness.claims.circuit_plans import EdgeCircuit
+from harness.claims.circuit_spec import CircuitClaim
 from harness.mech.graph import Graph
 from harness.spec import names
 
@@ -74,6 +75,9 @@ def test_every_edge_reads_one_exactly(evidence):
     c = evidence.claim("every-edge")
     assert c.value == 1.0 and c.ci == [1.0, 1.0] and c.verdict == "PASS"
     assert c.details.graph_edges == len(c.details.edges) == 257
+    # a circuit of more than 60 edges is one ladder row (the five-edge circuit below has a row per edge)
+    (row,) = [r for r in evidence.ladder if any(s.claim == "every-edge" for steps in r.rungs.values() for s in steps)]
+    assert row.mechanism == "edge circuit every-edge (257 edges)" and row.highest == "sufficiency"
 
 
 def test_random_edge_circuits_stop_when_decided_and_the_ladder_has_every_edge(evidence):

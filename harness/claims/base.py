@@ -169,6 +169,12 @@ class Context:
     _composition: Composition | None = None
     _explainer: Explainer | None = None
 
+    def let_go_of_weights(self) -> None:
+        """Forget the head weights and what was computed from them (made again, with the same numbers, on
+        next use): a stage that reads no weights need not hold them (float64 copies, about 4 d_model^2
+        x 8 bytes a layer)."""
+        self._weights = self._composition = self._explainer = None
+
     def runs_for(self, corruption: str | None) -> Runs:
         """The base runs with the claim's corruption (None: the data's default)."""
         return self.runs.with_corruption(corruption)

@@ -31,25 +31,19 @@ PASS with such a head is INCONCLUSIVE, naming the heads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from math import comb, prod
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
-from pydantic import Field, StrictBool, model_validator
 
 from .. import stats
-from ..errors import UnsupportedError
-from ..evidence.details import CI, Details, Num, Sensitivity, Summary, optional
+from ..evidence.details import Summary
 from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_verdict
 from ..mech import graph_run, jackknife
-from ..mech.graph import Graph
 from ..mech.runs import Runs
-from ..progress import stage
 from ..spec import names
-from ..spec.fields import BoundedCausalClaim, CircuitEdgeList, UnitList
 from ..spec.names import hook_mlp_out, hook_resid_pre, hook_z
 from ..spec.settings import Stats
 from ..spec.vocabulary import Ablation, LadderStatus, Rung
@@ -69,203 +63,20 @@ from .base import (
     supporting,
     with_details,
 )
+from .circuit_plans import (
+    EdgeCircuit,
+    NodeCircuit,
+    Plan,
+    RandomComparison,
+    nodes_of,
+    pool,
+    random_faithfulness_test,
+    with_mlps,
+)
+from .circuit_spec import CircuitClaim, CircuitDetails
 
 UNIT = "faithfulness"
-
-
-class CircuitClaim(BoundedCausalClaim):
-    """Keeping only these heads (or these edges) recovers at least (or at most) a fraction of the behaviour."""
-
-    kind: Literal["circuit"]
-    heads: UnitList | None = None  # heads and MLPs (L1.mlp): a node circuit
-    edges: CircuitEdgeList | None = None  # an edge circuit
-    edges_from: str | None = None  # the file the edges were read from (hypothesis.references)
-    top: int | None = Field(None, ge=1)  # with edges_from: its first `top` edges
-    ablation: Ablation = Ablation.RESAMPLE
-    random_circuits: int = Field(100, ge=20, le=100_000)  # the most random circuits drawn
-    beat_rate: float = Field(0.5, ge=0.0, lt=1.0)
-    sensitivity: StrictBool = False
-
-    @model_validator(mode="after")
-    def _one_set(self) -> CircuitClaim:
-        if (self.heads is None) == (self.edges is None):
-            raise ValueError("give exactly one of heads (a node circuit) / edges (an edge circuit), or edges_from "
-                             "(a file of edges)")
-        if self.top is not None and self.edges_from is None:
-            raise ValueError("top keeps the first edges of an edges_from file; give edges_from")
-        return self
-
-    @property
-    def size(self) -> int:
-        return len(self.heads if self.heads is not None else self.edges or [])
-
-
-class CircuitDetails(Details):
-    heads: list[str]  # the heads (and MLPs) kept; of an edge circuit, the nodes its edges join
-    ablation: str
-    full_metric_mean: float
-    circuit_metric_mean: float
-    empty_metric_mean: float
-    n_prompts: int
-    random_circuits: int  # random circuits drawn (0: no comparison)
-    beat_rate: float
-    confidence: float
-    n_excluded_small_gap: int
-    gap_mean: float  # of m_full - m_empty over all prompts
-    kept_gap_mean: Num
-    faithfulness: Num = optional()
-    faithfulness_ci: CI | None = optional()
-    faithfulness_summary: Summary | None = optional()
-    faithfulness_ci_method: str | None = optional()
-    random_faithfulness_summary: Summary | None = optional()
-    random_faithfulness_max: Num = optional()
-    beaten: int | None = optional()
-    binomial_p_value: Num = optional()  # documents before version 5: the fixed-N binomial test
-    beat_p_value: Num = optional()  # the sequential test's anytime-valid p-value (stats.sequential_beat_test)
-    beat_decision: str | None = optional()  # more / not more / undecided
-    random_draws_max: int | None = optional()  # the claim's random_circuits
-    random_draw: str | None = optional()  # how random circuits are drawn
-    alpha: float | None = optional()
-    corruption: str | None = optional()
-    intervention_change: effects.InterventionChange | None = optional()  # of the heads (senders) outside the circuit
-    sensitivity: Sensitivity | None = optional()  # faithfulness under each ablation type (bound only)
-    edges: list[str] | None = optional()  # an edge circuit's edges
-    graph_edges: int | None = optional()  # edges of the model's graph (edge circuits)
-    edge_classes: dict[str, dict[str, int]] | None = optional()  # the kept edges by sender and receiver kind
-
-
-@dataclass(frozen=True)
-class RandomComparison:
-    """What the random circuits showed: their faithfulness and the sequential test."""
-
-    faithfulness: np.ndarray
-    test: stats.BeatTest
-    how: str
-
-
-# ---------------------------------------------------------------- the two kinds of circuit
-class NodeCircuit:
-    """Variants are the units ablated; the random circuits: as many units drawn uniformly."""
-
-    def __init__(self, claim: CircuitClaim, runs: Runs):
-        self.runs, self.claim = runs, claim
-        self.every = pool(claim, runs.n_layers, runs.n_heads)
-        keep = set(claim.heads or [])
-        self.rest = [h for h in self.every if h not in keep]
-        self.how = f"{claim.size} of the {len(self.every)} {'heads and MLPs' if with_mlps(claim) else 'heads'}, " \
-                   "uniformly"
-
-    def base(self, kind: str, drop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(m_full, m_circuit, m_empty)."""
-        m_c, m_e = self.runs.ablated_many([self.rest, self.every], kind, [drop, drop])
-        return self.runs.m_clean, m_c, m_e
-
-    def can_draw(self) -> bool:
-        return comb(len(self.every), self.claim.size) > 1
-
-    def random(self, rng: np.random.Generator, n: int, kind: str) -> list[np.ndarray]:
-        claimed = sorted(self.every.index(h) for h in self.claim.heads or [])
-        complements = []
-        for _ in range(n):
-            pick = claimed
-            while pick == claimed:
-                pick = sorted(rng.choice(len(self.every), size=self.claim.size, replace=False).tolist())
-            chosen = set(pick)
-            complements.append([h for j, h in enumerate(self.every) if j not in chosen])
-        return self.runs.ablated_many(complements, kind)
-
-    def outside(self) -> list[names.Unit]:
-        return self.rest
-
-
-class EdgeCircuit:
-    """Variants are edge masks; the random circuits: as many edges into each receiver as the claimed
-    circuit has, drawn uniformly among that receiver's senders."""
-
-    def __init__(self, claim: CircuitClaim, runs: Runs):
-        self.runs, self.claim = runs, claim
-        self.graph: Graph = runs.graph_model().graph
-        try:
-            self.mask = self.graph.mask(claim.edges or [])
-        except ValueError as exc:
-            raise UnsupportedError(f"claim {claim.id!r}: {exc} (its receiver reads the residual stream before the "
-                                   "sender writes to it)") from None
-        self.per_receiver = self.mask.sum(0)
-        self.how = f"{claim.size} edges, as many into each receiver as the circuit has, uniformly among its senders"
-
-    def base(self, kind: str, drop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        g = self.graph
-        m_f, m_c, m_e = self.runs.edge_circuits([g.full(), self.mask, np.zeros_like(self.mask)], kind, drop)
-        return m_f, m_c, m_e
-
-    def can_draw(self) -> bool:
-        adj = self.graph.adjacency
-        return prod(comb(int(adj[:, j].sum()), int(c)) for j, c in enumerate(self.per_receiver) if c) > 1
-
-    def random(self, rng: np.random.Generator, n: int, kind: str) -> list[np.ndarray]:
-        adj = self.graph.adjacency
-        masks = []
-        for _ in range(n):
-            while True:
-                m = np.zeros_like(self.mask)
-                for j in np.nonzero(self.per_receiver)[0]:
-                    m[rng.choice(np.nonzero(adj[:, j])[0], size=int(self.per_receiver[j]), replace=False), j] = True
-                if not np.array_equal(m, self.mask):
-                    break
-            masks.append(m)
-        return self.runs.edge_circuits(masks, kind)
-
-    def outside(self) -> list[names.Unit]:
-        """The heads and MLPs some of whose edges are removed (embed's change is not an ablation)."""
-        removed = (self.graph.adjacency & ~self.mask).any(1)
-        return [u for u, r in zip(self.graph.senders, removed) if r and isinstance(u, (names.Head, names.Mlp))]
-
-
-Plan = NodeCircuit | EdgeCircuit
-
-
-def random_faithfulness_test(plan: Plan, claim: CircuitClaim, m_empty: np.ndarray, gap: np.ndarray,
-                             kept: np.ndarray, f_claimed: float, seed: int, st: Stats) -> RandomComparison | None:
-    """Random circuits of the claim's size drawn in rounds until the sequential test decides
-    (stats.sequential_beat_test); None when no other circuit of that size exists."""
-    if not plan.can_draw():
-        return None
-    rng = np.random.default_rng(seed)
-    found: list[float] = []
-
-    def draw(n: int) -> list[bool]:
-        ms = plan.random(rng, n, claim.ablation)
-        fs = [float((m - m_empty)[kept].sum() / gap[kept].sum()) for m in ms]
-        found.extend(fs)
-        return [f < f_claimed for f in fs]
-
-    test = stats.sequential_beat_test(draw, claim.random_circuits, claim.beat_rate, st.alpha)
-    stage(f"random circuits ({claim.id}): {test.drawn} of at most {claim.random_circuits} drawn (sequential test: "
-          f"{test.decision})")
-    return RandomComparison(np.asarray(found), test, plan.how)
-
-
-def with_mlps(claim: CircuitClaim) -> bool:
-    """Whether a node circuit is drawn from heads and MLPs: when it names an MLP (a circuit of
-    heads alone keeps every MLP)."""
-    return any(isinstance(h, names.Mlp) for h in claim.heads or [])
-
-
-def pool(claim: CircuitClaim, n_layers: int, n_heads: int) -> list[names.Unit]:
-    """What a node circuit keeps or ablates: every head, and every MLP when it names one."""
-    heads: list[names.Unit] = list(names.Head.every(n_layers, n_heads))
-    return heads + ([names.Mlp(layer) for layer in range(n_layers)] if with_mlps(claim) else [])
-
-
-def nodes_of(edges: Sequence[names.Edge]) -> list[str]:
-    """The heads and MLPs an edge circuit's edges join, in forward order."""
-    found: set[names.Unit] = set()
-    for e in edges:
-        for n in (*names.members(e.sender), e.receiver):
-            owner = n.head if isinstance(n, names.HeadInput) else n
-            if isinstance(owner, (names.Head, names.Mlp)):
-                found.add(owner)
-    return [str(u) for u in sorted(found, key=lambda u: (names.layer_of(u), str(u)))]
+LADDER_EDGES = 60  # an edge circuit of more edges is one ladder row, not a row per edge
 
 
 class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
@@ -294,10 +105,13 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         status = bounded_status(claim, result)
         if d.intervention_change is not None and d.intervention_change.vacuous_heads:
             status = LadderStatus.UNTESTED if status == LadderStatus.INCONCLUSIVE else status
-        if claim.edges is not None:  # the sufficiency rung of every edge of the circuit
+        if claim.edges is not None and claim.size <= LADDER_EDGES:  # the sufficiency rung of every edge
             note = f"kept in an edge circuit of {claim.size} edges: faithfulness {fmt(result.value)}"
             return [LadderEntry(str(e), "edge" if names.is_head_route(e) else "route", Rung.SUFFICIENCY, status, note,
                                 d.corruption) for e in claim.edges]
+        if claim.edges is not None:  # a large circuit: one row, not one per edge
+            return [LadderEntry(f"edge circuit {claim.id} ({claim.size} edges)", "heads", Rung.SUFFICIENCY, status,
+                                f"faithfulness {fmt(result.value)}, every other edge {claim.ablation}", d.corruption)]
         mechanism = f"circuit {heads_mechanism(claim.heads or [])[0]}"
         return ([LadderEntry(mechanism, "heads", Rung.SUFFICIENCY, status,
                              f"faithfulness {fmt(result.value)} with the rest {claim.ablation}-ablated", d.corruption)]

@@ -121,6 +121,8 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
     found: dict[int, ClaimResult] = {}
     rows: list[WeightsVsUseRow] = []
     for kind, items in by_kind(claims).items():
+        if not any(kind.needs_weights(c) for _, c in items):
+            ctx.let_go_of_weights()  # the figure data makes them again if it needs them
         stage(f"claims: {len(items)} {kind.name}")
         measured = kind.measure(items, ctx)
         spent(ledger, f"{kind.name} done", runs)

@@ -93,6 +93,7 @@ class Composition:
     _scores: dict[str, np.ndarray] = field(default_factory=dict)
     _null: SharedNull | None = None
     _results: dict[tuple[Any, ...], CompositionResult] = field(default_factory=dict)
+    _pools: dict[str, np.ndarray] = field(default_factory=dict)
 
     # -------------------------------------------------------------- cores, spectra, scores
     def sender_core(self) -> Any:
@@ -241,6 +242,16 @@ class Composition:
             self._results[(*q, n_draws, extend_to, alpha)] = self._record(q[0], q[1], base[q], p, used)
         return [self._results[(*q, n_draws, extend_to, alpha)] for q in pairs]
 
+    def pool(self, mode: str) -> np.ndarray:
+        """Every cross-layer pair's score of input `mode` (NaN left out), sorted: what a pair's
+        percentile is taken among; made once per mode."""
+        if mode not in self._pools:
+            grid = self.scores(mode)
+            L = self.hw.n_layers
+            pool = np.concatenate([grid[l1, :, l2, :].ravel() for l1 in range(L) for l2 in range(l1 + 1, L)])
+            self._pools[mode] = np.sort(pool[~np.isnan(pool)])
+        return self._pools[mode]
+
     def _record(self, sender: Head, receiver: HeadInput, null: np.ndarray, p: float,
                 used: int) -> CompositionResult:
         hw, mode = self.hw, receiver.which
@@ -249,17 +260,15 @@ class Composition:
         sy = self.spectrum(mode)[receiver.head.layer, receiver.head.head].numpy()
         nx, ny = float(np.linalg.norm(sx)), float(np.linalg.norm(sy))
         c_max = min(sx[0] / nx, sy[0] / ny) if nx > 0 and ny > 0 else 0.0
-        grid = self.scores(mode)
-        L = hw.n_layers
-        pool = np.concatenate([grid[l1, :, l2, :].ravel() for l1 in range(L) for l2 in range(l1 + 1, L)])
-        pool = pool[~np.isnan(pool)]
+        pool = self.pool(mode)
         return CompositionResult(
             sender=str(sender), receiver=str(receiver), mode=mode,
             score=c, p_value=p, null_mean=float(null.mean()), null_std=float(null.std()),
             null_q95=float(np.quantile(null, 0.95)), null_q99=float(np.quantile(null, 0.99)), n_draws=used,
             ratio_to_isotropic=c * math.sqrt(hw.null_dim), fraction_of_max=c / c_max if c_max > 0 else float("nan"),
             c_max=float(c_max),
-            percentile=float(100.0 * np.mean(pool <= c + 1e-15)) if not math.isnan(c) else float("nan"),
+            percentile=(float(100.0 * np.searchsorted(pool, c + 1e-15, side="right") / len(pool))
+                        if not math.isnan(c) else float("nan")),
             rank_sender=spectrum_rank(sx), rank_receiver=spectrum_rank(sy), processing=hw.processing,
             null_dim=hw.null_dim)
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from ..claims.ablation import AblationDetails
 from ..claims.attention import AttentionDetails
 from ..claims.attribution import AttributionDetails
-from ..claims.circuit import CircuitDetails
+from ..claims.circuit_spec import CircuitDetails
 from ..claims.composition import CompositionDetails
 from ..claims.copying import CopyingDetails
 from ..claims.edge import EdgeDetails

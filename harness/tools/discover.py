@@ -46,7 +46,8 @@ import numpy as np
 
 from .. import threads
 from ..claims import effects
-from ..claims.circuit import CircuitClaim, with_mlps
+from ..claims.circuit_plans import with_mlps
+from ..claims.circuit_spec import CircuitClaim
 from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
 from ..engine.data_source import for_exploring, from_data_file
 from ..errors import SpecError, UserError

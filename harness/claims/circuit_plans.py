@@ -1,0 +1,155 @@
+"""The two kinds of circuit a `circuit` claim states, as plans of what to run (claims.circuit):
+a node circuit (units kept; every other head, and MLP when it names one, ablated) and an edge
+circuit (edges kept; every other edge of the graph carries its replacement), each with its
+random circuits of the same size, and the sequential test of the claimed circuit against them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import comb, prod
+
+import numpy as np
+
+from .. import stats
+from ..errors import UnsupportedError
+from ..mech.graph import Graph
+from ..mech.runs import Runs
+from ..progress import stage
+from ..spec import names
+from ..spec.settings import Stats
+from .circuit_spec import CircuitClaim
+
+
+@dataclass(frozen=True)
+class RandomComparison:
+    """What the random circuits showed: their faithfulness and the sequential test."""
+
+    faithfulness: np.ndarray
+    test: stats.BeatTest
+    how: str
+
+
+class NodeCircuit:
+    """Variants are the units ablated; the random circuits: as many units drawn uniformly."""
+
+    def __init__(self, claim: CircuitClaim, runs: Runs):
+        self.runs, self.claim = runs, claim
+        self.every = pool(claim, runs.n_layers, runs.n_heads)
+        keep = set(claim.heads or [])
+        self.rest = [h for h in self.every if h not in keep]
+        self.how = f"{claim.size} of the {len(self.every)} {'heads and MLPs' if with_mlps(claim) else 'heads'}, " \
+                   "uniformly"
+
+    def base(self, kind: str, drop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(m_full, m_circuit, m_empty)."""
+        m_c, m_e = self.runs.ablated_many([self.rest, self.every], kind, [drop, drop])
+        return self.runs.m_clean, m_c, m_e
+
+    def can_draw(self) -> bool:
+        return comb(len(self.every), self.claim.size) > 1
+
+    def random(self, rng: np.random.Generator, n: int, kind: str) -> list[np.ndarray]:
+        claimed = sorted(self.every.index(h) for h in self.claim.heads or [])
+        complements = []
+        for _ in range(n):
+            pick = claimed
+            while pick == claimed:
+                pick = sorted(rng.choice(len(self.every), size=self.claim.size, replace=False).tolist())
+            chosen = set(pick)
+            complements.append([h for j, h in enumerate(self.every) if j not in chosen])
+        return self.runs.ablated_many(complements, kind)
+
+    def outside(self) -> list[names.Unit]:
+        return self.rest
+
+
+class EdgeCircuit:
+    """Variants are edge masks; the random circuits: as many edges into each receiver as the claimed
+    circuit has, drawn uniformly among that receiver's senders."""
+
+    def __init__(self, claim: CircuitClaim, runs: Runs):
+        self.runs, self.claim = runs, claim
+        self.graph: Graph = runs.graph_model().graph
+        try:
+            self.mask = self.graph.mask(claim.edges or [])
+        except ValueError as exc:
+            raise UnsupportedError(f"claim {claim.id!r}: {exc} (its receiver reads the residual stream before the "
+                                   "sender writes to it)") from None
+        self.per_receiver = self.mask.sum(0)
+        self.how = f"{claim.size} edges, as many into each receiver as the circuit has, uniformly among its senders"
+
+    def base(self, kind: str, drop: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        g = self.graph
+        m_f, m_c, m_e = self.runs.edge_circuits([g.full(), self.mask, np.zeros_like(self.mask)], kind, drop)
+        return m_f, m_c, m_e
+
+    def can_draw(self) -> bool:
+        adj = self.graph.adjacency
+        return prod(comb(int(adj[:, j].sum()), int(c)) for j, c in enumerate(self.per_receiver) if c) > 1
+
+    def random(self, rng: np.random.Generator, n: int, kind: str) -> list[np.ndarray]:
+        adj = self.graph.adjacency
+        pools = [(j, np.nonzero(adj[:, j])[0], int(self.per_receiver[j])) for j in np.nonzero(self.per_receiver)[0]]
+        masks = []
+        for _ in range(n):
+            while True:
+                m = np.zeros_like(self.mask)
+                for j, senders, count in pools:  # each receiver's senders found once, not per draw
+                    m[rng.choice(senders, size=count, replace=False), j] = True
+                if not np.array_equal(m, self.mask):
+                    break
+            masks.append(m)
+        return self.runs.edge_circuits(masks, kind)
+
+    def outside(self) -> list[names.Unit]:
+        """The heads and MLPs some of whose edges are removed (embed's change is not an ablation)."""
+        removed = (self.graph.adjacency & ~self.mask).any(1)
+        return [u for u, r in zip(self.graph.senders, removed) if r and isinstance(u, (names.Head, names.Mlp))]
+
+
+Plan = NodeCircuit | EdgeCircuit
+
+
+def random_faithfulness_test(plan: Plan, claim: CircuitClaim, m_empty: np.ndarray, gap: np.ndarray,
+                             kept: np.ndarray, f_claimed: float, seed: int, st: Stats) -> RandomComparison | None:
+    """Random circuits of the claim's size drawn in rounds until the sequential test decides
+    (stats.sequential_beat_test); None when no other circuit of that size exists."""
+    if not plan.can_draw():
+        return None
+    rng = np.random.default_rng(seed)
+    found: list[float] = []
+
+    def draw(n: int) -> list[bool]:
+        ms = plan.random(rng, n, claim.ablation)
+        fs = [float((m - m_empty)[kept].sum() / gap[kept].sum()) for m in ms]
+        found.extend(fs)
+        return [f < f_claimed for f in fs]
+
+    test = stats.sequential_beat_test(draw, claim.random_circuits, claim.beat_rate, st.alpha)
+    stage(f"random circuits ({claim.id}): {test.drawn} of at most {claim.random_circuits} drawn (sequential test: "
+          f"{test.decision})")
+    return RandomComparison(np.asarray(found), test, plan.how)
+
+
+def with_mlps(claim: CircuitClaim) -> bool:
+    """Whether a node circuit is drawn from heads and MLPs: when it names an MLP (a circuit of
+    heads alone keeps every MLP)."""
+    return any(isinstance(h, names.Mlp) for h in claim.heads or [])
+
+
+def pool(claim: CircuitClaim, n_layers: int, n_heads: int) -> list[names.Unit]:
+    """What a node circuit keeps or ablates: every head, and every MLP when it names one."""
+    heads: list[names.Unit] = list(names.Head.every(n_layers, n_heads))
+    return heads + ([names.Mlp(layer) for layer in range(n_layers)] if with_mlps(claim) else [])
+
+
+def nodes_of(edges: Sequence[names.Edge]) -> list[str]:
+    """The heads and MLPs an edge circuit's edges join, in forward order."""
+    found: set[names.Unit] = set()
+    for e in edges:
+        for n in (*names.members(e.sender), e.receiver):
+            owner = n.head if isinstance(n, names.HeadInput) else n
+            if isinstance(owner, (names.Head, names.Mlp)):
+                found.add(owner)
+    return [str(u) for u in sorted(found, key=lambda u: (names.layer_of(u), str(u)))]

@@ -77,7 +77,7 @@ def test_every_edge_reads_one_exactly(evidence):
     assert c.details.graph_edges == len(c.details.edges) == 257
     # a circuit of more than 60 edges is one ladder row (the five-edge circuit below has a row per edge)
     (row,) = [r for r in evidence.ladder if any(s.claim == "every-edge" for steps in r.rungs.values() for s in steps)]
-    assert row.mechanism == "edge circuit every-edge (257 edges)" and row.highest == "sufficiency"
+    assert row.mechanism == "edge circuit every-edge (257 edges)" and "sufficiency" in row.rungs
 
 
 def test_random_edge_circuits_stop_when_decided_and_the_ladder_has_every_edge(evidence):

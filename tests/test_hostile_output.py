@@ -693,7 +693,7 @@ def _renders_whenever_valid(doc: dict, problems, render_text, render_all, min_ac
         for i in picks:
             try:
                 d = _apply(d, *mutations[i])
-            except (KeyError, IndexError, TypeError):
+            except (KeyError, IndexError, TypeError, ValueError):  # an earlier pick changed the path's shape
                 return
         if problems(d) == []:
             render_all(d)  # must not raise (nor warn: warnings are errors in the tests)

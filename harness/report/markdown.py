@@ -224,7 +224,7 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
             *[f"- edges of {md_code(r['claim'])}: {md_code(r['file'])}"
               + (f" (its first {t(r['top'])})" if r.get("top") else "")
               + f", {t(r['edges'])} edges, sha256 {md_code(str(r['sha256'])[:16] + '…')}"
-              for r in (h.get("references") or []) if isinstance(r, dict)],
+              for r in h.get("references", [])],
             "- versions: " + ", ".join(f"{t(k)} {t(v)}" for k, v in p["versions"].items()),
             f"- command: {md_code(p['command'])}",
             f"- run: {t(p['started'])} to {t(p['finished'])} on {t(p['host']['platform'])}"

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ..errors import ExitCode
@@ -84,16 +85,10 @@ class Evidence:
             return ExitCode.SANITY
         return ExitCode.OK if self.passed else ExitCode.CLAIMS
 
-    @property
+    @cached_property
     def _by_id(self) -> dict[str, ClaimResult]:
-        """The claims by id, made once for the claims the document holds (the pytest plugin asks once per
-        claim)."""
-        key = (id(self.claims), len(self.claims))
-        cached = self.__dict__.get("_ids")
-        if cached is None or cached[0] != key:
-            cached = (key, {c.id: c for c in reversed(self.claims)})
-            self.__dict__["_ids"] = cached
-        return cached[1]
+        """The claims by id (the first of each), made once: the pytest plugin asks once per claim."""
+        return {c.id: c for c in reversed(self.claims)}
 
     def claim(self, claim_id: str) -> ClaimResult:
         """The result of the claim with this id (KeyError listing the ids if there is none)."""

@@ -10,17 +10,14 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..errors import EvidenceFormatError
 from ..evidence.document import to_json
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from .circuit_reading import SHOWN_NODES, node_of
 from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
-from .folders import preflight, write_folder
 from .html import render_html
-from .reading import load_bytes, parse
 from .style import VERDICT_COLOURS
 from .text import md_cell, md_code, md_text
-from .writer import render_error, replace_in_place
+from .writer import place, rendered_again
 
 VERSION = 2  # of discovery.json (docs/discover.md): the versions `rerender` reads are 1 and this
 USE_COLOURS = {"used": VERDICT_COLOURS["PASS"], "used (opposite sign)": "#7b3294", "unused": "#2c7bb6",
@@ -334,19 +331,14 @@ def rerender(json_path: Path, out_dir: Path | None = None) -> Path:
     for the new one, keeping discovery.json's bytes and starter.yaml; with `out_dir`, a new folder
     gets a copy of the JSON (starter.yaml names its model relative to its own folder, so it stays
     where it is).  Problems are one-line UserErrors; nothing is half-written."""
-    raw = load_bytes(json_path, "discovery")
-    doc = parse(raw, json_path)
+    new = rendered_again(json_path, out_dir, "discovery", problems, files)
+    return place(json_path, new, out_dir, DISCOVERY_FILES, carry=("starter.yaml",))
+
+
+def problems(doc: Any) -> list[str]:
+    """What keeps a document from being a discovery.json this harness renders (versions 1 and VERSION)."""
+    if not isinstance(doc, dict):
+        return ["not a JSON object"]
     missing = [k for k in REQUIRED if k not in doc]
-    if doc.get("version") not in (1, VERSION) or missing:
-        raise EvidenceFormatError(f"{json_path}: not a discovery.json this harness renders (version 1 or {VERSION}"
-                                  + (f"; missing {', '.join(missing)}" if missing else "") + ")")
-    if out_dir is not None:
-        preflight(Path(out_dir))
-    try:
-        new = files(doc)
-    except Exception as exc:
-        raise render_error(json_path, exc) from exc
-    new[json_path.name] = raw
-    if out_dir is not None:
-        return write_folder(Path(out_dir), new, unique=False, keep=False)
-    return replace_in_place(json_path, new, DISCOVERY_FILES, carry=("starter.yaml",))
+    return ([f"version {doc.get('version')!r}; this harness renders 1 and {VERSION}"]
+            if doc.get("version") not in (1, VERSION) else []) + ([f"missing {', '.join(missing)}"] if missing else [])

@@ -12,6 +12,7 @@ validates it, and turns any failure to render a valid document into one clear er
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,35 @@ def replace_in_place(json_path: Path, files: dict[str, bytes], known: frozenset[
     return json_path.parent
 
 
+def rendered_again(json_path: Path, out_dir: Path | None, what: str, problems: Callable[[Any], list[str]],
+                   render: Callable[[Any], dict[str, bytes]]) -> dict[str, bytes]:
+    """`harness report`'s common part: the JSON read and checked (`problems` of it: one line each,
+    `PATH: not a valid WHAT document: ...`), the place `out_dir` checked before anything renders, and
+    the rendered files with the JSON's own bytes among them.  Rendering failures are one line."""
+    raw = load_bytes(json_path, what)
+    doc = parse(raw, json_path)
+    found = problems(doc)
+    if found:
+        raise EvidenceFormatError("\n".join(f"{json_path}: not a valid {what} document: {p}" for p in found[:10]))
+    if out_dir is not None:
+        preflight(Path(out_dir))
+    try:
+        files: dict[str, bytes] = render(doc)
+    except Exception as exc:
+        raise render_error(json_path, exc) from exc
+    files[json_path.name] = raw
+    return files
+
+
+def place(json_path: Path, files: dict[str, bytes], out_dir: Path | None, known: frozenset[str],
+          carry: tuple[str, ...] = ()) -> Path:
+    """Re-rendered `files` into the new folder `out_dir`, or in place of the JSON's folder at once
+    (replace_in_place: `known` the names a report folder holds, `carry` those kept as they are)."""
+    if out_dir is not None:
+        return write_folder(Path(out_dir), files, unique=False, keep=False)
+    return replace_in_place(json_path, files, known, carry)
+
+
 def rerender(evidence_json: Path, out_dir: Path | None = None) -> Path:
     """`harness report`: report.md/html and figures from evidence.json alone.
 
@@ -111,19 +141,6 @@ def rerender(evidence_json: Path, out_dir: Path | None = None) -> Path:
     folder gets a copy of the JSON too.  Bad documents, places that cannot be written
     and failures to render are one-line UserErrors; nothing is half-written."""
     evidence_json = Path(evidence_json)
-    raw = load_bytes(evidence_json, "evidence")
-    doc = parse(raw, evidence_json)
-    problems = validate_evidence(doc)
-    if problems:
-        raise EvidenceFormatError("\n".join(f"{evidence_json}: not a valid evidence document: {p}"
-                                            for p in problems[:10]))
-    if out_dir is not None:
-        preflight(Path(out_dir))
-    try:
-        files = render_files(doc, checked=True)
-    except Exception as exc:
-        raise render_error(evidence_json, exc) from exc
-    files[evidence_json.name] = raw
-    if out_dir is not None:
-        return write_folder(Path(out_dir), files, unique=False, keep=False)
-    return replace_in_place(evidence_json, files, REPORT_FILES)
+    files = rendered_again(evidence_json, out_dir, "evidence", validate_evidence,
+                           lambda doc: render_files(doc, checked=True))
+    return place(evidence_json, files, out_dir, REPORT_FILES)

@@ -15,13 +15,11 @@ from urllib.parse import quote
 
 from tabulate import tabulate
 
-from ..errors import EvidenceFormatError
 from ..evidence.details import AS_CLAIMED
-from ..report.folders import preflight, write_folder
+from ..report.folders import write_folder
 from ..report.html import render_html
-from ..report.reading import load_bytes, parse
 from ..report.text import md_cell, md_code, md_link_text, md_text
-from ..report.writer import render_error, replace_in_place
+from ..report.writer import rendered_again, replace_in_place
 from . import document
 from . import figures as sweep_figures
 from .document import folder_name, plan_of
@@ -292,18 +290,7 @@ def rerender(sweep_json: Path, out_dir: Path | None = None) -> Path:
     of the JSON and of the per-job reports it links to.  Bad documents, places that
     cannot be written and failures to render are one-line UserErrors."""
     sweep_json = Path(sweep_json)
-    raw = load_bytes(sweep_json, "sweep")
-    doc: Any = parse(raw, sweep_json)
-    problems = document.problems(doc)
-    if problems:
-        raise EvidenceFormatError("\n".join(f"{sweep_json}: not a valid sweep document: {p}" for p in problems[:10]))
-    if out_dir is not None:
-        preflight(Path(out_dir))
-    try:
-        files = render_sweep(doc)
-    except Exception as exc:
-        raise render_error(sweep_json, exc) from exc
-    files[sweep_json.name] = raw
+    files = rendered_again(sweep_json, out_dir, "sweep", document.problems, render_sweep)
     if out_dir is None:
         return replace_in_place(sweep_json, files, SWEEP_FILES, carry=("runs",))
     runs = sweep_json.parent / "runs"

@@ -373,17 +373,15 @@ def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
                           f"prompts not used to find it); {held_out}.",
            "model": ModelRef.parse(got.model.source).relative_to(folder), "data": got.mapping,
            "metric": doc["settings"]["metric"], "claims": claims}
-    if k:  # the circuit's edges by reference: starter-edges.txt, written beside it with the same edges
-        circuit = out["claims"][0]
-        CircuitClaim.model_validate(circuit)  # its edges, in one linear pass (not through the file's size limit)
-        circuit["edges_from"] = STARTER_EDGES
-        edges = circuit.pop("edges")
-        checked = {**out, "claims": [{**circuit, "edges": edges[:1]}, *out["claims"][1:]]}
-        checked["claims"][0].pop("edges_from")
-        load(checked, base_dir=folder)  # the rest of the starter file must be valid
-    else:
-        load(out, base_dir=folder)
-    return yaml.safe_dump(out, sort_keys=False).encode()
+    if not k:
+        load(out, base_dir=folder)  # the starter file must be valid
+        return yaml.safe_dump(out, sort_keys=False).encode()
+    circuit = out["claims"][0]
+    CircuitClaim.model_validate(circuit)  # its edges, in one linear pass (not through the file's size limit)
+    load({**out, "claims": [{**circuit, "edges": circuit["edges"][:1]}, *claims[1:]]}, base_dir=folder)  # the rest
+    # the circuit's edges by reference: starter-edges.txt, written beside it with the same edges
+    by_reference = {**{key: v for key, v in circuit.items() if key != "edges"}, "edges_from": STARTER_EDGES}
+    return yaml.safe_dump({**out, "claims": [by_reference, *claims[1:]]}, sort_keys=False).encode()
 
 
 def is_discovery(doc: Any) -> bool:

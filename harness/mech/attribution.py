@@ -56,7 +56,7 @@ class Scores:
 
     per_position: np.ndarray
     per_prompt: np.ndarray
-    resampled: np.ndarray | None = None
+    resampled: np.ndarray  # [0, U, V] without resamples
 
     @property
     def total(self) -> np.ndarray:
@@ -122,22 +122,18 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
     k = positions.shape[1]
     out = np.zeros((len(g.senders), len(g.receivers), s))
     per_prompt = np.zeros((len(wanted or []), n))
-    resampled = None if resamples is None else np.zeros((resamples.shape[0], len(g.senders), len(g.receivers)))
+    resampled = np.zeros((0 if resamples is None else resamples.shape[0], len(g.senders), len(g.receivers)))
     points = ([1.0] if direction == Direction.NOISING else [0.0]) if method == "eap" else \
         [j / steps for j in range(1, steps + 1)]
     starts = list(range(0, n, batch))
     for lo in (progress(starts, "attribution batches") if progress else starts):
         idx = torch.arange(lo, min(n, lo + batch), device=clean.embed.device)
         xc, xk = corrupt.rows(corrupt.embed, idx), clean.rows(clean.embed, idx)
-        grads: list[Any] | None = None
         def rows(lg: Any, i: Any, idx: Any = idx) -> Any:
             return metric(lg, idx[i])
 
-        for a in points:
-            got = gm.receiver_gradients(xc + a * (xk - xc), positions[idx], rows)
-            grads = got if grads is None else [x + y for x, y in zip(grads, got)]
-        assert grads is not None
-        grads = [x / len(points) for x in grads]
+        per_point = [gm.receiver_gradients(xc + a * (xk - xc), positions[idx], rows) for a in points]
+        grads = [sum(parts) / len(points) for parts in zip(*per_point, strict=True)]  # each receiver's, averaged
         every = _changes(gm, clean, corrupt, idx, xk - xc)  # [b, s, senders, d]
         w = None if resamples is None else torch.from_numpy(resamples[:, lo:lo + len(idx)]).double()  # [B, b]
         gi = 0
@@ -146,14 +142,14 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
             cols, mlp_col = g.layer_receivers(L)
             summed, drawn = _contract(every[:, :, :U], grads[gi], w)
             out[:U, cols] += summed
-            if resampled is not None and drawn is not None:
+            if drawn is not None:
                 resampled[:, :U, cols] += drawn
             gi += 1
             if mlp_col is not None:
                 Um = U + (0 if gm.arch.parallel else H)
                 summed, drawn = _contract(every[:, :, :Um], grads[gi][:, :, None], w)
                 out[:Um, mlp_col] += summed[:, 0]
-                if resampled is not None and drawn is not None:
+                if drawn is not None:
                     resampled[:, :Um, mlp_col] += drawn[:, :, 0]
                 gi += 1
         at = positions[idx]
@@ -162,13 +158,13 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
         per_pos = torch.zeros(len(idx), every.shape[2], s, dtype=torch.float64, device=contrib.device)
         per_pos.scatter_add_(2, at[:, None, :].expand(-1, every.shape[2], k), contrib)
         out[:, -1] += per_pos.sum(0).cpu().numpy()
-        if resampled is not None and w is not None:
+        if w is not None:
             resampled[:, :, -1] += (w @ contrib.sum(-1).cpu()).numpy()
         for j, (u, v) in enumerate(wanted or []):
             per_prompt[j, idx.cpu().numpy()] = _prompt_scores(g, every, grads, at, u, v).cpu().numpy()
     out /= n
     out *= g.adjacency[:, :, None]
-    if resampled is not None and resamples is not None:
+    if resamples is not None:
         resampled /= resamples.sum(1)[:, None, None]
         resampled *= g.adjacency[None]
     return Scores(out, per_prompt, resampled)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..errors import HarnessError, UserError
 from ..spec.names import Shape
 from . import gguf, hub_cache
 from .loading import LoadedModel, load_directory, load_hub, model_files
@@ -73,6 +73,13 @@ class ModelRef:
     hub: str | None = None  # ORG/NAME of a hub model
     path: Path | None = None  # the directory or GGUF file of a local model (absolute)
     custom: ModelSource | None = None  # a registered source; its name is text after the prefix
+
+    def local_path(self) -> Path:
+        """The directory or GGUF file of a local model (HarnessError for a hub name or a registered
+        source, which have none: callers ask only after ruling those out)."""
+        if self.path is None:
+            raise HarnessError(f"{self.text}: not a local model, so it has no path")
+        return self.path
 
     @classmethod
     def parse(cls, text: str | Path, base: str | Path | None = None) -> ModelRef:
@@ -140,8 +147,8 @@ class ModelRef:
             return self.custom.prefix.rstrip(":")
         if self.is_hub:
             return "hub"
-        assert self.path is not None
-        return "gguf" if gguf.is_gguf(self.path) else model_files(self.path).kind
+        path = self.local_path()
+        return "gguf" if gguf.is_gguf(path) else model_files(path).kind
 
     def shape(self) -> Shape | None:
         """Layers, heads and MLPs from config.json alone, or a GGUF file's metadata (None when it
@@ -165,10 +172,10 @@ class ModelRef:
             return self.custom.load(self.text[len(self.custom.prefix):], device, dtype)
         if self.hub is not None:
             return load_hub(self.hub, dtype, device)
-        assert self.path is not None
-        if gguf.is_gguf(self.path):
-            return gguf.load(self.path, dtype, device)
-        return load_directory(self.path, dtype, device)
+        path = self.local_path()
+        if gguf.is_gguf(path):
+            return gguf.load(path, dtype, device)
+        return load_directory(path, dtype, device)
 
     def content_hash(self) -> str | None:
         """The sha256 the loader would record (model.loading: config.json and the weight files, read
@@ -178,10 +185,10 @@ class ModelRef:
         if self.hub is not None:
             snap = self.snapshot()
             return loading_hash(model_files(snap.folder, root=snap.root))
-        assert self.path is not None
-        if gguf.is_gguf(self.path):
-            return gguf.file_hash(gguf.find_file(self.path))
-        return loading_hash(model_files(self.path.resolve()))
+        path = self.local_path()
+        if gguf.is_gguf(path):
+            return gguf.file_hash(gguf.find_file(path))
+        return loading_hash(model_files(path.resolve()))
 
     def relative_to(self, folder: Path) -> str:
         """How a file written in `folder` names this model: `hf:ORG/NAME` (or a registered source's
@@ -190,12 +197,12 @@ class ModelRef:
         path leads there, e.g. another drive)."""
         if self.is_named:
             return self.source
-        assert self.path is not None
+        path = self.local_path()
         try:
-            rel = Path(os.path.relpath(self.path, folder.resolve())).as_posix()
+            rel = Path(os.path.relpath(path, folder.resolve())).as_posix()
         except ValueError:
-            return str(self.path)
-        return rel if len(rel) <= len(str(self.path)) else str(self.path)
+            return str(path)
+        return rel if len(rel) <= len(str(path)) else str(path)
 
 
 def load_model(source: str | Path, dtype: Any = None, device: str | None = None) -> LoadedModel:

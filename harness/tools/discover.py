@@ -170,7 +170,6 @@ def scores(runs: Runs, g: Graph, cfg: DiscoverSettings, resamples: np.ndarray) -
     us, rs = g.edge_index()
     if cfg.method in ("eap", "eap-ig"):
         got = runs.edge_scores(cfg.method, steps=cfg.steps, progress=progress, resamples=resamples)
-        assert got.resampled is not None
         return got.per_position, got.resampled[:, us, rs]
     edges = g.edges()
     per_prompt = np.stack([runs.m_clean - m for m in

@@ -132,8 +132,13 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
         def rows(lg: Any, i: Any, idx: Any = idx) -> Any:
             return metric(lg, idx[i])
 
-        per_point = [gm.receiver_gradients(xc + a * (xk - xc), positions[idx], rows) for a in points]
-        grads = [sum(parts) / len(points) for parts in zip(*per_point, strict=True)]  # each receiver's, averaged
+        def gradients(a: float, xc: Any = xc, xk: Any = xk, idx: Any = idx) -> list[Any]:
+            return gm.receiver_gradients(xc + a * (xk - xc), positions[idx], rows)
+
+        grads = gradients(points[0])  # summed point by point: one point's gradients held at a time
+        for a in points[1:]:
+            grads = [x + y for x, y in zip(grads, gradients(a), strict=True)]
+        grads = [x / len(points) for x in grads]
         every = _changes(gm, clean, corrupt, idx, xk - xc)  # [b, s, senders, d]
         w = None if resamples is None else torch.from_numpy(resamples[:, lo:lo + len(idx)]).double()  # [B, b]
         gi = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,8 +92,10 @@ def test_a_killed_sweep_resumes_to_the_same_sweep_json(uninterrupted, tmp_path, 
     resumed = harness("sweep", "--resume", str(folder), "--executor", executor, cwd=here)
     out, err = resumed.communicate(timeout=900)
     assert resumed.returncode in (0, 1, 3), err
-    ran = [line for line in err.splitlines() if line.startswith("[") and " on step-" in line and "]" in line[:8]]
-    assert len(ran) == len(MODELS) - done  # only the jobs without a result ran again
+    # one result line per job that ran ("[4/6] induction-small on step-00950: 3 pass, ..."); a job's
+    # warnings carry the same prefix, so only the result lines are counted
+    ran = [line for line in err.splitlines() if re.match(r"\[\d+/\d+\] \S+ on step-\d+: \d+ pass, ", line)]
+    assert len(ran) == len(MODELS) - done, ran  # only the jobs without a result ran again
     doc = json.loads((folder / "sweep.json").read_text())
     assert not (folder / MANIFEST).exists() and doc["complete"] is True
     expected = stable(whole)

@@ -108,7 +108,7 @@ def ablate(runs: Runs, claim: AblationClaim, kind: str, st: Stats) -> Ablated:
             return [r.ablated(heads, kind, True, drop=d) for d in drops]
         return r.ablated_many([heads] * len(drops), kind, drops)
 
-    jack = jackknife.replicates(runs, measure) if kind == Ablation.MEAN else []
+    jack = jackknife.replicates(runs, measure, m) if kind == Ablation.MEAN else []
     return Ablated(m, jack, effects.head_change(runs, heads, kind, st))
 
 

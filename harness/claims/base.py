@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..evidence.details import Details, Explained, PassRegion, Sensitivity, WeightsVsUseRow
@@ -168,11 +168,15 @@ class Context:
     _weights: HeadWeights | None = None
     _composition: Composition | None = None
     _explainer: Explainer | None = None
+    _composition_kept: dict[str, Any] = field(default_factory=dict)  # Composition.without_weights
 
     def let_go_of_weights(self) -> None:
-        """Forget the head weights and what was computed from them (made again, with the same numbers, on
-        next use): a stage that reads no weights need not hold them (float64 copies, about 4 d_model^2
-        x 8 bytes a layer)."""
+        """Forget the head weights and what holds them (made again, with the same numbers, on next use):
+        a stage that reads no weights need not hold them (float64 copies, about 4 d_model^2 x 8 bytes a
+        layer, and as much again in composition cores).  The composition's scores, spectra and null
+        draws are kept: the next composition starts from them."""
+        if self._composition is not None:
+            self._composition_kept = self._composition.without_weights()
         self._weights = self._composition = self._explainer = None
 
     def runs_for(self, corruption: str | None) -> Runs:
@@ -189,7 +193,7 @@ class Context:
         """Composition scores and the shared rotation null on those weights (mech.factored),
         computed once per run and read by claims, the weights-vs-use table and the figures."""
         if self._composition is None:
-            self._composition = Composition(self.weights(), self.seed)
+            self._composition = Composition(self.weights(), self.seed, **self._composition_kept)
         return self._composition
 
     def explainer(self) -> Explainer:

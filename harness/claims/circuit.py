@@ -139,7 +139,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
                     p = plan if r is plan.runs else EdgeCircuit(c, r) if c.edges is not None else NodeCircuit(c, r)
                     return [np.stack(p.base(Ablation.MEAN, k)[1:]) for k in drops]
 
-                jack = [(mc, me) for mc, me in jackknife.replicates(runs, measure)]
+                jack = [(mc, me) for mc, me in jackknife.replicates(runs, measure, np.stack([m_circuit, m_empty]))]
             extra = self.edge_fields(plan) if isinstance(plan, EdgeCircuit) else {}
             result = self.evaluate(c, m_full, m_circuit, m_empty, random, st, seed, ctx.unit, change=change,
                                    corruption=runs.corruption, jack=jack, extra=extra)

@@ -95,7 +95,7 @@ def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, repla
     def measure(r: Runs, drops: Sequence[int | None]) -> list[np.ndarray]:
         return [r.patched(edge, direction, replacement, freeze, drop=k) for k in drops]
 
-    jack = ([change_of(m) for m in jackknife.replicates(runs, measure)] if replacement == Replacement.MEAN
+    jack = ([change_of(m) for m in jackknife.replicates(runs, measure, m_patched)] if replacement == Replacement.MEAN
             else [])
     norm = effects.normalized_effect(d, m_clean - m_corrupt, st, seed, unit, jack=jack)
     base = (effects.normalized_effect(d, m_clean - baseline, st, seed, unit, jack=jack,

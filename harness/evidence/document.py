@@ -127,9 +127,53 @@ def _number_list_problems(doc: Any) -> tuple[Any, list[str]]:
     return dict(doc, claims=claims), found
 
 
+def _matrix_problems(where: str, m: Any) -> list[str]:
+    """What the schema's `matrix` refuses in `m` (a non-empty list of non-empty lists of numbers or
+    nulls), checked row by row instead of item by item."""
+    if not isinstance(m, list) or not m:
+        return [f"{where}: not a non-empty list of rows"]
+    for i, row in enumerate(m):
+        if not isinstance(row, list) or not row:
+            return [f"{where}/{i}: not a non-empty list of numbers"]
+        bad = next((j for j, x in enumerate(row) if x is not None and type(x) not in (int, float)), None)
+        if bad is not None:
+            return [f"{where}/{i}/{bad}: {row[bad]!r} is not of type 'number', 'null'"]
+    return []
+
+
+def _figure_matrix_problems(doc: Any) -> tuple[Any, list[str]]:
+    """(doc with the figure data's matrices (attention patterns, composition scores and null
+    percentiles) each replaced by [[0]], what is wrong with them): a composition figure of a
+    30-layer model holds some 400,000 numbers, which the schema would check one by one."""
+    fd = doc.get("figures_data") if isinstance(doc, dict) else None
+    if not isinstance(fd, dict):
+        return doc, []
+    found: list[str] = []
+    light = dict(fd)
+    if isinstance(fd.get("attention"), list):
+        light["attention"] = []
+        for i, a in enumerate(fd["attention"]):
+            if isinstance(a, dict) and "pattern" in a:
+                found += _matrix_problems(f"figures_data/attention/{i}/pattern", a["pattern"])
+                a = dict(a, pattern=[[0]])
+            light["attention"].append(a)
+    if isinstance(fd.get("composition"), dict):
+        light["composition"] = {}
+        for mode, c in fd["composition"].items():
+            if isinstance(c, dict):
+                for key in ("scores", "null_q99"):
+                    if key in c:
+                        found += _matrix_problems(f"figures_data/composition/{mode}/{key}", c[key])
+                c = dict(c, **{key: [[0]] for key in ("scores", "null_q99") if key in c})
+            light["composition"][mode] = c
+    return dict(doc, figures_data=light), found
+
+
 def problems(doc: Any, kinds: Mapping[str, KindInfo]) -> list[str]:
     """Everything wrong with an evidence document ([] when it is valid)."""
     light, found = _number_list_problems(doc)
+    light, more = _figure_matrix_problems(light)
+    found += more
     found = json_schema_problems(light, schema()) + found
     if found:
         return found

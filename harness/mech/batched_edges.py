@@ -64,13 +64,14 @@ the per-edge metrics come back to the CPU as numpy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .. import cost
 from ..errors import UnsupportedError
+from ..model import architecture
 from ..model.devices import like
 from ..spec import names
 from ..spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
@@ -191,17 +192,38 @@ class _Sweep:
         self.out[idx] = vals.cpu().double().numpy()
 
 
+def silent(items: Any, label: str) -> Any:
+    """No progress lines: the items themselves."""
+    return items
+
+
+def checked_model(bridge: Any, check: dict) -> blocks.Model:
+    """The torch arithmetic (mech.torch_blocks) built in the dtype and on the device of `check`'s
+    activations and held to the model on its first prompts (`check` cached every layer's residual;
+    UnsupportedError where it does not reproduce them).  Building copies the weights and checking
+    runs every block: a caller that patches several times on the same model makes it once and passes
+    it to batched_metrics (`model`)."""
+    import torch
+
+    ref = check[hook_resid_pre(0)]
+    with torch.no_grad():
+        model, weights = blocks.build(bridge, ref.dtype, ref.device, check)
+        blocks.check(model, weights, check, blocks.tolerance(ref.dtype))
+    return model
+
+
 def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: dict, clean: dict,
                     positions: Any, metric_fn: Callable, *, replacement: str = Replacement.RESAMPLE,
-                    budget_bytes: int = 32 * 2**20, progress: Callable = lambda it, label: it,
-                    check: dict | None = None) -> np.ndarray:
+                    budget_bytes: int = 32 * 2**20, progress: Callable = silent,
+                    check: dict | None = None, model: blocks.Model | None = None) -> np.ndarray:
     """Per-edge, per-prompt metric of every patched variant: [len(edges), n_prompts].
 
     metric_fn(logits [N, k, vocab], positions [N, k]) -> [N] (the scored positions
     are already selected).  `base`/`source`: caches with `cache_names`; `clean`
     provides the reference set for the `mean` replacement; `check`: the run the torch
     arithmetic is held to (torch_blocks.check: its first prompts, every layer's
-    residual cached; default `base`, which then needs them).  Each row is the per-edge
+    residual cached; default `base`, which then needs them); `model`: that arithmetic already made
+    and checked (`checked_model`), when the caller holds it.  Each row is the per-edge
     path's (patching.prepare + fast_logits) up to float rounding.  Working memory is
     about `budget_bytes` beyond a few cache-sized constants, whatever the number of edges.
     """
@@ -213,7 +235,7 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
     out = np.zeros((len(edges), base[hook_resid_pre(0)].shape[0]))
     with torch.no_grad():
         sw = _sweep(bridge, base, source, clean, positions, metric_fn, replacement, budget_bytes, out,
-                    base if check is None else check)
+                    model or checked_model(bridge, base if check is None else check))
         work = [(key, part) for key, idx in groups.items() for part in _chunks(sw, key, edges, idx)]
         receivers: _Receivers | None = None
         for key, part in progress(work, "edge chunks"):
@@ -237,8 +259,8 @@ def patch_cost(edge: names.Edge, n_layers: int) -> float:
 
 
 def _sweep(bridge: Any, base: dict, source: dict, clean: dict, positions: Any, metric_fn: Callable,
-           replacement: str, budget: int, out: np.ndarray, check: dict) -> _Sweep:
-    """The torch arithmetic checked on `check`'s first prompts, the caches trimmed to the positions
+           replacement: str, budget: int, out: np.ndarray, model: blocks.Model) -> _Sweep:
+    """The checked torch arithmetic with these runs' rotation, the caches trimmed to the positions
     up to the last scored one (causal attention: nothing scored reads later ones), masks, the
     senders' deltas."""
     ref = base[hook_resid_pre(0)]  # dtype and device of the activations
@@ -247,16 +269,16 @@ def _sweep(bridge: Any, base: dict, source: dict, clean: dict, positions: Any, m
     L = bridge.cfg.n_layers
     caches = {id(c): _trim(c, s, L) for c in (base, source, clean)}
     tbase = caches[id(base)]
-    model, weights = blocks.build(bridge, ref.dtype, ref.device, tbase)
-    tcheck = tbase if check is base else _trim(check, s, L)
-    blocks.check(model, weights, tcheck, blocks.tolerance(ref.dtype))
-    vocab = int(model.logits(tcheck[hook_resid_post(L - 1)][:1, :1]).shape[-1])
+    if model.rotation is not None:  # this batch's cos and sin ([1 or n, pos, r])
+        model = replace(model, rotation=(tbase[names.HOOK_ROT_COS].to(ref), tbase[names.HOOK_ROT_SIN].to(ref)))
+    vocab = int(model.logits(tbase[hook_resid_post(L - 1)][:1, :1]).shape[-1])
     windows = [lay.window for lay in model.layers]
     return _Sweep(model, tbase, positions, metric_fn, out, budget,
                   _deltas(bridge, tbase, caches[id(source)], caches[id(clean)], replacement),
                   [blocks.mask(s, w, ref) for w in windows],
                   [blocks.scored_mask(positions, s, w, ref) for w in windows],
-                  int(getattr(bridge.cfg, "d_mlp", None) or 4 * bridge.cfg.d_model), vocab, weights.arch.scales)
+                  int(getattr(bridge.cfg, "d_mlp", None) or 4 * bridge.cfg.d_model), vocab,
+                  architecture.of(bridge).scales)
 
 
 def _groups(edges: list[names.Edge]) -> dict[Any, list[int]]:

@@ -95,6 +95,13 @@ class Composition:
     _results: dict[tuple[Any, ...], CompositionResult] = field(default_factory=dict)
     _pools: dict[str, np.ndarray] = field(default_factory=dict)
 
+    def without_weights(self) -> dict[str, Any]:
+        """What this composition computed that does not hold the weights (spectra, score grids, the
+        shared null, results, pools): `Composition(hw, seed, **kept)` on the same weights read again
+        starts from them, and makes only the cores again (the memory-heavy part), if it needs them."""
+        return {"_spectra": self._spectra, "_scores": self._scores, "_null": self._null, "_results": self._results,
+                "_pools": self._pools}
+
     # -------------------------------------------------------------- cores, spectra, scores
     def sender_core(self) -> Any:
         if self._sender is None:

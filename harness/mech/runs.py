@@ -70,6 +70,9 @@ class Runs:
     metric_rows: Callable[[Any, Any], Any] | None = None
     graph_source: Lazy = field(default_factory=lambda: Lazy(None))  # the edge-graph arithmetic, made on first use
     graph_probe: Lazy = field(default_factory=lambda: Lazy(None))  # a run of the first prompts caching every write
+    #: the batched edge path's checked arithmetic (batched_edges.checked_model, or the UnsupportedError its check
+    #: raised), made on first use and shared by every view: prompt chunks do not build and check it again
+    edge_arithmetic: dict[str, Any] = field(default_factory=dict)
     #: (dataset, clean log-probabilities) -> (metric, metric_at, metric_rows) of that dataset's prompts (`prompts`)
     scorers: Callable[[Any, Any], tuple[Callable[..., Any], ...]] | None = None
 
@@ -298,14 +301,12 @@ class Runs:
 
                 return torch.as_tensor(metric_at(logits))
 
-            every = [hook_resid_pre(layer) for layer in range(self.n_layers)]
-            check = base if all(n in base for n in every) else self.graph_probe.get()
             try:
                 got = batched_edges.batched_metrics(self.bridge, todo, base, source, self.clean, self.ds.positions,
                                                     metric_fn, replacement=replacement,
                                                     budget_bytes=memory.working(BATCH_BUDGET) if budget is None
-                                                    else budget, check=check,
-                                                    **({"progress": progress} if progress else {}))
+                                                    else budget, model=self.edge_blocks(),
+                                                    progress=progress or batched_edges.silent)
             except UnsupportedError:
                 got = None  # an architecture the batched arithmetic does not reproduce: one by one
             if got is not None:
@@ -364,9 +365,26 @@ class Runs:
 
     def release(self) -> None:
         """Forget what is made again on use and costs memory of the model's size: the edge-graph
-        arithmetic (its folded weights); called between stages, so that it is held only by the stages
-        that use it."""
+        arithmetic and the batched edge path's (their folded weights); called between stages, so
+        that they are held only by the stages that use them."""
         self.graph_source.drop()
+        self.edge_arithmetic.clear()
+
+    def edge_blocks(self) -> Any:
+        """The batched edge path's arithmetic (batched_edges.checked_model), checked on the clean run
+        when it cached every layer's residual, else on the run of the first prompts that did; made
+        once for every view of these runs (UnsupportedError, every time, where the check failed)."""
+        held = self.edge_arithmetic
+        if "model" not in held:
+            every = [hook_resid_pre(layer) for layer in range(self.n_layers)]
+            check = self.clean if all(n in self.clean for n in every) else self.graph_probe.get()
+            try:
+                held["model"] = batched_edges.checked_model(self.bridge, check)
+            except UnsupportedError as exc:
+                held["model"] = exc
+        if isinstance(held["model"], UnsupportedError):
+            raise held["model"]
+        return held["model"]
 
     def graph_model(self) -> graph_run.GraphModel:
         """The model's arithmetic with one input per receiver (mech.graph_run), checked on the clean run

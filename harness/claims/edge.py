@@ -257,6 +257,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
                   for kind in Replacement if kind != c.replacement]
         prefetch(ctx.runs, specs + varied)  # the sensitivity variants' patches in the same batched passes
         tests = edge_tests(ctx.runs, specs, st, ctx.unit, baseline=ctx.baseline)
+        ctx.runs.release()  # the patches are done (the sensitivity variants' too): their arithmetic goes first
         routes = self.route_rows(claims, ctx)
         out = {}
         for (i, c), t in zip(claims, tests, strict=True):

@@ -44,7 +44,9 @@ from ..spec.names import hook_pattern, hook_resid_pre, hook_z
 from ..spec.settings import Stats
 from ..streams import Stream, derive_seed
 
-SIGNATURE_BUDGET = 4.0  # forward passes the signature plot's patches may cost (patch_cost)
+#: forward passes the signature plot's own patches may cost (patch_cost; the claimed edges, patched by the
+#: claims already, cost it nothing): a bounded share of a run, below what the claims it illustrates cost
+SIGNATURE_BUDGET = 2.5
 FIGURE_PROMPTS = 200  # prompts the signature plot's candidate edges are patched on, at most
 #: (head pair, null draw) evaluations the composition matrix's per-cell null percentiles may cost per mode
 #: (about 3 s on two cores); past it every cell gets fewer draws, never fewer than MATRIX_MIN_DRAWS
@@ -144,18 +146,28 @@ def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> di
     return out
 
 
-def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: Stats, *, seed: int, unit: str,
-              progress: Callable[..., Any], n_prompts: int | None = None) -> dict[str, Any]:
-    """Every candidate edge into the named receivers: its composition test and, for the
-    patched ones, the noising resample effect on `runs`' prompts (`runs_for`: the first of the file's
-    `n_prompts`) and its use status under the edge claims' rule (claims.edge_test.UseRule; sign-flip
-    p-values BH-adjusted over the patched candidates)."""
-    claimed = {str(e) for e in named_edges(claims)}
+def signature_routes(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> list[tuple[names.Edge, Any]]:
+    """The weights side of the signature plot: every candidate edge into the named receivers (every
+    earlier head) with its composition test (claims.composition.route_evidence, BH over the
+    candidates); `signature` patches them (the caller may let go of the weights in between)."""
     candidates = [names.Edge(h, r) for r in receivers(claims)
                   for h in names.Head.every(r.head.layer, comp.hw.n_heads)]
     if not candidates:
+        return []
+    return list(zip(candidates, route_evidence(comp, candidates, st, max_draws=SIGNATURE_MAX_DRAWS), strict=True))
+
+
+def signature(routes: list[tuple[names.Edge, Any]], claims: Sequence[ClaimSpec], runs: Runs, st: Stats, *,
+              seed: int, unit: str, progress: Callable[..., Any], n_prompts: int | None = None) -> dict[str, Any]:
+    """Every candidate edge into the named receivers (`signature_routes`): its composition test and,
+    for the patched ones, the noising resample effect on `runs`' prompts (`runs_for`: the first of the
+    file's `n_prompts`) and its use status under the edge claims' rule (claims.edge_test.UseRule;
+    sign-flip p-values BH-adjusted over the patched candidates)."""
+    claimed = {str(e) for e in named_edges(claims)}
+    if not routes:
         return {}
-    found = route_evidence(comp, candidates, st, max_draws=SIGNATURE_MAX_DRAWS)
+    candidates = [e for e, _ in routes]
+    found = [r for _, r in routes]
     capped = weights.draws_needed(len(candidates), st.composition_alpha) > max(st.null_draws, SIGNATURE_MAX_DRAWS)
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
     chosen = patch_within_budget(candidates, [r.result.score for r in found], claimed, runs.n_layers)
@@ -185,25 +197,29 @@ def signature(comp: Composition, claims: Sequence[ClaimSpec], runs: Runs, st: St
         note += f" (a candidate's null from at most {max(st.null_draws, SIGNATURE_MAX_DRAWS)} draws)"
     if skipped:
         note += (f"; {len(chosen)} of {len(candidates)} candidates patched (the claimed edges, then the most "
-                 f"composing, within {SIGNATURE_BUDGET:g} forward passes); the other {skipped} have weights only")
+                 f"composing, within {SIGNATURE_BUDGET:g} forward passes beyond the claims' own); the other "
+                 f"{skipped} have weights only")
     return {"points": points, "min_effect": st.min_effect, "tolerance": st.tolerance,
             "composition_alpha": st.composition_alpha, "note": note}
 
 
 def patch_within_budget(candidates: list[names.Edge], scores: list[Any], claimed: set[str],
                         n_layers: int, budget: float | None = None) -> set[names.Edge]:
-    """The candidates whose effect the signature plot measures: all of them when their patches
-    cost at most `budget` (SIGNATURE_BUDGET) forward passes, else the claimed edges and then the
-    most composing candidates while the budget lasts."""
+    """The candidates whose effect the signature plot measures: all of them when the patches of the
+    unclaimed ones cost at most `budget` (SIGNATURE_BUDGET) forward passes, else the claimed edges
+    (which the edge claims measured) and then the most composing candidates while the budget lasts."""
     budget = SIGNATURE_BUDGET if budget is None else budget
-    if sum(patch_cost(e, n_layers) for e in candidates) <= budget:
+    if sum(patch_cost(e, n_layers) for e in candidates if str(e) not in claimed) <= budget:
         return set(candidates)
     order = sorted(range(len(candidates)), key=lambda i: (str(candidates[i]) not in claimed,
                                                            -(scores[i] if scores[i] == scores[i] else -1.0), i))
     chosen, spent = set(), 0.0
     for i in order:
+        if str(candidates[i]) in claimed:  # the edge claims patched it already: no cost here
+            chosen.add(candidates[i])
+            continue
         cost = patch_cost(candidates[i], n_layers)
-        if str(candidates[i]) in claimed or spent + cost <= budget:
+        if spent + cost <= budget:
             chosen.add(candidates[i])
             spent += cost
     return chosen

@@ -121,8 +121,9 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
     found: dict[int, ClaimResult] = {}
     rows: list[WeightsVsUseRow] = []
     for kind, items in by_kind(claims).items():
-        if not any(kind.needs_weights(c) for _, c in items):
-            ctx.let_go_of_weights()  # the figure data makes them again if it needs them
+        # a kind that reads the weights reads them again (0.3 s for 135M parameters), its composition
+        # starting from the scores and null draws kept: no stage holds them for another's sake
+        ctx.let_go_of_weights()
         stage(f"claims: {len(items)} {kind.name}")
         measured = kind.measure(items, ctx)
         spent(ledger, f"{kind.name} done", runs)
@@ -136,9 +137,10 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
         if any(kind_of(c).needs_weights(c) for c in claims):
             stage("figure data: composition matrices and the signature plot")
             figs["composition"] = figure_data.composition(ctx.composition(), claims, st)
-            figs["signature"] = figure_data.signature(ctx.composition(), claims,
-                                                      figure_data.runs_for(runs, claims, metric), st, seed=seed,
-                                                      unit=unit, progress=progress, n_prompts=ds.n)
+            routes = figure_data.signature_routes(ctx.composition(), claims, st)
+            ctx.let_go_of_weights()  # the patches that follow read none
+            figs["signature"] = figure_data.signature(routes, claims, figure_data.runs_for(runs, claims, metric), st,
+                                                      seed=seed, unit=unit, progress=progress, n_prompts=ds.n)
             spent(ledger, "figure data done", runs)
     stage(f"measured: {ledger.total:.2f} forward-equivalents of the {ds.n} prompts in all")
     return Measurements(baseline, checks, results, rows, figs, st.warnings() + means_warnings(claims, ds),

@@ -11,6 +11,7 @@ validates it, and turns any failure to render a valid document into one clear er
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -58,9 +59,9 @@ def render_files(doc: dict[str, Any], checked: bool = False) -> dict[str, bytes]
 
 def report_files(ev: Evidence) -> dict[str, bytes]:
     """Every file of a run's report folder, evidence.json included."""
-    doc = document.normalised(ev.to_dict())  # exactly what evidence.json holds
-    files = render_files(doc)
-    files["evidence.json"] = document.to_json(doc).encode()
+    text = document.to_json(ev.to_dict())
+    files = render_files(json.loads(text))  # exactly what evidence.json holds
+    files["evidence.json"] = text.encode()
     return files
 
 

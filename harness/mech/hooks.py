@@ -259,9 +259,12 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     parts: dict[str, list[Any]] = {name: [] for name in names}
     logits_parts = []
     for lo in range(0, n, size):
+        # the unembedding only from the first scored position on (the model's `logits_to_keep`), where
+        # the model takes it: nothing before it is read
+        unembed = {} if positions is None else logits_from(bridge, s, int(positions[lo:lo + size].min()))
         with torch.no_grad():
             logits, cache = bridge.run_with_cache(tokens[lo:lo + size].to(of(bridge)),
-                                                  names_filter=lambda x: x in names)
+                                                  names_filter=lambda x: x in names, **unembed)
         missing = [x for x in names if x not in cache]
         if missing:
             raise SanityCheckError(f"hook(s) never fired while caching: {', '.join(missing)}")
@@ -273,7 +276,7 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
         for name in names:
             parts[name].append(cache[name])
         if positions is not None:
-            pos = positions[lo:lo + size].to(logits.device)
+            pos = positions[lo:lo + size].to(logits.device) - (s - logits.shape[1])  # the kept positions' index
             logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         if each is not None:
             each(logits, lo)
@@ -288,6 +291,23 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
         out["logits" if positions is None else "logits_at"] = (torch.cat(logits_parts) if len(logits_parts) > 1
                                                                else logits_parts[0])
     return out
+
+
+def logits_from(bridge: Any, s: int, first: int) -> dict[str, int]:
+    """The keyword that has the model's forward unembed only positions first..s-1 of s
+    ({"logits_to_keep": s - first}, the last s - first positions), when its forward takes it
+    (the Hugging Face causal LMs); {} otherwise, or when every position is wanted."""
+    import inspect
+
+    model = getattr(bridge, "original_model", None)
+    forward = getattr(model, "forward", None)
+    if first <= 0 or forward is None:
+        return {}
+    try:
+        takes = "logits_to_keep" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"logits_to_keep": s - first} if takes else {}
 
 
 def ablation_plan(heads: list[Head], kind: str, corrupted_z: dict[int, Float[Tensor, "n pos head d_head"]],

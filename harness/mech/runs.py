@@ -34,9 +34,9 @@ from .. import memory
 from ..errors import UnsupportedError
 from ..model import architecture, shape
 from ..spec import names
-from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_post, hook_resid_pre, hook_z
+from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
-from . import attribution, batched_ablation, batched_edges, graph_run, hooks, patching, paths, writes
+from . import attribution, batched_ablation, batched_edges, graph_patches, graph_run, hooks, patching, paths, writes
 from .hooks import Cache
 from .reference import Lazy, Reference
 
@@ -257,7 +257,7 @@ class Runs:
         path is its edge."""
         if isinstance(edge, names.Path) and edge.as_edge is not None:
             edge = edge.as_edge
-        key = self._edge_key(edge, direction, replacement, freeze, drop)
+        key = self.edge_key(edge, direction, replacement, freeze, drop)
         if key not in self.memo:
             got = self.in_chunks(lambda r: [r.patched(edge, direction, replacement, freeze, drop)])
             if got is not None:
@@ -281,13 +281,13 @@ class Runs:
         (mech.batched_edges: many edges per pass, from each receiver's layer, chunks of `budget`
         bytes) when the base runs cached what it reads and the replacement is resample or zero;
         else one by one."""
-        todo = list(dict.fromkeys(e for e in edges if self._edge_key(e, direction, replacement, False, None)
+        todo = list(dict.fromkeys(e for e in edges if self.edge_key(e, direction, replacement, False, None)
                                   not in self.memo and not paths.needs_paths(e)))
         chunked = (self.in_chunks(lambda r: r.patched_many(todo, direction, replacement, budget, progress))
                    if todo else None)
         if chunked is not None:
             for e, m in zip(todo, chunked, strict=True):
-                self.memo[self._edge_key(e, direction, replacement, False, None)] = m
+                self.memo[self.edge_key(e, direction, replacement, False, None)] = m
             todo = []
         noising = direction == Direction.NOISING
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
@@ -311,49 +311,13 @@ class Runs:
                 got = None  # an architecture the batched arithmetic does not reproduce: one by one
             if got is not None:
                 for e, m in zip(todo, got, strict=True):
-                    self.memo[self._edge_key(e, direction, replacement, False, None)] = m
-        self._graph_patched(edges, direction, replacement)
+                    self.memo[self.edge_key(e, direction, replacement, False, None)] = m
+        graph_patches.patch_mlp_ends(self, edges, direction, replacement)
         return [self.patched(e, direction, replacement) for e in edges]
 
-    def _graph_patched(self, edges: Sequence[names.Edge], direction: str, replacement: str) -> None:
-        """Edges with an MLP end, patched together through the edge graph (mech.graph_run: each edge is
-        the circuit of every edge but it, with the base run's writes kept and the source's replacing
-        it), when the base runs cached what the graph reads; memoised as `patched` would."""
-        import torch
-
-        todo = [e for e in dict.fromkeys(edges) if isinstance(e, names.Edge) and paths.needs_paths(e)
-                and not isinstance(e.sender, names.Group)
-                and self._edge_key(e, direction, replacement, False, None) not in self.memo]
-        if len(todo) < 2 or self.metric_rows is None or not self.has_writes(self.clean):
-            return
-        if direction != Direction.NOISING and replacement != Replacement.RESAMPLE:
-            return
-        gm = self.graph_model()
-        g = gm.graph
-        if not all(g.has(e) for e in todo):
-            return
-        noising = direction == Direction.NOISING
-        base = self.writes(self.clean if noising else self.corrupt)
-        rep = (self.writes(self.corrupt if noising else self.clean) if replacement == Replacement.RESAMPLE
-               else self.mean_writes() if replacement == Replacement.MEAN else base.zeros())
-        pairs = [(g.sender_index(e.sender), g.receiver_index(e.receiver)) for e in todo]  # type: ignore[arg-type]
-        run = self.clean if noising else self.corrupt
-        L = self.n_layers
-        entering = [hook_resid_pre(layer) for layer in range(L)] + [hook_resid_post(L - 1)]
-        if all(entering[g.receiver_layer(v)] in run for _, v in pairs):  # each from its receiver's layer on
-            got = gm.edge_patches(base, rep, lambda layer: run[entering[layer]], pairs, self.ds.positions,
-                                  self.metric_rows)
-        else:  # the graph forward of every edge but one, from the start
-            masks = np.repeat(g.full()[None], len(todo), axis=0)
-            for i, (u, v) in enumerate(pairs):
-                masks[i, u, v] = False
-            with torch.no_grad():
-                got = gm.circuits(base, rep, masks, self.ds.positions, self.metric_rows)
-        for e, m in zip(todo, got, strict=True):
-            self.memo[self._edge_key(e, direction, replacement, False, None)] = m
-
-    def _edge_key(self, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool,
-                  drop: int | None) -> tuple[Any, ...]:
+    def edge_key(self, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool,
+                 drop: int | None) -> tuple[Any, ...]:
+        """The key an edge patch is memoised under (in `memo`, shared by every view)."""
         return ("edge", self.corruption, str(edge), direction, replacement, freeze, drop)
 
     @property

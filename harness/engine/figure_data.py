@@ -45,7 +45,7 @@ from ..spec.settings import Stats
 from ..streams import Stream, derive_seed
 
 #: forward passes the signature plot's own patches may cost (patch_cost; the claimed edges, patched by the
-#: claims already, cost it nothing): a bounded share of a run, below what the claims it illustrates cost
+#: claims already, cost it nothing): a bounded share of a run, whatever the number of candidates
 SIGNATURE_BUDGET = 2.5
 FIGURE_PROMPTS = 200  # prompts the signature plot's candidate edges are patched on, at most
 #: (head pair, null draw) evaluations the composition matrix's per-cell null percentiles may cost per mode

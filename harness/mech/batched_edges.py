@@ -235,7 +235,7 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
     out = np.zeros((len(edges), base[hook_resid_pre(0)].shape[0]))
     with torch.no_grad():
         sw = _sweep(bridge, base, source, clean, positions, metric_fn, replacement, budget_bytes, out,
-                    model or checked_model(bridge, base if check is None else check))
+                    model if model is not None else checked_model(bridge, base if check is None else check))
         work = [(key, part) for key, idx in groups.items() for part in _chunks(sw, key, edges, idx)]
         receivers: _Receivers | None = None
         for key, part in progress(work, "edge chunks"):

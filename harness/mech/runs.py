@@ -72,9 +72,13 @@ class Runs:
     graph_probe: Lazy = field(default_factory=lambda: Lazy(None))  # a run of the first prompts caching every write
     #: the batched edge path's checked arithmetic (batched_edges.checked_model, or the UnsupportedError its check
     #: raised), made on first use and shared by every view: prompt chunks do not build and check it again
-    edge_arithmetic: dict[str, Any] = field(default_factory=dict)
+    edge_source: Lazy = field(default_factory=lambda: Lazy(None))
     #: (dataset, clean log-probabilities) -> (metric, metric_at, metric_rows) of that dataset's prompts (`prompts`)
     scorers: Callable[[Any, Any], tuple[Callable[..., Any], ...]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.edge_source.make is None:  # views (`prompts`, `with_corruption`) share their runs' source
+            self.edge_source = Lazy(self._checked_edge_blocks)
 
     @property
     def n_layers(self) -> int:
@@ -332,23 +336,24 @@ class Runs:
         arithmetic and the batched edge path's (their folded weights); called between stages, so
         that they are held only by the stages that use them."""
         self.graph_source.drop()
-        self.edge_arithmetic.clear()
+        self.edge_source.drop()
 
     def edge_blocks(self) -> Any:
         """The batched edge path's arithmetic (batched_edges.checked_model), checked on the clean run
         when it cached every layer's residual, else on the run of the first prompts that did; made
         once for every view of these runs (UnsupportedError, every time, where the check failed)."""
-        held = self.edge_arithmetic
-        if "model" not in held:
-            every = [hook_resid_pre(layer) for layer in range(self.n_layers)]
-            check = self.clean if all(n in self.clean for n in every) else self.graph_probe.get()
-            try:
-                held["model"] = batched_edges.checked_model(self.bridge, check)
-            except UnsupportedError as exc:
-                held["model"] = exc
-        if isinstance(held["model"], UnsupportedError):
-            raise held["model"]
-        return held["model"]
+        got = self.edge_source.get()
+        if isinstance(got, UnsupportedError):
+            raise got
+        return got
+
+    def _checked_edge_blocks(self) -> Any:
+        every = [hook_resid_pre(layer) for layer in range(self.n_layers)]
+        check = self.clean if all(n in self.clean for n in every) else self.graph_probe.get()
+        try:
+            return batched_edges.checked_model(self.bridge, check)
+        except UnsupportedError as exc:
+            return exc
 
     def graph_model(self) -> graph_run.GraphModel:
         """The model's arithmetic with one input per receiver (mech.graph_run), checked on the clean run

@@ -129,8 +129,13 @@ def test_names_discovery_end_to_end(tmp_path):
     # starter is the smallest k tried whose interval clears the bound
     bound = doc["settings"]["bound"]
     first = next(i for i, p in enumerate(curve) if p["k"] > 0 and p["ci"][0] >= bound)
-    for p in doc["curve_finer"]:
-        assert curve[first - 1]["k"] < p["k"] < curve[first]["k"]
+    lo, hi = curve[first - 1]["k"], curve[first]["k"]
+    for p in doc["curve_finer"]:  # bisection: each k the midpoint of what is left of the gap
+        assert p["k"] == (lo + hi) // 2 and lo < p["k"] < hi
+        lo, hi = (lo, p["k"]) if p["ci"][0] >= bound else (p["k"], hi)
+    assert len(doc["curve_finer"]) == 5 or hi - lo <= 1  # 5 steps, or nothing left between
+    # every edge kept is the clean run: exactly 1
+    assert (curve[-1]["k"], curve[-1]["faithfulness"], curve[-1]["ci"]) == (doc["graph"]["edges"], 1.0, [1.0, 1.0])
     assert doc["starter_k"] == min(p["k"] for p in [*curve, *doc["curve_finer"]] if p["k"] > 0 and p["ci"][0] >= bound)
     # stability: at every k tried, and at the starter's
     stab = doc["stability"]

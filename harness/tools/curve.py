@@ -13,12 +13,14 @@ over the prompts K whose full-empty gap is at least min_prompt_gap, with a BCa i
   100 %.  MIB's summaries on that grid, linear in x (the fraction of edges), by the trapezoid
   rule: CPR = area under F, CMD = area under |1 - F|, each with an interval from one paired
   bootstrap of the prompts.
-* **The finer search** (`refine`): between the last grid point below the bound (its interval's
-  lower end under it) and the first at or above it, ROUNDS rounds of POINTS evenly spaced k,
-  each round narrowing to the interval between the last k below and the first k above (each
-  round's circuits run together); the starter is the smallest k tried whose interval clears the
-  bound.  Choosing the smallest of many intervals that clear a bound is optimistic: the
-  starter's faithfulness is tested again on held-out prompts when its file is run.
+* **The finer search** (`refine`): bisection on k between the last grid point below the bound
+  (its interval's lower end under it) and the first at or above it, STEPS circuits one after
+  the other: the midpoint k is tried, and becomes the new upper end when its interval clears the
+  bound, else the new lower end; the starter is the smallest k tried whose interval clears the
+  bound.  Bisection assumes the curve rises between the two grid points; where it does not,
+  the starter is still a k whose interval clears the bound, only not the smallest such k.
+  Choosing the smallest of many intervals that clear a bound is optimistic: the starter's
+  faithfulness is tested again on held-out prompts when its file is run.
 * **Drops** (`drops`): where the curve is not monotone, each pair of consecutive points (grid
   and finer search together, by k >= 1) where F at the larger k lies below F at the smaller k by
   more than both intervals allow (the larger k's upper end below the smaller k's lower end) and
@@ -43,8 +45,7 @@ from ..spec.vocabulary import Replacement
 from ..streams import derive_seed
 
 PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's circuit sizes
-ROUNDS = 2  # rounds of the finer search
-POINTS = 5  # circuits per round: the gap between two grid points narrows 36-fold
+STEPS = 5  # circuits of the finer search, one at a time: the gap between two grid points narrows 32-fold
 
 
 def top_mask(g: Graph, order: np.ndarray, k: int) -> np.ndarray:
@@ -80,21 +81,24 @@ def _point(k: int, f: effects.NormalizedEffect, fraction: float | None) -> dict[
 def faithfulness_curve(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed: int, unit: str,
                        extra: list[np.ndarray]) -> Curve:
     """The top-k circuits' faithfulness at curve_ks (module docstring), CPR and CMD; and the
-    faithfulness of the `extra` circuits on the same prompts."""
+    faithfulness of the `extra` circuits on the same prompts.  Every edge kept is the clean run and
+    none kept the corrupted one (resample), so those two come from the base runs, not from circuits."""
     ks = curve_ks(g.n_edges)
-    masks = [top_mask(g, order, k) for k in ks]
-    stage(f"faithfulness curve: {len(ks)} circuits (+{len(extra)}) on {runs.ds.n} confirmation prompts")
-    got = runs.edge_circuits([g.full(), np.zeros_like(g.adjacency), *masks, *extra], Replacement.RESAMPLE)
-    m_full, m_empty = got[0], got[1]
+    inner = [k for k in ks if 0 < k < g.n_edges]
+    stage(f"faithfulness curve: {len(inner)} circuits (+{len(extra)}) on {runs.ds.n} confirmation prompts")
+    got = runs.edge_circuits([*(top_mask(g, order, k) for k in inner), *extra], Replacement.RESAMPLE)
+    # every edge kept is the clean run and none kept (resample) the corrupted one: the base runs hold both
+    m_full, m_empty = np.asarray(runs.m_clean, dtype=float), np.asarray(runs.m_corrupt, dtype=float)
+    by_k = {0: m_empty, g.n_edges: m_full, **dict(zip(inner, got, strict=False))}
     gap = m_full - m_empty
-    per_k = [effects.normalized_effect(m - m_empty, gap, st, derive_seed(seed, i), unit, gap_name="full-empty")
-             for i, m in enumerate(got[2:2 + len(ks)])]
+    per_k = [effects.normalized_effect(by_k[k] - m_empty, gap, st, derive_seed(seed, i), unit, gap_name="full-empty")
+             for i, k in enumerate(ks)]
     if per_k[0].interval is None:
         raise UserError(f"faithfulness is undefined on the confirmation prompts: {per_k[0].reason} (the corruption "
                         "barely changes the behaviour)")
     points = [_point(k, f, p) for k, p, f in zip(ks, PERCENTAGES, per_k, strict=True)]
     kept = per_k[0].kept
-    nums = [(m - m_empty)[kept] for m in got[2:2 + len(ks)]]
+    nums = [(by_k[k] - m_empty)[kept] for k in ks]
     x = np.asarray(PERCENTAGES)
 
     def area(index: int) -> Any:
@@ -112,7 +116,7 @@ def faithfulness_curve(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed:
     summaries["kept_prompts"] = int(kept.sum())
     summaries["excluded_prompts"] = int((~kept).sum())
     extra_f = [effects.normalized_effect(m - m_empty, gap, st, derive_seed(seed, len(ks) + 2 + i), unit,
-                                         gap_name="full-empty") for i, m in enumerate(got[2 + len(ks):])]
+                                         gap_name="full-empty") for i, m in enumerate(got[len(inner):])]
     return Curve(points, summaries, extra_f, m_full, m_empty)
 
 
@@ -131,20 +135,20 @@ def refine(runs: Runs, g: Graph, order: np.ndarray, curve: Curve, bound: float, 
     lo, hi = curve.points[first - 1]["k"], curve.points[first]["k"]
     gap = curve.m_full - curve.m_empty
     tried: list[dict[str, Any]] = []
-    for r in range(ROUNDS):
-        ks = sorted({int(k) for k in np.linspace(lo, hi, POINTS + 2)[1:-1]} - {lo, hi})
-        if not ks:
+    for r in range(STEPS):
+        k = (lo + hi) // 2
+        if not lo < k < hi:
             break
-        stage(f"faithfulness between {lo:,} and {hi:,} edges: {len(ks)} circuits on {runs.ds.n} confirmation prompts")
-        got = runs.edge_circuits([top_mask(g, order, k) for k in ks], Replacement.RESAMPLE)
-        points = [_point(k, effects.normalized_effect(m - curve.m_empty, gap, st, derive_seed(seed, 100 * (r + 1) + i),
-                                                      unit, gap_name="full-empty"), None)
-                  for i, (k, m) in enumerate(zip(ks, got, strict=True))]
-        tried += points
-        above = next((p for p in points if clears(p, bound)), None)
-        below = [p["k"] for p in points if above is None or p["k"] < above["k"]]
-        hi = above["k"] if above is not None else hi
-        lo = max(below, default=lo)
+        stage(f"faithfulness at {k:,} edges (between {lo:,} and {hi:,}; step {r + 1} of {STEPS}) on "
+              f"{runs.ds.n} confirmation prompts")
+        (m,) = runs.edge_circuits([top_mask(g, order, k)], Replacement.RESAMPLE)
+        point = _point(k, effects.normalized_effect(m - curve.m_empty, gap, st, derive_seed(seed, 100 * (r + 1)),
+                                                    unit, gap_name="full-empty"), None)
+        tried.append(point)
+        if clears(point, bound):
+            hi = k
+        else:
+            lo = k
     return tried
 
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from typing import Any
 
 import numpy as np
 from tabulate import tabulate
 
-from ..evidence.document import finite
+from ..evidence.document import to_json
 from ..mech import weights
 from ..mech.composition_table import MAX_DRAWS, WeightsTables, composition_data
 from ..report.weights_figure import composition_png
@@ -208,11 +207,10 @@ def settings(t: WeightsTables, model: dict[str, Any] | None = None) -> dict[str,
 
 def json_bytes(t: WeightsTables, model: dict[str, Any] | None = None) -> bytes:
     """composition.json: {"settings", "summary" (per mode, per layer pair), "pairs" (the CSV's
-    records, NaN as null)}; one pair per line, so a GPT-2-sized file stays small."""
+    records, NaN as null)}; one pair per line (evidence.document.to_json), so a GPT-2-sized file stays
+    small."""
     summary = {mode: layer_summary(t, mode) for mode in t.modes}
-    head = json.dumps(finite({"settings": settings(t, model), "summary": summary}), indent=2)
-    lines = [json.dumps(finite(r)) for r in rows(t)]
-    return (head[:-2] + ',\n  "pairs": [\n    ' + ",\n    ".join(lines) + "\n  ]\n}\n").encode()
+    return to_json({"settings": settings(t, model), "summary": summary, "pairs": rows(t)}).encode()
 
 
 def output_files(t: WeightsTables, model: dict[str, Any] | None = None) -> dict[str, bytes]:

@@ -41,23 +41,37 @@ def test_folder_contents(demo_folder):
 
 
 def test_demo_evidence_ladder(demo_folder):
-    """One row per mechanism the demo names, the highest rung each reached, and the
-    contradictions the file itself asserts (a redundant head, a route present but unused)."""
+    """One row per mechanism the demo names and the highest rung each reached, for the mechanism as
+    the file states it: a redundant head and a route present but unused, as the file claims, are
+    steps that support it (their claims PASS), not contradictions."""
     ev, folder = demo_folder
     rows = {r.mechanism: r for r in ev.ladder}
+    verdict = {c.id: c.verdict for c in ev.claims}
+    for row in ev.ladder:  # every claim's step reads its verdict
+        for steps in row.rungs.values():
+            for s in steps:
+                if s.claim in verdict and s.status != "untested":
+                    assert s.status == {"PASS": "supports", "FAIL": "against", "INCONCLUSIVE": "inconclusive"}[
+                        verdict[s.claim]], (row.mechanism, s)
     assert rows["L0H7"].highest == "robustness"  # role, mean ablation, agreeing across ablation types
     assert [s.claim for s in rows["L0H7"].rungs["robustness"]] == ["prev-token-head-needed"]
     assert rows["L0H7 -> L1H5.k"].highest == "edge necessity" and rows["L0H7 -> L1H5.k"].contradictions == []
     assert "sufficiency" in rows["L0H7 -> L1H5.k"].missing
-    decoy = rows["L0H3 -> L1H5.k"]
-    assert decoy.rungs["weights"][0].status == "supports" and decoy.rungs["edge necessity"][0].status == "against"
-    assert decoy.contradictions == ["weights supports it but edge necessity is against it (as the file claims)"]
+    decoy = rows["L0H3 -> L1H5.k"]  # composes (the weights propose it) and is unused, as the file says
+    assert verdict["L0H3-route-present-unused"] == "PASS"
+    assert [s.status for s in decoy.rungs["edge necessity"]] == ["supports"] and decoy.contradictions == []
+    assert "weights" in decoy.missing  # composition says nothing either way about a route the file says is unused
+    wvu = {(w.edge, w.direction): w for w in ev.weights_vs_use}
+    assert wvu[("L0H3 -> L1H5.k", "noising")].composes  # the weights-vs-use table still shows the pair
+    used = rows["L0H7 -> L1H5.k"]  # a route the file says is used: its composition test is a weights step
+    assert [(s.claim, s.status) for s in used.rungs["weights"]] == [("K-comp-L0H7-L1H5", "supports"),
+                                                                     ("(weights vs use)", "supports")]
     assert rows["L1H5"].rungs["necessity"][0].claim == "one-induction-head-is-redundant"
-    assert all(c.endswith("(as the file claims)") for c in rows["L1H5"].contradictions)
-    assert rows["L0H0 -> L1H5.k"].highest is None
+    assert rows["L1H5"].rungs["necessity"][0].status == "supports" and rows["L1H5"].contradictions == []
+    assert rows["L0H0 -> L1H5.k"].highest == "weights"  # it does not compose, as the file says
     md = (folder / "report.md").read_text()
     ladder = md[md.index("## Evidence ladder"):md.index("## Evidence per claim")]
-    assert "| L0H3 -> L1H5.k" in ladder and "weights supports it but edge necessity is against it" in ladder
+    assert "| L0H3 -> L1H5.k" in ladder and "✓ L0H3-route-present-unused" in ladder and "FAILed" in ladder
     assert "Evidence ladder" in (folder / "report.html").read_text()
 
 
@@ -92,7 +106,8 @@ def test_rerender_round_trip(demo_folder, tmp_path):
 @pytest.mark.slow
 def test_version_1_documents_are_read(demo_folder, tmp_path):
     """schema_version 1 wrote copying claims as kind `role`: they read back as `copying`,
-    and the report re-renders exactly as from the version 2 document."""
+    and the report re-renders exactly as from the current document, less its evidence ladder (an
+    older ladder read a claim's direction, not its verdict, so it is not read)."""
     _, folder = demo_folder
     doc = json.loads((folder / "evidence.json").read_text())
     old = json.loads(json.dumps(doc))
@@ -105,7 +120,9 @@ def test_version_1_documents_are_read(demo_folder, tmp_path):
     (tmp_path / "v1").mkdir()
     (tmp_path / "v1" / "evidence.json").write_text(json.dumps(old))
     out = report.rerender(tmp_path / "v1" / "evidence.json", tmp_path / "again")
-    assert (out / "report.md").read_text() == (folder / "report.md").read_text()
+    md = (folder / "report.md").read_text()
+    without_ladder = md[:md.index("## Evidence ladder")] + md[md.index("## Evidence per claim"):]
+    assert (out / "report.md").read_text() == without_ladder
     bad = json.loads(json.dumps(doc))
     bad["claims"][0]["details"]["n_undefined"] = "many"
     bad["claims"][1]["evidence"] = "causal"

@@ -119,7 +119,11 @@ def test_induction_claims_move_from_fail_to_pass_over_training(swept):
     assert highest[0] is None and highest[-1] == "edge necessity", highest
     ladder = md[md.index("### Evidence ladder over training"):]
     row = next(line for line in ladder.splitlines() if line.startswith("| L0H7 -> L1H5.k "))
-    assert [c.strip() for c in row.split("|")[2:-1]][:len(STEPS)] == [h or "none" for h in highest]
+    cells = [c.strip() for c in row.split("|")[2:-1]][:len(STEPS)]
+    assert [c.removesuffix(" !") for c in cells] == [h or "none" for h in highest]
+    contradicted = [bool(next(r["contradictions"] for r in job(doc, f"step-{s:05d}")["ladder"]
+                              if r["mechanism"] == "L0H7 -> L1H5.k")) for s in STEPS]
+    assert [c.endswith(" !") for c in cells] == contradicted  # `!`: that model's steps disagree
 
 
 def test_holds_from_matches_the_verdict_sequence(swept):

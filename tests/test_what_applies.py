@@ -8,11 +8,7 @@ from __future__ import annotations
 import pytest
 
 import harness
-from harness.claims.base import asserts, bounded_status
 from harness.engine.measure import SHARED_MATERIAL, means_warnings
-from harness.evidence.result import ClaimResult
-from harness.evidence.verdicts import Verdict
-from harness.spec.vocabulary import LadderStatus
 
 from .conftest import FIXTURE, HYPOTHESES
 
@@ -33,27 +29,6 @@ def test_a_file_of_weight_claims_exits_by_its_claims(tmp_path):
     gap = next(c for c in ev.sanity_checks if c.name.startswith("clean and corrupted metrics differ"))
     assert gap.applies is False and gap.passed and gap.detail.startswith("not applicable (no claim normalises")
     assert ev.exit_code in (0, 1) and not ev.failed_sanity_checks
-
-
-def _result(verdict):
-    from harness.evidence.details import Details
-
-    return ClaimResult(id="x", kind="copying", expectation="", verdict=verdict, value=None, ci=None, unit="",
-                       rule="", details=Details(), evidence="weights")
-
-
-@pytest.mark.parametrize(("bound", "verdict", "status"), [
-    ({"at_most": -0.5}, Verdict.PASS, LadderStatus.SUPPORTS),  # a suppressing head, as the file says
-    ({"at_most": -0.5}, Verdict.FAIL, LadderStatus.AGAINST),
-    ({"at_most": 0.2}, Verdict.PASS, LadderStatus.AGAINST),  # "does not copy": absence, as claimed
-    ({"at_least": 0.9}, Verdict.PASS, LadderStatus.SUPPORTS),
-])
-def test_ladder_entries_follow_the_claims_direction(bound, verdict, status):
-    from harness.claims.copying import CopyingClaim
-
-    claim = CopyingClaim(id="x", kind="copying", head="L1H5", **bound)
-    assert bounded_status(claim, _result(verdict)) == status
-    assert asserts(claim) == ("at_least" in bound or bound["at_most"] < 0)  # presence, or a negative mechanism
 
 
 def test_the_names_suppressing_head_is_supported_on_its_ladder():

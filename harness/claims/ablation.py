@@ -46,10 +46,9 @@ from .base import (
     InterventionPath,
     LadderEntry,
     Measured,
-    bounded_status,
     heads_mechanism,
     sensitivity_entry,
-    supporting,
+    verdict_status,
     with_details,
 )
 
@@ -137,12 +136,12 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
     def ladder(self, claim: AblationClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
         mechanism, type_ = heads_mechanism(claim.heads)
-        status = bounded_status(claim, result)
+        status = verdict_status(result)
         if d.intervention_change is not None and d.intervention_change.vacuous:
             status = LadderStatus.UNTESTED
         note = f"{claim.ablation}-ablated: {result.unit} {fmt(result.value)}"
         return ([LadderEntry(mechanism, type_, Rung.NECESSITY, status, note, d.corruption)]
-                + sensitivity_entry(mechanism, type_, d.sensitivity, supporting(claim)))
+                + sensitivity_entry(mechanism, type_, d.sensitivity))
 
     def measure(self, claims: Sequence[Indexed[AblationClaim]], ctx: Context) -> Measured:
         out = {}

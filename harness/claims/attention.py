@@ -35,7 +35,7 @@ from ..spec.names import hook_pattern
 from ..spec.settings import DataSettings, Strict
 from ..spec.text_data import TemplateData, occurrences, parse_template
 from ..spec.vocabulary import Rung
-from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, bounded_status
+from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
 
 
 class SlotPosition(Strict):
@@ -154,7 +154,7 @@ class AttentionKind(ClaimKind[AttentionClaim, AttentionDetails]):
         return [claim.head]
 
     def ladder(self, claim: AttentionClaim, result: ClaimResult) -> list[LadderEntry]:
-        return [LadderEntry(str(claim.head), "head", Rung.OBSERVATION, bounded_status(claim, result, neutral=None),
+        return [LadderEntry(str(claim.head), "head", Rung.OBSERVATION, verdict_status(result),
                             f"attention from {shown(claim.from_)} to {shown(claim.to)} {fmt(result.value)}")]
 
     def measure(self, claims: Sequence[Indexed[AttentionClaim]], ctx: Context) -> Measured:

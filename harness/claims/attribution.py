@@ -32,9 +32,18 @@ from ..spec import names
 from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.vocabulary import Direction, LadderStatus, Replacement, Rung, UseStatus
 from . import effects
-from .base import ClaimKind, Context, EdgeCircuitPath, Indexed, InterventionPath, LadderEntry, Measured
+from .base import (
+    ClaimKind,
+    Context,
+    EdgeCircuitPath,
+    Indexed,
+    InterventionPath,
+    LadderEntry,
+    Measured,
+    verdict_status,
+)
 from .edge import edge_verdict, read_hooks
-from .edge_test import OPPOSITE, UNDETERMINED, UNTESTED, UNUSED, USED, UseRule
+from .edge_test import UNTESTED, UseRule
 
 FRACTION = "fraction of gap (estimate)"
 
@@ -100,8 +109,7 @@ class AttributionKind(ClaimKind[AttributionClaim, AttributionDetails]):
 
     def ladder(self, claim: AttributionClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
-        status = {USED: LadderStatus.SUPPORTS, UNUSED: LadderStatus.AGAINST, OPPOSITE: LadderStatus.AGAINST,
-                  UNDETERMINED: LadderStatus.INCONCLUSIVE, UNTESTED: LadderStatus.UNTESTED}[d.use]
+        status = LadderStatus.UNTESTED if d.use == UNTESTED else verdict_status(result)
         kind = "edge" if names.is_head_route(claim.edge) else "route"
         return [LadderEntry(str(claim.edge), kind, Rung.ATTRIBUTION, status, f"{d.method} estimate {d.use}",
                             d.corruption)]

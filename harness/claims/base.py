@@ -100,40 +100,23 @@ class LadderEntry:
     corruption: str | None = None  # for robustness across corruptions
 
 
-def asserts(claim: BoundedClaim, neutral: float | None = 0.0) -> bool:
-    """Whether a bounded claim asserts a mechanism (rather than its absence), in the claim's own
-    direction: `at_least` does; `at_most` asserts absence, unless its bound lies below `neutral`,
-    the value of no mechanism (0 for a copying score, an effect or a faithfulness; None: the number
-    has no sign, e.g. an attention score): `copying at_most -0.5` states a suppressing head, and an
-    ablation effect `at_most -0.2` a head whose removal helps."""
-    if claim.at_least is not None:
-        return True
-    return neutral is not None and claim.bound < neutral
+def verdict_status(result: ClaimResult) -> LadderStatus:
+    """A claim's step on the evidence ladder reads its verdict first: the ladder is of the mechanism
+    as the file states it, so a PASS supports it and a FAIL is against it whatever the claim's
+    direction (`at_most`, `expect: unused` and `at_least` alike); an INCONCLUSIVE claim is
+    inconclusive.  A FAILed claim never reads as support."""
+    if result.verdict == Verdict.PASS:
+        return LadderStatus.SUPPORTS
+    if result.verdict == Verdict.FAIL:
+        return LadderStatus.AGAINST
+    return LadderStatus.INCONCLUSIVE
 
 
-def bounded_status(claim: BoundedClaim, result: ClaimResult, neutral: float | None = 0.0) -> LadderStatus:
-    """supports / against / inconclusive for a claim with a bound: a PASS supports the mechanism
-    the claim asserts (`asserts`); a PASS of a claim that asserts absence is against it (and the
-    ladder notes the file says so)."""
-    if result.verdict == Verdict.INCONCLUSIVE:
-        return LadderStatus.INCONCLUSIVE
-    supports = (result.verdict == Verdict.PASS) == asserts(claim, neutral)
-    return LadderStatus.SUPPORTS if supports else LadderStatus.AGAINST
-
-
-def supporting(claim: BoundedClaim, neutral: float | None = 0.0) -> Verdict:
-    """The verdict of a bounded claim that supports the mechanism (bounded_status)."""
-    return Verdict.PASS if asserts(claim, neutral) else Verdict.FAIL
-
-
-def sensitivity_entry(mechanism: str, type_: str, sens: Sensitivity | None,
-                      supporting: Verdict = Verdict.PASS) -> list[LadderEntry]:
+def sensitivity_entry(mechanism: str, type_: str, sens: Sensitivity | None) -> list[LadderEntry]:
     """The robustness rung from a sensitivity run, over the types that reach a verdict (PASS
     or FAIL; INCONCLUSIVE types, untested or undefined, do not count): `against` when they
-    disagree; `supports` when at least two agree on `supporting`, the verdict that supports
-    the mechanism (PASS of an `at_least` or `used` claim, FAIL of an `at_most` or `unused`
-    one); nothing when they agree against it (the lower rung is then robustly against);
-    `inconclusive` when fewer than two decide."""
+    disagree; `supports` when at least two PASS; nothing when they agree on FAIL (the lower
+    rung is then robustly against); `inconclusive` when fewer than two decide."""
     if sens is None:
         return []
     cells = ", ".join(f"{k} {v.verdict}" for k, v in sens.by_type.items())
@@ -143,7 +126,7 @@ def sensitivity_entry(mechanism: str, type_: str, sens: Sensitivity | None,
                             f"the verdict depends on the type: {cells}")]
     if len(decided) > 1:
         return ([LadderEntry(mechanism, type_, Rung.ROBUSTNESS, LadderStatus.SUPPORTS,
-                             f"the same verdict under {cells}")] if decided[0] == supporting else [])
+                             f"the same verdict under {cells}")] if decided[0] == Verdict.PASS else [])
     return [LadderEntry(mechanism, type_, Rung.ROBUSTNESS, LadderStatus.INCONCLUSIVE,
                         f"fewer than two types decide: {cells}")]
 

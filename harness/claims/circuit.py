@@ -57,10 +57,9 @@ from .base import (
     InterventionPath,
     LadderEntry,
     Measured,
-    bounded_status,
     heads_mechanism,
     sensitivity_entry,
-    supporting,
+    verdict_status,
     with_details,
 )
 from .circuit_plans import (
@@ -102,7 +101,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
     def ladder(self, claim: CircuitClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
-        status = bounded_status(claim, result)
+        status = verdict_status(result)
         if d.intervention_change is not None and d.intervention_change.vacuous_heads:
             status = LadderStatus.UNTESTED if status == LadderStatus.INCONCLUSIVE else status
         if claim.edges is not None and claim.size <= LADDER_EDGES:  # the sufficiency rung of every edge
@@ -115,7 +114,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         mechanism = f"circuit {heads_mechanism(claim.heads or [])[0]}"
         return ([LadderEntry(mechanism, "heads", Rung.SUFFICIENCY, status,
                              f"faithfulness {fmt(result.value)} with the rest {claim.ablation}-ablated", d.corruption)]
-                + sensitivity_entry(mechanism, "heads", d.sensitivity, supporting(claim)))
+                + sensitivity_entry(mechanism, "heads", d.sensitivity))
 
     def measure(self, claims: Sequence[Indexed[CircuitClaim]], ctx: Context) -> Measured:
         st = ctx.stats

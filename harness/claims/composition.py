@@ -30,8 +30,8 @@ from ..mech.factored import Composition
 from ..spec import names
 from ..spec.fields import ClaimSpec, HeadRouteName
 from ..spec.settings import Stats
-from ..spec.vocabulary import LadderStatus, Rung
-from .base import ClaimKind, Context, Indexed, LadderEntry, Measured
+from ..spec.vocabulary import Rung
+from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
 
 UNIT = "composition score"
 
@@ -106,7 +106,7 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
     def ladder(self, claim: CompositionClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
         composes = d.p_adjusted < d.alpha
-        status = LadderStatus.SUPPORTS if composes else LadderStatus.AGAINST
+        status = verdict_status(result)
         return [LadderEntry(str(claim.edge), "edge", Rung.WEIGHTS, status,
                             f"{'composes' if composes else 'does not compose'} (p_adj {fmt_p(d.p_adjusted)})")]
 

@@ -24,7 +24,7 @@ from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS
 from ..mech import weights
 from ..spec.fields import BoundedClaim, HeadName
 from ..spec.vocabulary import Rung
-from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, bounded_status
+from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
 
 UNIT = "eigenvalue positivity"
 
@@ -70,7 +70,7 @@ class CopyingKind(ClaimKind[CopyingClaim, CopyingDetails]):
 
     def ladder(self, claim: CopyingClaim, result: ClaimResult) -> list[LadderEntry]:
         value = "undefined" if result.value is None else f"{result.value:.3f}"
-        return [LadderEntry(str(claim.head), "head", Rung.WEIGHTS, bounded_status(claim, result),
+        return [LadderEntry(str(claim.head), "head", Rung.WEIGHTS, verdict_status(result),
                             f"copying score {value}")]
 
     def measure(self, claims: Sequence[Indexed[CopyingClaim]], ctx: Context) -> Measured:

@@ -59,6 +59,7 @@ from .base import (
     LadderEntry,
     Measured,
     sensitivity_entry,
+    verdict_status,
     with_details,
 )
 from .composition import RouteEvidence, route_evidence
@@ -232,8 +233,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
 
     def ladder(self, claim: RouteClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
-        status = {USED: LadderStatus.SUPPORTS, UNUSED: LadderStatus.AGAINST, OPPOSITE: LadderStatus.AGAINST,
-                  UNDETERMINED: LadderStatus.INCONCLUSIVE, UNTESTED: LadderStatus.UNTESTED}[d.use]
+        status = LadderStatus.UNTESTED if d.use == UNTESTED else verdict_status(result)
         note = f"{d.use} ({claim.replacement}{', ' + d.corruption if d.corruption else ''})"
         if d.use == OPPOSITE:
             note += ": it works against the claimed direction"
@@ -241,8 +241,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
         route = claim.route  # head -> head-input edges have a weights rung; other routes do not
         kind = "edge" if isinstance(route, names.Edge) and names.is_head_route(route) else "route"
         return ([LadderEntry(str(claim.route), kind, rung, status, note, d.corruption)]
-                + sensitivity_entry(str(claim.route), kind, d.sensitivity,
-                                    PASS if claim.expect == "used" else FAIL))
+                + sensitivity_entry(str(claim.route), kind, d.sensitivity))
 
     def measure(self, claims: Sequence[Indexed[RouteClaim]], ctx: Context) -> Measured:
         st = ctx.stats

@@ -25,7 +25,7 @@ from ..spec import names
 from ..spec.fields import BoundedClaim, HeadName
 from ..spec.names import hook_pattern
 from ..spec.vocabulary import AttentionRole, Rung
-from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, bounded_status
+from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
 
 
 class RoleClaim(BoundedClaim):
@@ -70,7 +70,7 @@ class RoleKind(ClaimKind[RoleClaim, RoleDetails]):
         return [claim.head]
 
     def ladder(self, claim: RoleClaim, result: ClaimResult) -> list[LadderEntry]:
-        return [LadderEntry(str(claim.head), "head", Rung.OBSERVATION, bounded_status(claim, result, neutral=None),
+        return [LadderEntry(str(claim.head), "head", Rung.OBSERVATION, verdict_status(result),
                             f"{claim.role} score {fmt(result.value)}")]
 
     def measure(self, claims: Sequence[Indexed[RoleClaim]], ctx: Context) -> Measured:

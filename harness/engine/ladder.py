@@ -14,12 +14,18 @@ order (evidence.details.RUNGS):
                     (`sensitivity: true`) and across corruptions (the same rung
                     tested under several corruptions)
 
-Each claim adds steps through its kind (ClaimKind.ladder): `supports`, `against`,
-`inconclusive`, or `untested` (an intervention that changed nothing it reads).  A
-row gives the highest rung some claim supports, the rungs that apply and no claim
-tested, and every contradiction: a rung whose claims disagree, a rung that
-supports the mechanism while another is against it, a robustness failure.  A
-high rung never hides a contradiction on a lower one.
+The ladder is of the mechanism as the file states it.  Each claim adds steps through its
+kind (ClaimKind.ladder) that read its verdict first (claims.base.verdict_status): a PASS
+`supports` it and a FAIL is `against` it whatever the claim's direction (an `at_most` or
+`expect: unused` claim that PASSes supports the file's account too), an INCONCLUSIVE claim is
+`inconclusive`, and an intervention that changed nothing it reads is `untested`.  The
+weights-vs-use table adds a weights step for an edge only edge claims name and that the file
+says is used (`supports`: the route composes, `against`: it does not); for a route the file
+says is unused, composition states nothing either way (the table shows the pair).  A row
+gives the highest rung some step supports, the rungs that apply and no claim tested, and
+every contradiction: a rung whose steps disagree, a rung that supports the mechanism while
+another is against it, a robustness failure.  A high rung never hides a contradiction on a
+lower one.
 """
 
 from __future__ import annotations
@@ -28,10 +34,9 @@ from collections.abc import Sequence
 
 from ..claims.base import LadderEntry
 from ..claims.registry import kind_of
-from ..evidence.details import AS_CLAIMED, LadderRow, LadderStep, WeightsVsUseRow
+from ..evidence.details import LadderRow, LadderStep, WeightsVsUseRow
 from ..evidence.format import fmt_p
 from ..evidence.result import ClaimResult
-from ..evidence.verdicts import Verdict
 from ..spec.fields import ClaimSpec
 from ..spec.vocabulary import LadderStatus, Rung
 
@@ -46,9 +51,12 @@ WEIGHTS_VS_USE = "(weights vs use)"
 def entries(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult], rows: Sequence[WeightsVsUseRow]) -> Steps:
     """(claim id, entry) for every step the claims and the weights-vs-use table give."""
     out = [(r.id, e) for c, r in zip(claims, results, strict=True) for e in kind_of(c).ladder(c, r)]
+    expected = {c.id: getattr(c, "expect", None) for c in claims}
     for row in rows:  # the composition test of an edge that only edge claims name
         if row.composes is None or row.composition_p_adjusted is None:
             continue  # an MLP end: no composition score
+        if all(expected.get(t.claim) == "unused" for t in row.tests):
+            continue  # the file states the route is not used: composition neither supports nor contradicts that
         out.append((WEIGHTS_VS_USE, LadderEntry(row.edge, "edge", Rung.WEIGHTS, SUPPORTS if row.composes else AGAINST,
                                                 f"composition {fmt_p(row.composition_p_adjusted)} (BH-adjusted p)")))
     return out
@@ -80,21 +88,16 @@ def _across_corruptions(mechanism: str, type_: str, found: Steps) -> Steps:
     return out
 
 
-def contradictions(rungs: dict[Rung, list[LadderStep]], passed: frozenset[str] = frozenset()) -> list[str]:
-    """Disagreements within a rung and between rungs. When every step against the mechanism
-    comes from a claim that PASSed (the file itself asserts the absence, e.g. a redundant head
-    or a route present but unused) the contradiction is marked "(as the file claims)"."""
-    def claimed(*names: Rung) -> str:
-        against = [s.claim for r in names for s in rungs[r] if s.status == AGAINST]
-        return AS_CLAIMED if against and all(c in passed for c in against) else ""
-
+def contradictions(rungs: dict[Rung, list[LadderStep]]) -> list[str]:
+    """Disagreements within a rung and between rungs: a claim (or the weights-vs-use table) whose
+    step is against the mechanism as the file states it, beside one that supports it."""
     out = []
     for rung, steps in rungs.items():
         statuses = {s.status for s in steps}
         if {SUPPORTS, AGAINST} <= statuses and rung != Rung.ROBUSTNESS:
             yes = ", ".join(s.claim for s in steps if s.status == SUPPORTS)
             no = ", ".join(s.claim for s in steps if s.status == AGAINST)
-            out.append(f"{rung}: for it {yes}; against it {no}{claimed(rung)}")
+            out.append(f"{rung}: for it {yes}; against it {no}")
     if any(s.status == AGAINST for s in rungs.get(Rung.ROBUSTNESS, [])):
         out += [f"robustness: {s.note}" for s in rungs[Rung.ROBUSTNESS] if s.status == AGAINST]
     order = [r for r in Rung if r in rungs and r != Rung.ROBUSTNESS]
@@ -103,16 +106,15 @@ def contradictions(rungs: dict[Rung, list[LadderStep]], passed: frozenset[str] =
             low_s = {s.status for s in rungs[low]}
             high_s = {s.status for s in rungs[high]}
             if SUPPORTS in low_s and AGAINST in high_s:
-                out.append(f"{low} supports it but {high} is against it{claimed(high)}")
+                out.append(f"{low} supports it but {high} is against it")
             elif AGAINST in low_s and SUPPORTS in high_s:
-                out.append(f"{low} is against it but {high} supports it{claimed(low)}")
+                out.append(f"{low} is against it but {high} supports it")
     return out
 
 
 def build(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult],
           rows: Sequence[WeightsVsUseRow]) -> list[LadderRow]:
     """One row per mechanism, in the order the file first names them."""
-    passed = frozenset(r.id for r in results if r.verdict == Verdict.PASS)
     found: dict[tuple[str, str], Steps] = {}
     for claim_id, e in entries(claims, results, rows):
         found.setdefault((e.mechanism, e.type), []).append((claim_id, e))
@@ -128,5 +130,5 @@ def build(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult],
         out.append(LadderRow(mechanism=mechanism, type=type_, rungs=rungs,
                              highest=supported[-1] if supported else None,
                              missing=[r for r in APPLIES[type_] if r not in rungs],
-                             contradictions=contradictions(rungs, passed)))
+                             contradictions=contradictions(rungs)))
     return out

@@ -162,9 +162,6 @@ class WeightsVsUseRow(Record):
     explained: Explained | None = optional()  # head -> head-input edges (not groups): what flows
 
 
-AS_CLAIMED = " (as the file claims)"  # ends a ladder contradiction the file itself asserts
-
-
 class LadderStep(Record):
     """One claim's evidence on one rung of a mechanism's ladder."""
 

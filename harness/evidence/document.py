@@ -113,11 +113,16 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
             be absent (a claim then reads with the rule as its reason and no pass region).
     4 -> 5: circuit claims gain the sequential test's keys (`beat_p_value`, `beat_decision`, ...;
             a version-4 circuit keeps its `binomial_p_value`), edge circuits, attribution claims
-            and the `attribution` rung: only added keys."""
+            and the `attribution` rung: only added keys.
+    5 -> 6: a ladder step reads its claim's verdict (a FAIL is against the mechanism whatever the
+            claim's direction); an older ladder read the direction (a FAILed `at_most` claim was
+            support), so it is not read: the document reads with no ladder."""
     version = doc.get("schema_version")
-    if version in (3, 4, SCHEMA_VERSION):  # 3 -> 4 -> 5 only added keys that may be absent
-        return doc if version == SCHEMA_VERSION else dict(doc, schema_version=SCHEMA_VERSION)
-    out = dict(doc, schema_version=SCHEMA_VERSION)
+    if version == SCHEMA_VERSION:
+        return doc
+    if version in (3, 4, 5):  # 3 -> 4 -> 5 only added keys that may be absent
+        return dict(doc, schema_version=SCHEMA_VERSION, ladder=[])
+    out = dict(doc, schema_version=SCHEMA_VERSION, ladder=[])
     claims = doc.get("claims", [])
     if version == 1:
         claims = [dict(c, kind="copying") if c.get("kind") == "role" and c.get("evidence") == "weights" else c

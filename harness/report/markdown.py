@@ -112,9 +112,12 @@ def ladder_table(rows: list[LadderRow]) -> list[str]:
         body.append([md_cell(r.mechanism), *cells, md_cell(r.highest or "none"),
                      md_cell("; ".join(r.contradictions) or "none")])
     return ["## Evidence ladder", "",
-            "Per mechanism the file names, the levels of evidence this run reached, lowest first: ✓ supports it, "
-            "✗ is against it, ? inconclusive, ∅ untested (the intervention changed nothing it reads), — applies "
-            "but no claim tested it. A high rung does not erase a contradiction on a lower one.", "",
+            "Per mechanism the file names, the levels of evidence this run reached, lowest first, for the "
+            "mechanism as the file states it: ✓ a claim that PASSed (whatever its direction: a head claimed not "
+            "needed that is not needed is ✓), ✗ one that FAILed, ? inconclusive, ∅ untested (the intervention "
+            "changed nothing it reads), — applies but no claim tested it; `(weights vs use)` is the route's "
+            "composition test where no composition claim names it. A high rung does not erase a contradiction on a "
+            "lower one.", "",
             tabulate(body, headers=["mechanism", *shown, "highest", "contradictions"], tablefmt="github",
                      disable_numparse=True), ""]
 

@@ -15,7 +15,6 @@ from urllib.parse import quote
 
 from tabulate import tabulate
 
-from ..evidence.details import AS_CLAIMED
 from ..report.folders import write_folder
 from ..report.html import render_html
 from ..report.text import md_cell, md_code, md_link_text, md_text
@@ -27,6 +26,9 @@ from .document import folder_name, plan_of
 ERROR_CELL = "job failed"
 MISSING_CELL = "not run yet"
 SWEEP_FILES = frozenset({"sweep.md", "sweep.html", "figures", "runs"})
+# a contradiction the file itself asserted, in the ladders of evidence documents before version 6 (whose
+# steps read the direction of a claim, not its verdict); later ladders have no such suffix
+LEGACY_AS_CLAIMED = " (as the file claims)"
 
 
 def column_names(doc: dict) -> dict[str, str]:
@@ -229,13 +231,13 @@ def _ladder(doc: dict, hypothesis: str, names: dict[str, str]) -> list[str]:
         row = [mech]
         for m in doc["models"]:
             r = found[m["label"]].get(mech)
-            unexpected = r is not None and any(not c.endswith(AS_CLAIMED) for c in r["contradictions"])
+            unexpected = r is not None and any(not c.endswith(LEGACY_AS_CLAIMED) for c in r["contradictions"])
             row.append("-" if r is None else (r["highest"] or "none") + (" !" if unexpected else ""))
         rows.append(row)
     return ["### Evidence ladder over training", "",
             "The highest level of evidence each mechanism reaches on each model (weights, observation, necessity, "
-            "edge necessity, sufficiency, robustness); `!` marks evidence on that model that contradicts the rest "
-            "beyond what the file itself claims (each job's report lists it).", "",
+            "edge necessity, sufficiency, robustness); `!` marks a mechanism whose evidence on that model disagrees "
+            "(a FAILed claim beside one that PASSed, or a robustness failure; each job's report lists it).", "",
             _table(rows, ["mechanism"] + [names[m["label"]] for m in doc["models"]]), ""]
 
 

@@ -39,13 +39,17 @@ def ids(text: str, bos: bool = True) -> list[int]:
     return ([ID["[BOS]"]] if bos else []) + [ID[w] for w in text.split()]
 
 
-def save_word_model(folder, initializer_range: float = 1.0):
-    """A random GPT-2 and a word-level tokenizer over WORDS, saved into `folder`; the model."""
+def save_word_model(folder, initializer_range: float = 1.0, adds_bos: bool = True):
+    """A random GPT-2 and a word-level tokenizer over WORDS, saved into `folder`; the model.  The
+    tokenizer puts [BOS] in front of every text by itself (as Llama's does) unless `adds_bos` is
+    false (as GPT-2's: it names a BOS token and adds none)."""
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     tok = Tokenizer(models.WordLevel(ID, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if adds_bos:
+        tok.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", ID["[BOS]"])])
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="[BOS]", unk_token="[UNK]",
                                          eos_token="[BOS]", pad_token="[BOS]").save_pretrained(folder)
     cfg = transformers.GPT2Config(vocab_size=len(WORDS), n_positions=32, n_embd=16, n_layer=2, n_head=2,
@@ -482,3 +486,49 @@ def test_prompts_render_literally():
     assert page.count("<strong>") == 2 and "&lt;b&gt;c&lt;/b&gt;:" in page
     ids = prompt_lines([{"clean": [0, 5, 9], "corrupted": {}, "positions": [1], "answers": [9], "wrong": [3]}], 2)
     assert "1. clean: 0 **5** 9 → `9` (wrong: `3`)" in ids and "as token ids" in ids[2]
+
+
+# --- the BOS token: as the tokenizer does by itself, the same in every command ----------------------------------
+
+@pytest.fixture(scope="module")
+def gpt2_like(tmp_path_factory):
+    """(folder, loaded model, unused) of a word model whose tokenizer names [BOS] and adds none (as GPT-2's,
+    Pythia's and SmolLM2's do)."""
+    folder = tmp_path_factory.mktemp("plain") / "m"
+    save_word_model(folder, adds_bos=False)
+    return folder, load_model_cached(str(folder), "cpu"), None
+
+
+def test_prompts_get_the_bos_token_only_where_the_tokenizer_adds_it(word_model, gpt2_like):
+    from harness.model.tokenizer import start_words
+
+    bos = ID["[BOS]"]
+    words_ = len(IOI.split())  # the word-level tokenizer: one token a word
+    for model, adds in ((word_model, True), (gpt2_like, False)):
+        assert model_tokenizer(model[1]).adds_bos is adds and model_tokenizer(model[1]).bos == bos
+        ds = dataset(model, template())
+        assert ds.has_bos is adds and bool((ds.clean[:, 0] == bos).all()) is adds
+        assert ds.clean.shape[1] == words_ + int(adds)  # and [BOS] where the tokenizer adds it
+        gen = dataset(model, {"generator": "repeated_tokens", "n_prompts": 8, "segment_length": 4})
+        assert gen.has_bos is adds and gen.clean.shape[1] == 8 + int(adds)
+        assert ("[BOS=0] + S + S" in gen.description) is adds and ("no start token" in gen.description) is not adds
+        assert start_words(model[1], ds) == ("BOS '[BOS]' (id 0) in front" if adds else "no BOS token in front")
+    # asked for, the tokenizer's BOS token goes in front all the same
+    ds = dataset(gpt2_like, template(prepend_bos=True))
+    assert ds.has_bos and bool((ds.clean[:, 0] == bos).all())
+    gen = dataset(gpt2_like, {"generator": "repeated_tokens", "n_prompts": 8, "segment_length": 4, "bos": True})
+    assert gen.has_bos and bool((gen.clean[:, 0] == bos).all())
+
+
+def test_roles_scan_and_run_start_their_prompts_alike(gpt2_like, word_model):
+    """`harness roles` and `harness scan` build the generator's prompts with the start token `harness run` uses."""
+    from harness.tools.roles_table import role_table
+    from harness.tools.scan import ScanSettings, explore_dataset
+
+    for model in (gpt2_like, word_model):
+        m = model[1]
+        run = dataset(model, {"generator": "repeated_tokens", "n_prompts": 8, "segment_length": 4})
+        table = role_table(m, n_prompts=8, segment_length=4, seed=0, split="test")
+        assert table.startswith(run.description.split(" with ")[0])  # "repeated_tokens: 8 prompts, <start> + S + S"
+        scanned, _ = explore_dataset(m, ScanSettings(n_prompts=8, segment_length=4, seed=0), None)
+        assert scanned.has_bos == run.has_bos and scanned.start_token() == run.start_token()

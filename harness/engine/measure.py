@@ -28,6 +28,7 @@ from ..mech.base_runs import base_runs
 from ..mech.runs import Runs
 from ..model import metrics
 from ..model.devices import of
+from ..model.tokenizer import start_words
 from ..progress import progress, stage
 from ..spec.fields import ClaimSpec
 from ..spec.settings import Stats
@@ -94,7 +95,7 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads
     names_ = hooks_needed(claims, n_layers, figures, ds.n)
-    stage(f"base runs: {ds.n} prompts, clean and {len(ds.corruptions)} corruption(s)")
+    stage(f"base runs: {ds.n} prompts ({start_words(model, ds)}), clean and {len(ds.corruptions)} corruption(s)")
     runs = base_runs(bridge, ds, names_, metric)
     spent(ledger, "base runs done")
     clean, corruptions, default = runs.clean, runs.corruptions, runs.corruption

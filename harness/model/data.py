@@ -68,6 +68,10 @@ class Dataset:
     def default_corruption(self) -> str:
         return next(iter(self.corruptions))
 
+    def start_token(self) -> int | None:
+        """The token every prompt starts with when it starts with a BOS token (has_bos), else None."""
+        return int(self.clean[0, 0]) if self.has_bos else None
+
     def to(self, device: Any) -> Dataset:
         """The same dataset with every tensor on `device` (a no-op copy when already there).
         Prompts are always drawn on the CPU, so they do not depend on the device."""
@@ -210,7 +214,8 @@ def repeated_tokens(n_prompts: int, segment_length: int, d_vocab: int, *, seed: 
     reference = torch.cat([prefix[:1].expand(n_ref, -1), ref_seg, ref_seg], dim=1)
     what = {"first_half": "first S replaced by fresh random tokens", "second_half": "second S replaced",
             "both": "both copies replaced"}
-    desc = (f"repeated_tokens: {n_prompts} prompts, {f'[BOS={bos_token}] + ' if bos else ''}S + S with "
+    shape = f"[BOS={bos_token}] + S + S" if bos else "S + S (no start token)"
+    desc = (f"repeated_tokens: {n_prompts} prompts, {shape} with "
             f"|S| = {segment_length}, tokens in [{vocab_min}, {hi}), seed {seed}, split {split}; "
             + "; ".join(f"corruption {c}: {what[c]}" for c in corruptions)
             + f"; means over {n_ref} reference prompts" + ("; distinct tokens" if distinct else ""))

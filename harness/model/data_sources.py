@@ -32,7 +32,7 @@ from ..spec.text_data import PromptsData, TemplateData
 from . import data, templates, text_data
 from .loading import LoadedModel
 from .text_data import TextPrompt
-from .tokenizer import TextTokenizer, model_bos, require_tokenizer
+from .tokenizer import TextTokenizer, require_tokenizer, start_token
 
 
 class Where(Protocol):
@@ -70,25 +70,26 @@ class DataSourceKind:
 
 
 def _bos(setting: bool | None, tok: TextTokenizer, where: str, d_vocab: int) -> bool:
-    """Whether to prepend the BOS token: the setting, or (None) whether the tokenizer has one
-    inside the model's vocabulary (TransformerLens gives a tokenizer without one a stand-in
-    that may lie outside it)."""
+    """Whether to prepend the BOS token: the setting, or (None) what the tokenizer does by itself
+    (TextTokenizer.adds_bos: Llama's does, GPT-2's and SmolLM2's do not), with the token inside the
+    model's vocabulary (TransformerLens gives a tokenizer without one a stand-in that may lie outside it)."""
     if setting and tok.bos is None:
         raise SpecError([f"{where}: the tokenizer of {tok.model} has no BOS token; set prepend_bos: false"])
-    return tok.bos is not None and tok.bos < d_vocab if setting is None else setting
+    return tok.adds_bos and tok.bos is not None and tok.bos < d_vocab if setting is None else setting
 
 
 def _generator(d: GeneratorData, source: Where, model: LoadedModel) -> data.Dataset:
     if d.bos_token is not None and d.bos_token >= model.d_vocab:
         raise SpecError([f"{source.where('data.bos_token')}: token {d.bos_token} is outside the model's "
                          f"vocabulary 0..{model.d_vocab - 1}"])
-    if d.segment_length * 2 + int(d.bos) > model.n_ctx:
+    token = (None if d.bos is False else d.bos_token if d.bos_token is not None
+             else start_token(model, d.bos, source.where("data.bos_token")))
+    bos = token is not None
+    if d.segment_length * 2 + int(bos) > model.n_ctx:
         raise SpecError([f"{source.where('data.segment_length')}: prompts of length "
-                         f"{d.segment_length * 2 + int(d.bos)} exceed the model's context {model.n_ctx}"])
+                         f"{d.segment_length * 2 + int(bos)} exceed the model's context {model.n_ctx}"])
     return data.repeated_tokens(d.n_prompts, d.segment_length, model.d_vocab, seed=d.seed, split=d.split,
-                                bos=d.bos, vocab_min=d.vocab_min, vocab_max=d.vocab_max,
-                                bos_token=(d.bos_token if d.bos_token is not None
-                                           else model_bos(model, source.where("data.bos_token")) if d.bos else 0),
+                                bos=bos, vocab_min=d.vocab_min, vocab_max=d.vocab_max, bos_token=token or 0,
                                 corruptions=tuple(d.corruptions), n_reference=d.n_reference, distinct=d.distinct)
 
 
@@ -127,7 +128,8 @@ def _prompts(d: PromptsData, source: Where, model: LoadedModel) -> data.Dataset:
                        source.where(f"data.prompts[{i}].answer"), source.where(f"data.prompts[{i}].wrong"))
             for i, p in enumerate(d.prompts)]
     names = list(rows[0].corruptions)
-    desc = (f"prompts listed in the data: {len(rows)} text prompts{', BOS prepended' if bos else ''}; scored at "
+    with_bos = ', BOS prepended' if bos else ', no BOS'
+    desc = (f"prompts listed in the data: {len(rows)} text prompts{with_bos}; scored at "
             f"the last token; corruptions {', '.join(names)}; means leave each prompt out")
     return text_data.text_dataset(rows, tok, bos, model.d_vocab, n_ctx=model.n_ctx, description=desc,
                                   source=source.where("data.prompts"), allow_unknown=d.allow_unknown)

@@ -289,7 +289,8 @@ def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: 
     ref_rows = read_rows(mean_from, _check_text_reference) if mean_from is not None else None
     means = f"means over {mean_from.name}" if mean_from is not None else "means leave each prompt out"
     names = [DEFAULT] + [k[len("corrupted_"):] for k in extra]
-    desc = (f"text file {path.name}: {len(rows)} prompts{', BOS prepended' if prepend_bos else ''}; scored at the "
+    with_bos = ', BOS prepended' if prepend_bos else ', no BOS'
+    desc = (f"text file {path.name}: {len(rows)} prompts{with_bos}; scored at the "
             f"last token; corruptions {', '.join(names)}; {means}")
     return text_dataset(prompts, tok, prepend_bos, d_vocab, n_ctx=n_ctx, description=desc, source=str(path),
                         reference=None if ref_rows is None else [r["text"] for r in ref_rows],

@@ -10,7 +10,9 @@ tokenizer is refused in one line saying why.  A handed-over bridge keeps its own
 
 The start token (`bos`) is the tokenizer's BOS token when that token is in its vocabulary
 (TransformerLens gives a tokenizer without one a stand-in, often outside it), else None;
-the unknown token (`unk`) likewise.
+the unknown token (`unk`) likewise.  Whether prompts get it by default follows what the
+tokenizer does by itself (`adds_bos`): text data (`prepend_bos`) and the generator
+(`start_token`) alike, in every command.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class TextTokenizer:
         self.model = model  # names the model in messages
         self.bos: int | None = _special(tokenizer, "bos")
         self.unk: int | None = _special(tokenizer, "unk")
+        # whether the tokenizer puts its BOS token in front of a text by itself (Llama, Gemma: yes;
+        # GPT-2, Pythia, SmolLM2: no, though they name one): what harness does by default
+        self.adds_bos: bool = self.bos is not None and _adds(tokenizer, self.bos)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """The token ids of each text (no special tokens added)."""
@@ -71,6 +76,15 @@ class TextTokenizer:
             before, now = decode(ids[start:i]) if i > start else "", decode(ids[start:i + 1])
             out.append(now[len(before):] if now.startswith(before) else self.piece(ids[i]))
         return out
+
+
+def _adds(tokenizer: Any, bos: int) -> bool:
+    """Whether `tokenizer` starts a text with `bos` when it adds its special tokens."""
+    try:
+        ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+    except Exception:  # a tokenizer that cannot say: nothing is added
+        return False
+    return len(ids) > 1 and int(ids[0]) == bos
 
 
 def _special(tokenizer: Any, which: str) -> int | None:
@@ -213,3 +227,37 @@ def _has_tokenizer_files(m: LoadedModel) -> bool:
     """Whether the folder the model was loaded from (a directory, a hub model's cache snapshot) has tokenizer files."""
     folder = ModelRef.parse(m.source).folder()
     return folder is not None and has_tokenizer_files(folder)
+
+
+def start_token(m: LoadedModel, setting: bool | None, where: str) -> int | None:
+    """The token the generator puts at position 0, None for none: `setting` false: none; true:
+    model_bos; None (the default): what the tokenizer does by itself: its BOS token when it adds
+    one to every text, none when it adds none, and 0 for a model without a tokenizer (the shipped
+    fixtures, trained with token 0 first).  The one rule for `harness run`, `roles`, `scan` and
+    `discover`."""
+    if setting is False:
+        return None
+    if setting:
+        return model_bos(m, where)
+    try:
+        tok = model_tokenizer(m)
+    except DataError as exc:
+        raise DataError(f"{where}: the generator's start token follows the tokenizer, and {exc}; or set "
+                        "data.bos_token, or data.bos: false") from None
+    if tok is None:
+        return 0
+    return tok.bos if tok.adds_bos else None
+
+
+def start_words(m: LoadedModel, ds: Any) -> str:
+    """Which start token the prompts of `ds` (model.data.Dataset) begin with, in words for the stage
+    lines: `BOS '<s>' (id 1) in front` or `no BOS token in front`."""
+    token = ds.start_token()
+    if token is None:
+        return "no BOS token in front"
+    tok = None
+    try:
+        tok = model_tokenizer(m)
+    except DataError:
+        pass
+    return f"BOS {tok.piece(token)!r} (id {token}) in front" if tok is not None else f"start token {token} in front"

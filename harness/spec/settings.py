@@ -38,7 +38,7 @@ class GeneratorData(DataSettings):
     generator: Literal["repeated_tokens"]
     n_prompts: int = Field(200, ge=2, le=MAX_PROMPTS)
     segment_length: int = Field(20, ge=2)
-    bos: StrictBool = True
+    bos: StrictBool | None = None  # None: as the tokenizer does by itself (model.tokenizer.start_token)
     bos_token: int | None = Field(None, ge=0)
     seed: int = Field(0, ge=0)
     split: Literal["test", "explore"] = "test"

@@ -59,6 +59,7 @@ from ..model import metrics
 from ..model.devices import of, resolve_device
 from ..model.loading import LoadedModel
 from ..model.ref import ModelRef, load_model
+from ..model.tokenizer import start_words
 from ..progress import progress, stage
 from ..report import circuit_reading as reading
 from ..report import discovery as render
@@ -230,7 +231,7 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     st = DISCOVER_STATS.model_copy(update={"bootstrap": cfg.bootstrap})
     unit = metrics.get(metric).unit
     hooks = scan_hooks(m.n_layers, m.has_mlp)
-    stage(f"discovery: {len(disc_idx)} prompts, {cfg.method}")
+    stage(f"discovery: {len(disc_idx)} prompts ({start_words(m, ds)}), {cfg.method}")
     disc = base_runs(bridge, ds.select(disc_idx), hooks, metric)
     g = disc.graph_model().graph
     known_mask = None if got.known is None else known_edges(got.known, g)

@@ -16,6 +16,7 @@ from ..mech import roles
 from ..model import data
 from ..model.devices import of
 from ..model.loading import LoadedModel
+from ..model.tokenizer import start_token
 from ..spec import names
 from ..spec.names import hook_pattern
 
@@ -28,8 +29,7 @@ def role_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     import torch
 
     ds = (build_dataset(*given, m) if given is not None else
-          data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed=seed, split=split, n_ctx=m.n_ctx,
-                               distinct=distinct))
+          _generated(m, n_prompts, segment_length, seed, split, distinct))
     ds = ds.to(of(m.bridge))
     with torch.no_grad():
         _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))
@@ -38,3 +38,11 @@ def role_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
         pat = cache[hook_pattern(h.layer)][:, h.head]
         rows.append([str(h)] + [float(torch.nanmean(roles.role_scores(pat, ds.clean, r))) for r in roles.ROLES])
     return f"{ds.description}\n\n" + tabulate(rows, headers=["head", *roles.ROLES], floatfmt=".3f")
+
+
+def _generated(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, split: str,
+               distinct: bool) -> data.Dataset:
+    """The generator's prompts with the start token every command uses (model.tokenizer.start_token)."""
+    token = start_token(m, None, "harness roles")
+    return data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed=seed, split=split, n_ctx=m.n_ctx,
+                                distinct=distinct, bos=token is not None, bos_token=token or 0)

@@ -50,7 +50,7 @@ from ..mech.graph import Graph
 from ..model import data, metrics
 from ..model.devices import of, resolve_device
 from ..model.ref import ModelRef, load_model
-from ..model.tokenizer import model_bos
+from ..model.tokenizer import start_token
 from ..progress import progress
 from ..report.figures import signature
 from ..report.views import edge_classes_text
@@ -126,8 +126,9 @@ def explore_dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource
         return ds, chosen
     chosen = [str(c) for c in cfg.corruptions or DEFAULT_CORRUPTIONS]
     # every generated token is a possible answer: draw them from the ids the output vocabulary has too
+    token = start_token(m, None, who)
     ds = data.repeated_tokens(cfg.n_prompts, cfg.segment_length, m.d_vocab, seed=cfg.seed, split="explore",
-                              bos_token=model_bos(m, who), corruptions=tuple(chosen), n_ctx=m.n_ctx,
+                              bos=token is not None, bos_token=token or 0, corruptions=tuple(chosen), n_ctx=m.n_ctx,
                               distinct=cfg.distinct, vocab_max=min(m.d_vocab, m.d_vocab_out))
     return ds, chosen
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import shutil
 
 import pytest
@@ -532,3 +533,36 @@ def test_roles_scan_and_run_start_their_prompts_alike(gpt2_like, word_model):
         assert table.startswith(run.description.split(" with ")[0])  # "repeated_tokens: 8 prompts, <start> + S + S"
         scanned, _ = explore_dataset(m, ScanSettings(n_prompts=8, segment_length=4, seed=0), None)
         assert scanned.has_bos == run.has_bos and scanned.start_token() == run.start_token()
+
+
+# --- corrupting one occurrence of a slot ----------------------------------------------------------------------------
+
+def test_a_corruption_of_one_occurrence_leaves_the_others_clean(word_model):
+    """`S#2: new` replaces the second S only (Wang et al.'s S2 corruption); the slots' spans are
+    those of the clean prompt, so attention claims can still name S#1 and S#2."""
+    d = template(corruptions={"s2": {"S#2": "new"}, "s2_io": {"S#2": "IO"}, "abc": {"IO": "new", "S": "new"}})
+    ds = dataset(word_model, d)
+    clean = [words(r) for r in ds.clean]
+    s2 = [words(r) for r in ds.corruptions["s2"]]
+    swap = [words(r) for r in ds.corruptions["s2_io"]]
+    first, second = IOI.split().index("{S}"), len(IOI.split()) - 1 - IOI.split()[::-1].index("{S}")
+    off = int(ds.has_bos)
+    for c, x, y in zip(clean, s2, swap, strict=True):
+        changed = [i - off for i, (a, b) in enumerate(zip(c, x, strict=True)) if a != b]
+        assert changed == [second]  # the second S alone
+        assert x[second + off] not in (c[first + off], c[IOI.split().index("{IO}") + off])  # a name the prompt lacks
+        assert y[second + off] == c[IOI.split().index("{IO}") + off] and y[first + off] == c[first + off]
+    assert set(ds.spans) >= {"S#1", "S#2", "IO#1"}
+    assert bool((ds.spans["S#2"][:, 0] == second + off).all())
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"S#3": "new"}, "'S#3': the template uses S 2 time(s)"),
+    ({"S#0": "new"}, "an occurrence is written NAME#k with k = 1, 2"),
+    ({"S#x": "new"}, "an occurrence is written NAME#k with k = 1, 2"),
+    ({"S": "new", "S#2": "IO"}, "change the slot or one of its occurrences, not both"),
+    ({"Q#1": "new"}, "'Q' is not a slot"),
+])
+def test_occurrence_corruptions_are_checked(word_model, change, message):
+    with pytest.raises(SpecError, match=re.escape(message)):
+        dataset(word_model, template(corruptions={"c": change}))

@@ -6,7 +6,9 @@ torch.Generator seeded from the data's `seed` and `split` (data.split_seed), so 
 file gives the same prompts everywhere.  Each corruption replaces slot values of the
 clean filling: `new` draws a value of that slot's list that no slot of the clean prompt
 uses (and no other `new` of the same corruption), from the corruption's own stream; a
-slot name takes that slot's clean value.  Reference prompts for means are
+slot name takes that slot's clean value.  A corruption may change one occurrence of a slot
+(`S#2`: the second S in reading order) and leave the others clean (Wang et al.'s S2
+corruption of IOI).  Reference prompts for means are
 `n_reference` distinct fillings from the independent `reference` stream.  The prompts
 are tokenised by model.text_data.
 """
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import DataError
-from ..spec.text_data import NEW, TemplateData, parse_template, render, slot_spans
+from ..spec.text_data import NEW, TemplateData, parse_template, render, slot_spans, split_occurrence
 from .data import split_seed
 from .text_data import TextPrompt
 
@@ -78,17 +80,18 @@ def _corrupt(d: TemplateData, name: str, clean: dict[str, str], g: Any, where: s
 
     out = dict(clean)
     taken = set(clean.values())
-    for slot, to in d.corruptions[name].items():
+    for key, to in d.corruptions[name].items():  # a slot, or one occurrence of it (S#2)
+        slot, _ = split_occurrence(key)
         if to != NEW:
-            out[slot] = clean[to]
+            out[key] = clean[to]
             continue
         choices = [v for v in d.slots[slot] if v not in taken]
         if not choices:
             raise DataError(f"{where}: corruption {name!r}: slot {slot} has no value left for '{NEW}' in the "
                             f"prompt with {_filling_text(clean)}: every value of its list is used by the clean "
                             "prompt (or another new value); add values to the slot's list")
-        out[slot] = choices[int(torch.randint(len(choices), (1,), generator=g))]
-        taken.add(out[slot])
+        out[key] = choices[int(torch.randint(len(choices), (1,), generator=g))]
+        taken.add(out[key])
     return out
 
 

@@ -54,15 +54,27 @@ def parse_template(text: str) -> list[Part]:
 
 def render(parts: list[Part], values: dict[str, str]) -> tuple[str, str | None]:
     """(the text with every slot filled and the marker removed, the text before the
-    marker or None when there is none)."""
+    marker or None when there is none).  `values` maps a slot's name to its value, and may map
+    one occurrence `NAME#k` (k from 1, in reading order) to a value of its own (a corruption
+    of that occurrence alone)."""
     out: list[str] = []
     before: str | None = None
+    seen: dict[str, int] = {}
     for kind, value in parts:
         if kind == "marker":
             before = "".join(out)
+        elif kind == "slot":
+            seen[value] = seen.get(value, 0) + 1
+            out.append(values.get(f"{value}#{seen[value]}", values[value]))
         else:
-            out.append(values[value] if kind == "slot" else value)
+            out.append(value)
     return "".join(out), before
+
+
+def split_occurrence(key: str) -> tuple[str, int | None]:
+    """(slot name, occurrence k or None) of a corruption's key: `S` or `S#2`."""
+    name, sep, k = key.partition("#")
+    return (name, int(k)) if sep and k.isdigit() and int(k) >= 1 else (name, None if not sep else -1)
 
 
 def slot_spans(parts: list[Part], values: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -193,9 +205,13 @@ class TemplateData(DataSettings):
                 raise ValueError(f"corruption name {name!r}: letters, digits and _ only")
             if not changes:
                 raise ValueError(f"corruption {name!r} changes no slot: map slots to '{NEW}' or to another slot")
-            for slot, to in changes.items():
+            for key, to in changes.items():
                 if slots is None:
                     continue
+                slot, k = split_occurrence(key)
+                if k == -1:
+                    raise ValueError(f"corruption {name!r}: {key!r}: an occurrence is written NAME#k with k = 1, 2, "
+                                     f"... (S#2: the second S)")
                 if slot not in slots:
                     raise ValueError(f"corruption {name!r}: {slot!r} is not a slot; slots: {', '.join(slots)}")
                 if to != NEW and (to not in slots or to == slot):
@@ -211,6 +227,15 @@ class TemplateData(DataSettings):
         if "marker" not in kinds and self.answer is None:
             raise ValueError("give 'answer' (the correct next token after the prompt), or mark the scored token "
                              "with {@} and let the text after it give the answer")
+        for name, changes in self.corruptions.items():  # an occurrence the template has
+            for key in changes:
+                slot, k = split_occurrence(key)
+                if k is not None and k > occurrences(parts, slot):
+                    raise ValueError(f"corruption {name!r}: {key!r}: the template uses {slot} "
+                                     f"{occurrences(parts, slot)} time(s)")
+                if k is not None and slot in changes:
+                    raise ValueError(f"corruption {name!r}: {key!r} and {slot!r}: change the slot or one of its "
+                                     "occurrences, not both")
         if "marker" in kinds and self.answer is None and kinds[-1] == "marker":
             raise ValueError("nothing comes after the marker {@} to be the answer: give 'answer', or continue the "
                              "template after {@}")

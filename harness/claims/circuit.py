@@ -102,7 +102,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
     def ladder(self, claim: CircuitClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
         status = verdict_status(result)
-        if d.intervention_change is not None and d.intervention_change.vacuous_heads:
+        if d.intervention_change is not None and d.intervention_change.vacuous:
             status = LadderStatus.UNTESTED if status == LadderStatus.INCONCLUSIVE else status
         if claim.edges is not None and claim.size <= LADDER_EDGES:  # the sufficiency rung of every edge
             note = f"kept in an edge circuit of {claim.size} edges: faithfulness {fmt(result.value)}"
@@ -199,15 +199,25 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         f_verdict, f_rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
 
         def done(verdict: Verdict, rule: str, reason: str = "") -> ClaimResult:
-            untested = change.vacuous_heads if change is not None and change.vacuous_heads else []
-            if verdict == PASS and untested:
+            # non-vacuity is judged on what is ablated as a whole: the complement's joint change of what
+            # the circuit's readers read; members that do not change on their own are listed, not blocking
+            noop = change.vacuous_heads if change is not None and change.vacuous_heads else []
+            if verdict == PASS and change is not None and change.vacuous:
                 verdict = INCONCLUSIVE
-                reason = (f"untested for {', '.join(untested)}: ablating them leaves their output as it was "
-                          f"(relative change < min_change {st.min_change:g})")
-                rule = (f"untested for {', '.join(untested)}: {claim.ablation}-ablating them leaves their output as "
-                        f"it was (relative change < min_change {st.min_change:g}), so the circuit's faithfulness "
-                        f"does not show it works without them ({rule}); use ablation: zero, or a corruption that "
-                        "changes their output")
+                reason = (f"untested: {claim.ablation}-ablating the rest leaves what the circuit reads as it was "
+                          f"(relative change {change.relative_change:.3f} < min_change {st.min_change:g})")
+                rule = (f"{reason}, so the circuit's faithfulness does not show it works without the rest ({rule}); "
+                        "use ablation: zero, or a corruption that changes the rest's output")
+            elif noop:
+                rule += (f"; {len(noop)} of the ablated do not change on their own (relative change < min_change "
+                         f"{st.min_change:g}: {', '.join(noop[:10])}{', ...' if len(noop) > 10 else ''}), so the "
+                         "circuit is tested without the others; the rest as a whole changes by "
+                         f"{change.relative_change:.3f}" if change is not None else "")
+            if iv.estimate > 1:
+                q1, med, q3 = np.nanpercentile(np.asarray(norm.per_prompt, dtype=float), [25, 50, 75])
+                rule += (f"; faithfulness above 1: the circuit alone moves the metric further than the whole model, "
+                         f"so the ablated rest works against the metric on average (per prompt: median {med:.3f}, "
+                         f"quartiles {q1:.3f} and {q3:.3f})")
             return self.result(claim, expectation=expectation, verdict=verdict, value=iv.estimate,
                                ci=[iv.low, iv.high], unit=UNIT, rule=rule, details=details,
                                per_prompt=norm.per_prompt, reason=reason)

@@ -89,7 +89,8 @@ def change_line(c: InterventionChange, what: str) -> str:
         heads = ("; per head " if len(c.by_head) <= 6 else "; lowest heads ") + ", ".join(
             f"{h} {v:.3f}" for h, v in low)
     if c.vacuous_heads and not c.vacuous:
-        heads += f"; **untested for {', '.join(c.vacuous_heads)}** (unchanged there)"
+        heads += (f"; unchanged on their own: {', '.join(c.vacuous_heads[:10])}"
+                  f"{', ...' if len(c.vacuous_heads) > 10 else ''} (the set is judged as a whole)")
     if c.at_scored is not None:
         heads += f"; {c.at_scored:.3f} at the scored positions alone"
     verdict = ("nothing is written there: the route carries nothing, whatever the intervention" if c.silent

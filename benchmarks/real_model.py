@@ -206,7 +206,7 @@ def every_kind(model: Model, n_prompts: int) -> dict[str, Any]:
         doc = yaml.safe_load(REAL_FILE.read_text())
     else:
         a, b = model.sender, model.receiver
-        doc = {"harness": 1, "name": f"every-kind-{model.key}", "data": {"generator": "repeated_tokens"},
+        doc = {"harness": 1, "name": f"every-kind-{model.key}", "data": {"generator": "repeated_tokens", "bos": True},
                "claims": [
                    {"id": "prev-token", "kind": "role", "head": a, "role": "previous_token", "at_least": 0.5},
                    {"id": "induction", "kind": "role", "head": b, "role": "induction", "at_least": 0.5},
@@ -397,7 +397,7 @@ def child_harness(c: Child) -> dict[str, Any]:
     ds = _prompts(prompt_args(m), c.n_prompts, c.device)
     a, _, edge = _names(c)
     model = Model("", "", Path(c.folder), c.sender, c.receiver)
-    doc = {"harness": 1, "name": "stages", "model": c.folder, "data": {"generator": "repeated_tokens"},
+    doc = {"harness": 1, "name": "stages", "model": c.folder, "data": {"generator": "repeated_tokens", "bos": True},
            "claims": stage_claims(model)}
     claims = harness.load_hypothesis(doc).spec.claims
     hooks = hooks_needed(claims, m.n_layers)
@@ -521,7 +521,7 @@ def child_tl(c: Child) -> dict[str, Any]:
     ds = _prompts(prompt_args(m), c.n_prompts, c.device)
     a, b, _ = _names(c)
     model = Model("", "", Path(c.folder), c.sender, c.receiver)
-    doc = {"harness": 1, "name": "stages", "model": c.folder, "data": {"generator": "repeated_tokens"},
+    doc = {"harness": 1, "name": "stages", "model": c.folder, "data": {"generator": "repeated_tokens", "bos": True},
            "claims": stage_claims(model)}
     hand = ByHand(bridge, b.layer, b.head)
     z_a, z_b = f"blocks.{a.layer}.attn.hook_z", f"blocks.{b.layer}.attn.hook_z"

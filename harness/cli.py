@@ -55,11 +55,10 @@ from .sweep import report as sweep_report
 from .sweep.document import exit_code
 from .sweep.executors import EXECUTORS
 from .sweep.run import MANIFEST, partial_report, read_manifest, sweep, write_file
-from .tools import weights_table
+from .tools import roles_table, weights_table
 from .tools.discover import METHODS as DISCOVER_METHODS
 from .tools.discover import RANKS, discover, is_discovery
 from .tools.explain_route import explain_route
-from .tools.roles_table import role_table
 from .tools.scan import is_scan, scan
 from .tools.selftest import render, selftest
 from .tools.weights_table import FULL_MAX_HEADS, TOP
@@ -243,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--null-seeds", type=int, default=20, help="null models for the false-positive rates")
     _add_device(st)
 
-    ro = sub.add_parser("roles", help="attention-role scores of every head of a model")
+    ro = sub.add_parser("roles", help="every head on a data set: direct effect, attention to each slot, role scores")
     ro.add_argument("model", help="model directory, or hf:NAME")
     ro.add_argument("--n-prompts", type=PROMPTS, default=200)
     ro.add_argument("--segment-length", type=SEGMENT, default=20)
@@ -253,6 +252,13 @@ def _parser() -> argparse.ArgumentParser:
                          "split when it sets one: keep the test split for hypotheses)")
     ro.add_argument("--data", type=Path, metavar="FILE", help=DATA_HELP)
     ro.add_argument("--distinct", action="store_true", help=DISTINCT_HELP)
+    ro.add_argument("--metric", choices=metrics.names(),
+                    help="of the direct effect (default logit_diff when the data have wrong tokens, else logprob)")
+    ro.add_argument("--corruption", metavar="NAME", help="the direct effects under this corruption of the data "
+                    "(default: its first)")
+    ro.add_argument("--sort", metavar="COLUMN", help="order the rows by this column, largest first (direct: by size)")
+    ro.add_argument("--top", type=int, metavar="N", help="show the first N rows")
+    ro.add_argument("--out", type=Path, help="new folder for heads.csv, heads.json and heads.png")
     _add_device(ro)
     return p
 
@@ -491,9 +497,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_roles(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     given = from_data_file(args.data, args.split) if args.data is not None else None  # checked before loading
+    if args.top is not None and args.top < 1:
+        raise UserError(f"--top: {args.top} must be at least 1")
     m = load_model(args.model, device=device)
-    print(role_table(m, n_prompts=args.n_prompts, segment_length=args.segment_length, seed=args.seed,
-                     split=args.split or "explore", distinct=args.distinct, given=given))
+    table = roles_table.head_table(m, n_prompts=args.n_prompts, segment_length=args.segment_length, seed=args.seed,
+                                   split=args.split or "explore", distinct=args.distinct, given=given,
+                                   metric=args.metric, corruption=args.corruption)
+    try:
+        text = roles_table.render(table, args.sort, args.top)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.out is not None:
+        roles_table.write(table, args.out, args.sort)
+    print(text + (f"\n\nwrote {args.out}/ (heads.csv, heads.json, heads.png)" if args.out is not None else ""))
     return ExitCode.OK
 
 

@@ -13,6 +13,7 @@ import random
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -566,3 +567,67 @@ def test_a_corruption_of_one_occurrence_leaves_the_others_clean(word_model):
 def test_occurrence_corruptions_are_checked(word_model, change, message):
     with pytest.raises(SpecError, match=re.escape(message)):
         dataset(word_model, template(corruptions={"c": change}))
+
+
+# --- the head table of `harness roles` ------------------------------------------------------------------------------
+
+def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
+    """Each head's direct effect is the fraction of the gap its write carries straight to the logits:
+    TransformerLens by hand (the final residual minus the head's clean-minus-corrupted write, at
+    blocks.{L-1}.hook_resid_post, which only the final norm and unembedding read) is the oracle; the
+    attention to S#2 is the pattern summed over the second S's tokens."""
+    from harness.engine.runner import load_model_cached
+    from harness.model.metrics import per_prompt
+    from harness.tools import roles_table
+
+    names_dir = FIXTURE.parent / "names-3l"
+    d = tmp_path / "ioi.yaml"
+    people = ["Mary", "John", "Alice", "Bob", "Tom", "Anna"]
+    d.write_text(dump({"data": {"template": IOI, "slots": {"IO": people, "S": people, "PLACE": ["store", "park"],
+                                                           "OBJECT": ["drink", "book"]},
+                                "answer": " {IO}", "wrong": " {S}", "prepend_bos": True,
+                                "corruptions": {"abc": {"IO": "new", "S": "new"}}, "n_prompts": 24}}))
+    from harness.engine.data_source import from_data_file
+
+    m = load_model_cached(str(names_dir), "cpu")
+    given = from_data_file(d, "explore")
+    t = roles_table.head_table(m, n_prompts=24, segment_length=4, seed=0, split="explore", given=given)
+    assert t.metric == "logit_diff" and [c.name for c in t.columns][:1] == ["direct"]
+    from harness.engine import data_source
+
+    ds = data_source.build_dataset(*given, m)
+    bridge, L = m.bridge, m.n_layers
+    with torch.no_grad():
+        _, clean = bridge.run_with_cache(ds.clean)
+        _, corr = bridge.run_with_cache(ds.corrupted)
+
+        def metric(tokens, hooks=()):
+            logits = bridge.run_with_hooks(tokens, fwd_hooks=list(hooks))
+            return per_prompt(logits, ds.positions, ds.answers, "logit_diff", ds.wrong).double().numpy()
+
+        m_clean, m_corr = metric(ds.clean), metric(ds.corrupted)
+        col = {c.name: c for c in t.columns}
+        for i, h in enumerate(t.heads):
+            z = f"blocks.{h.layer}.attn.hook_z"
+            delta = (clean[z][:, :, h.head] - corr[z][:, :, h.head]) @ bridge.W_O[h.layer, h.head]
+            m_h = metric(ds.clean, [(f"blocks.{L - 1}.hook_resid_post", lambda x, hook, dl=delta: x - dl)])
+            want = (m_clean - m_h).sum() / (m_clean - m_corr).sum()
+            assert col["direct"].mean[i] == pytest.approx(want, abs=1e-4), h  # float32 logits of a gap of ~nats
+            assert col["direct"].low[i] <= col["direct"].mean[i] <= col["direct"].high[i]
+            pat = clean[f"blocks.{h.layer}.attn.hook_pattern"][:, h.head]
+            span = ds.spans["S#2"]
+            att = np.array([pat[n, ds.positions[n, 0], span[n, 0]:span[n, 1]].sum().item() for n in range(ds.n)])
+            assert col["attn S#2"].mean[i] == pytest.approx(att.mean(), abs=1e-6)
+    # L2H0, the suppression head of the fixture, attends to S#2 and carries the most
+    order = roles_table.ordered(t, "direct", 1)
+    assert str(t.heads[order[0]]) == "L2H0" and col["attn S#2"].mean[order[0]] > 0.9
+    # the command: sorted, cut, written
+    assert main(["roles", str(names_dir), "--data", str(d), "--sort", "S#2", "--top", "3", "--out",
+                 str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    rows = [line.split()[0] for line in text.splitlines() if line.startswith("L") and line[1].isdigit()]
+    assert rows[0] == "L2H0" and len(rows) == 3
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"heads.csv", "heads.json", "heads.png"}
+    doc = json.loads((tmp_path / "out" / "heads.json").read_text())
+    assert len(doc["heads"]) == len(t.heads) and doc["heads"][0]["head"] == "L2H0"
+    assert main(["roles", str(names_dir), "--data", str(d), "--sort", "nope"]) == 2

@@ -1,43 +1,97 @@
-"""`harness roles`: every head's attention-role scores, for choosing a hypothesis.
+"""`harness roles`: a table of every head on a data set, for choosing a hypothesis.
 
-For each head and role (mech.roles), the mean over prompts of the per-prompt
-role score on the clean prompts: generated repeated-token prompts (the `explore`
-split by default, so the `test` split stays held out for hypotheses), or the
-prompts of a data file (`--data`, engine.data_source.from_data_file)."""
+For each head h, on the clean prompts (generated repeated-token prompts, the `explore`
+split by default so the `test` split stays held out for hypotheses, or the prompts of a
+data file, `--data`, engine.data_source.from_data_file):
+
+* **role scores** (mech.roles): per prompt, then the mean over prompts;
+* **attention to each slot occurrence** of a template (`IO#1`, `S#1`, `S#2`, ...): per prompt
+  a_n = mean over the scored positions q of the sum over the occurrence's tokens k of
+  A_h[n, q, k] (the attention claim's score, claims.attention.attention_scores);
+* **direct effect** on the metric, exact: the edge h -> logits noised with the default
+  corruption's run (resample), every other edge kept, so the logits read h's corrupted write
+  and everything else clean; per prompt e_n = m_clean - m_patched, and the effect is
+  DE_h = sum_n e_n / sum_n (m_clean - m_corrupt), the fraction of the clean-corrupted gap that h
+  carries straight to the logits (one pass for all heads: mech.batched_edges, each a forward of
+  the final norm and unembedding).
+
+Intervals (95 %): the role and attention means get a t interval (mean +- t_{n-1} sd / sqrt n,
+NaN prompts left out); the direct effect, a ratio, a percentile bootstrap of the prompts
+(1,000 resamples, the same resamples for every head).  `--sort COLUMN` orders the rows by that
+column's mean, from the largest (the direct effect by its size: heads that push the metric
+down, e.g. negative movers, rank high too); `--top N` keeps the first N; `--out DIR` writes
+heads.csv, heads.json and heads.png (the sorted column as a layer x head grid).  Cost: the
+clean and corrupted runs (2 forward passes) and, for the direct effects, one final-norm and
+unembedding pass per head.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+from scipy import stats as sps
 from tabulate import tabulate
 
+from ..claims.attention import attention_scores, queries
 from ..engine.data_source import DataSource, DataSpec, build_dataset
+from ..errors import UserError
+from ..evidence.document import to_json
 from ..mech import roles
+from ..mech.base_runs import base_runs
 from ..model import data
 from ..model.devices import of
 from ..model.loading import LoadedModel
-from ..model.tokenizer import start_token
+from ..model.tokenizer import start_token, start_words
+from ..progress import stage
 from ..spec import names
 from ..spec.names import hook_pattern
+from ..spec.vocabulary import Direction, Replacement
+
+DIRECT = "direct"
+RESAMPLES = 1000
+CONFIDENCE = 0.95
 
 
-def role_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int, split: str, distinct: bool = False,
-               given: tuple[DataSpec, DataSource] | None = None) -> str:
-    """The printable table (with the data's description above it): on the generator's
-    prompts (`distinct`: its distinct-token option), or on `given` data (a data mapping and
-    where it came from) instead."""
-    import torch
+@dataclass(frozen=True)
+class Column:
+    """One column of the table: its name, and per head the mean and interval ([H] each)."""
 
-    ds = (build_dataset(*given, m) if given is not None else
-          _generated(m, n_prompts, segment_length, seed, split, distinct))
-    ds = ds.to(of(m.bridge))
-    with torch.no_grad():
-        _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n.endswith("hook_pattern"))
-    rows: list[list[Any]] = []
-    for h in names.Head.every(m.n_layers, m.n_heads):
-        pat = cache[hook_pattern(h.layer)][:, h.head]
-        rows.append([str(h)] + [float(torch.nanmean(roles.role_scores(pat, ds.clean, r))) for r in roles.ROLES])
-    return f"{ds.description}\n\n" + tabulate(rows, headers=["head", *roles.ROLES], floatfmt=".3f")
+    name: str
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+
+
+@dataclass(frozen=True)
+class HeadTable:
+    heads: list[names.Head]
+    columns: list[Column]
+    description: str  # the data's, and how the prompts begin
+    metric: str | None  # of the direct effect (None: not measured)
+    note: str  # what the direct effect is, or why it is missing
+
+
+def _t_interval(per_prompt: np.ndarray) -> tuple[float, float, float]:
+    """(mean, low, high) of the finite values: a 95 % t interval (low = high = mean for one value)."""
+    x = per_prompt[np.isfinite(per_prompt)]
+    if len(x) == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, mean, mean
+    half = float(sps.t.ppf(0.5 + CONFIDENCE / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return mean, mean - half, mean + half
+
+
+def _column(name: str, per_head: list[np.ndarray]) -> Column:
+    rows = np.array([_t_interval(x) for x in per_head])
+    return Column(name, rows[:, 0], rows[:, 1], rows[:, 2])
 
 
 def _generated(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, split: str,
@@ -46,3 +100,159 @@ def _generated(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, s
     token = start_token(m, None, "harness roles")
     return data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed=seed, split=split, n_ctx=m.n_ctx,
                                 distinct=distinct, bos=token is not None, bos_token=token or 0)
+
+
+def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int, split: str,
+               distinct: bool = False, given: tuple[DataSpec, DataSource] | None = None,
+               metric: str | None = None, direct: bool = True, corruption: str | None = None) -> HeadTable:
+    """The table (module docstring) on the generator's prompts, or on `given` data; the direct effects
+    under `corruption` (default: the data's first)."""
+    import torch
+
+    ds = (build_dataset(*given, m) if given is not None else
+          _generated(m, n_prompts, segment_length, seed, split, distinct)).to(of(m.bridge))
+    if corruption is not None:
+        if corruption not in ds.corruptions:
+            raise UserError(f"--corruption {corruption}: the data have {', '.join(ds.corruptions) or 'none'}")
+        ds = ds.keep_corruptions([corruption])
+    heads = list(names.Head.every(m.n_layers, m.n_heads))
+    metric = metric or ("logit_diff" if ds.wrong is not None else "logprob")
+    direct = direct and bool(ds.corruptions)
+    hooks = [hook_pattern(layer) for layer in range(m.n_layers)]
+    if direct:
+        from ..mech import batched_edges
+
+        hooks += batched_edges.cache_names(m.n_layers)
+    stage(f"head table: {ds.n} prompts ({start_words(m, ds)}), {len(heads)} heads")
+    runs = base_runs(m.bridge, ds.keep_corruptions(list(ds.corruptions)[:1]) if ds.corruptions else ds, hooks,
+                     metric)
+    q = queries(ds, "scored").to(of(m.bridge))
+    slots = list(ds.spans) if ds.spans else []  # in reading order
+    per_role: dict[str, list[np.ndarray]] = {r: [] for r in roles.ROLES}
+    per_slot: dict[str, list[np.ndarray]] = {k: [] for k in slots}
+    with torch.no_grad():
+        for h in heads:
+            pat = runs.clean[hook_pattern(h.layer)][:, h.head]
+            for r in roles.ROLES:
+                per_role[r].append(roles.role_scores(pat, ds.clean, r).cpu().numpy())
+            for k in slots:
+                per_slot[k].append(attention_scores(pat, q, ds.spans[k].to(pat.device)))
+    columns = [_column(f"attn {k}", per_slot[k]) for k in slots]
+    columns += [_column(r, per_role[r]) for r in roles.ROLES]
+    note = ""
+    if direct:
+        columns.insert(0, _direct(runs, heads, seed))
+        note = (f"direct: the fraction of the clean-corrupted gap ({metric}, corruption {runs.corruption}) each head "
+                "carries straight to the logits (the edge HEAD -> logits noised, resample), with a 95 % bootstrap "
+                "interval")
+    else:
+        metric = None
+        note = "no direct effects: the data have no corruption"
+    return HeadTable(heads, columns, ds.description, metric, note)
+
+
+def _direct(runs: Any, heads: list[names.Head], seed: int) -> Column:
+    """The direct-effect column (module docstring)."""
+    edges = [names.Edge(h, names.Logits()) for h in heads]
+    stage(f"direct effects: {len(edges)} head -> logits edges, one final-norm and unembedding pass each")
+    patched = runs.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE)
+    effect = np.stack([np.asarray(runs.m_clean) - np.asarray(p) for p in patched], 1)  # [n, H]
+    gap = np.asarray(runs.m_clean, dtype=float) - np.asarray(runs.m_corrupt, dtype=float)
+    if not np.isfinite(gap).all() or gap.sum() <= 0:
+        nan = np.full(len(heads), math.nan)
+        return Column(DIRECT, nan, nan, nan)
+    w = np.random.default_rng(seed).multinomial(len(gap), np.full(len(gap), 1 / len(gap)), size=RESAMPLES)
+    ratio = (w @ effect) / (w @ gap)[:, None]  # [B, H]
+    alpha = (1 - CONFIDENCE) / 2
+    return Column(DIRECT, effect.sum(0) / gap.sum(), np.quantile(ratio, alpha, axis=0),
+                  np.quantile(ratio, 1 - alpha, axis=0))
+
+
+def ordered(t: HeadTable, sort: str | None, top: int | None) -> list[int]:
+    """Row indices: by `sort`'s mean from the largest (the direct effect by its size), else head order;
+    the first `top`.  ValueError naming the columns for an unknown column."""
+    order = list(range(len(t.heads)))
+    if sort is not None:
+        col = next((c for c in t.columns if c.name == sort or c.name == f"attn {sort}"), None)
+        if col is None:
+            raise ValueError(f"--sort {sort}: no such column; columns: "
+                             + ", ".join(c.name.removeprefix("attn ") for c in t.columns))
+        key = np.abs(col.mean) if col.name == DIRECT else col.mean
+        order = sorted(order, key=lambda i: (-key[i] if np.isfinite(key[i]) else math.inf, i))
+    return order[:top] if top else order
+
+
+def _cell(c: Column, i: int) -> str:
+    if not np.isfinite(c.mean[i]):
+        return "-"
+    if c.name == DIRECT:
+        return f"{c.mean[i]:.3f} [{c.low[i]:.3f}, {c.high[i]:.3f}]"
+    return f"{c.mean[i]:.3f} ± {(c.high[i] - c.low[i]) / 2:.3f}"
+
+
+def render(t: HeadTable, sort: str | None = None, top: int | None = None) -> str:
+    """The printable table with the data's description and the direct effect's note above it."""
+    rows = [[str(t.heads[i])] + [_cell(c, i) for c in t.columns] for i in ordered(t, sort, top)]
+    shown = f"; rows by {sort}" if sort else ""
+    return (f"{t.description}\n{t.note}; intervals 95 %{shown}\n\n"
+            + tabulate(rows, headers=["head", *(c.name for c in t.columns)], disable_numparse=True))
+
+
+def role_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int, split: str, distinct: bool = False,
+               given: tuple[DataSpec, DataSource] | None = None, metric: str | None = None, direct: bool = True,
+               sort: str | None = None, top: int | None = None, corruption: str | None = None) -> str:
+    """The printable head table (module docstring)."""
+    return render(head_table(m, n_prompts=n_prompts, segment_length=segment_length, seed=seed, split=split,
+                             distinct=distinct, given=given, metric=metric, direct=direct, corruption=corruption),
+                  sort, top)
+
+
+def files(t: HeadTable, sort: str | None = None) -> dict[str, bytes]:
+    """heads.csv, heads.json (every head, every column's mean and interval) and heads.png."""
+    order = ordered(t, sort, None)
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["head", *(f"{c.name}{part}" for c in t.columns for part in ("", " low", " high"))])
+    for i in order:
+        w.writerow([str(t.heads[i]), *(f"{v:.6g}" for c in t.columns for v in (c.mean[i], c.low[i], c.high[i]))])
+    doc = {"description": t.description, "metric": t.metric, "note": t.note, "confidence": CONFIDENCE,
+           "columns": [c.name for c in t.columns],
+           "heads": [{"head": str(t.heads[i]), **{c.name: [float(c.mean[i]), float(c.low[i]), float(c.high[i])]
+                                                  for c in t.columns}} for i in order]}
+    return {"heads.csv": out.getvalue().encode(), "heads.json": to_json(doc).encode(),
+            "heads.png": _grid_png(t, sort)}
+
+
+def _grid_png(t: HeadTable, sort: str | None) -> bytes:
+    """The sorted column (else the direct effect, else the first) as a layer x head grid."""
+    from ..report.figures import png, pyplot
+
+    col = next((c for c in t.columns if sort is not None and c.name in (sort, f"attn {sort}")), t.columns[0])
+    L = max(h.layer for h in t.heads) + 1
+    H = max(h.head for h in t.heads) + 1
+    grid = np.full((L, H), np.nan)
+    for h, v in zip(t.heads, col.mean, strict=True):
+        grid[h.layer, h.head] = v
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(min(12.0, 2 + 0.5 * H), min(14.0, 1.5 + 0.3 * L)))
+    lim = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
+    im = ax.imshow(grid, aspect="auto", cmap="RdBu_r" if col.name == DIRECT else "viridis",
+                   vmin=-lim if col.name == DIRECT else None, vmax=lim if col.name == DIRECT else None)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(H))
+    ax.set_yticks(range(0, L, max(1, L // 15)))
+    ax.set_title(f"{col.name} per head" + (" (fraction of the gap, straight to the logits)" if col.name == DIRECT
+                                           else ""))
+    fig.colorbar(im, ax=ax)
+    return png(fig)
+
+
+def write(t: HeadTable, out: Path, sort: str | None = None) -> Path:
+    """The --out folder (report.folders.write_folder: whole or not at all)."""
+    from ..report.folders import write_folder
+
+    return write_folder(out, files(t, sort))
+
+
+__all__ = ["DIRECT", "HeadTable", "files", "head_table", "ordered", "render", "role_table", "write"]

@@ -601,11 +601,13 @@ def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
         _, clean = bridge.run_with_cache(ds.clean)
         _, corr = bridge.run_with_cache(ds.corrupted)
 
-        def metric(tokens, hooks=()):
+        def metric(tokens, hooks=(), name="logit_diff"):
             logits = bridge.run_with_hooks(tokens, fwd_hooks=list(hooks))
-            return per_prompt(logits, ds.positions, ds.answers, "logit_diff", ds.wrong).double().numpy()
+            return per_prompt(logits, ds.positions, ds.answers, name, ds.wrong).double().numpy()
 
         m_clean, m_corr = metric(ds.clean), metric(ds.corrupted)
+        parts = sum(metric(ds.clean, name=n) for n in ("answer_logit", "wrong_logit"))
+        np.testing.assert_allclose(parts, m_clean, rtol=0, atol=1e-5)  # the two parts add up to logit_diff
         col = {c.name: c for c in t.columns}
         for i, h in enumerate(t.heads):
             z = f"blocks.{h.layer}.attn.hook_z"
@@ -613,6 +615,12 @@ def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
             m_h = metric(ds.clean, [(f"blocks.{L - 1}.hook_resid_post", lambda x, hook, dl=delta: x - dl)])
             want = (m_clean - m_h).sum() / (m_clean - m_corr).sum()
             assert col["direct"].mean[i] == pytest.approx(want, abs=1e-4), h  # float32 logits of a gap of ~nats
+            # the answer's part: the same patch read on the answer's logit alone, over the logit_diff gap
+            hook = [(f"blocks.{L - 1}.hook_resid_post", lambda x, hook, dl=delta: x - dl)]
+            part = (metric(ds.clean, name="answer_logit") - metric(ds.clean, hook, "answer_logit")).sum()
+            assert col["direct via answer_logit"].mean[i] == pytest.approx(part / (m_clean - m_corr).sum(), abs=1e-4)
+            assert col["direct via answer_logit"].mean[i] + col["direct via wrong_logit"].mean[i] == pytest.approx(
+                col["direct"].mean[i], abs=1e-9)
             assert col["direct"].low[i] <= col["direct"].mean[i] <= col["direct"].high[i]
             pat = clean[f"blocks.{h.layer}.attn.hook_pattern"][:, h.head]
             span = ds.spans["S#2"]

@@ -11,6 +11,14 @@ tokens:
                 no information: log(1 / V), V the output vocabulary
 * `logit_diff`: m_n = mean_i (logits[a_i] - logits[w_i])              (logits; needs `wrong`)
                 no information: 0 (equal correct and wrong logits)
+* `answer_logit`: m_n = mean_i logits[a_i]                            (logits)
+                and `wrong_logit`: m_n = -mean_i logits[w_i]          (logits; needs `wrong`)
+                the two parts of logit_diff (answer_logit + wrong_logit = logit_diff, prompt by
+                prompt): an effect on logit_diff is the sum of the effects on its parts, so a head
+                that raises the answer (a mover) is told from one that lowers the wrong token (a
+                suppressor).  A logit is shift-invariant in the softmax, so a part also carries any
+                change every token's logit shares; only their sum is free of it.
+                no information: none (a single logit has no baseline)
 * `prob`:       m_n = mean_i p(a_i)                                   (probability)
                 no information: 1 / V
 * `kl`:         m_n = -mean_i KL(p_clean,n,i || p_n,i)
@@ -106,6 +114,16 @@ def _logit_diff(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
     return (good - bad).mean(-1)
 
 
+def _answer_logit(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
+    return at.gather(-1, answers.unsqueeze(-1)).squeeze(-1).mean(-1)
+
+
+def _wrong_logit(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
+    if wrong is None:
+        raise DataError("metric wrong_logit needs 'wrong' answer tokens in the data")
+    return -at.gather(-1, wrong.unsqueeze(-1)).squeeze(-1).mean(-1)
+
+
 def _prob(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
     import torch
 
@@ -136,6 +154,9 @@ for _m in (
     Metric("logit_diff", "logits", _logit_diff, lambda V, clean: 0.0, "equal correct and wrong logits",
            needs_wrong=True),
     Metric("prob", "probability", _prob, lambda V, clean: 1.0 / V, "a uniform guess over the vocabulary"),
+    Metric("answer_logit", "logits", _answer_logit, None, "none (a single logit has no baseline)"),
+    Metric("wrong_logit", "logits (minus the wrong token's)", _wrong_logit, None,
+           "none (a single logit has no baseline)", needs_wrong=True),
     Metric("kl", "nats (-KL from the clean run)", _kl, _kl_none,
            "a uniform guess: minus the divergence of the clean distribution from uniform", needs_clean=True),
 ):

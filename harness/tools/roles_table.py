@@ -13,7 +13,11 @@ data file, `--data`, engine.data_source.from_data_file):
   and everything else clean; per prompt e_n = m_clean - m_patched, and the effect is
   DE_h = sum_n e_n / sum_n (m_clean - m_corrupt), the fraction of the clean-corrupted gap that h
   carries straight to the logits (one pass for all heads: mech.batched_edges, each a forward of
-  the final norm and unembedding).
+  the final norm and unembedding).  With `logit_diff` the effect is split into its two parts
+  (model.metrics: answer_logit + wrong_logit = logit_diff, prompt by prompt): `direct via
+  answer_logit` and `direct via wrong_logit`, each over the same logit_diff gap, so they add up
+  to `direct`: a head that raises the answer (a mover) is told from one that lowers the wrong
+  token (a suppressor); a change every logit shares shows in both parts with opposite signs.
 
 Intervals (95 %): the role and attention means get a t interval (mean +- t_{n-1} sd / sqrt n,
 NaN prompts left out); the direct effect, a ratio, a percentile bootstrap of the prompts
@@ -21,8 +25,8 @@ NaN prompts left out); the direct effect, a ratio, a percentile bootstrap of the
 column's mean, from the largest (the direct effect by its size: heads that push the metric
 down, e.g. negative movers, rank high too); `--top N` keeps the first N; `--out DIR` writes
 heads.csv, heads.json and heads.png (the sorted column as a layer x head grid).  Cost: the
-clean and corrupted runs (2 forward passes) and, for the direct effects, one final-norm and
-unembedding pass per head.
+clean and corrupted runs (2 forward passes; 4 with logit_diff, one pair per part) and, for
+the direct effects, one final-norm and unembedding pass per head (and part).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from ..claims.attention import attention_scores, queries
 from ..engine.data_source import DataSource, DataSpec, build_dataset
 from ..errors import UserError
 from ..evidence.document import to_json
-from ..mech import roles
+from ..mech import batched_edges, roles
 from ..mech.base_runs import base_runs
 from ..model import data
 from ..model.devices import of
@@ -54,6 +58,7 @@ from ..spec.names import hook_pattern
 from ..spec.vocabulary import Direction, Replacement
 
 DIRECT = "direct"
+PARTS = ("answer_logit", "wrong_logit")  # logit_diff, prompt by prompt (model.metrics)
 RESAMPLES = 1000
 CONFIDENCE = 0.95
 
@@ -118,14 +123,12 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     heads = list(names.Head.every(m.n_layers, m.n_heads))
     metric = metric or ("logit_diff" if ds.wrong is not None else "logprob")
     direct = direct and bool(ds.corruptions)
-    hooks = [hook_pattern(layer) for layer in range(m.n_layers)]
-    if direct:
-        from ..mech import batched_edges
-
-        hooks += batched_edges.cache_names(m.n_layers)
+    edge_hooks = batched_edges.cache_names(m.n_layers) if direct else []  # what the head -> logits patches read
+    hooks = [hook_pattern(layer) for layer in range(m.n_layers)] + edge_hooks
     stage(f"head table: {ds.n} prompts ({start_words(m, ds)}), {len(heads)} heads")
-    runs = base_runs(m.bridge, ds.keep_corruptions(list(ds.corruptions)[:1]) if ds.corruptions else ds, hooks,
-                     metric)
+    one = ds.keep_corruptions(list(ds.corruptions)[:1]) if ds.corruptions else ds
+    parts = PARTS if metric == "logit_diff" and direct else (metric,)
+    runs = base_runs(m.bridge, one, hooks, parts[0])
     q = queries(ds, "scored").to(of(m.bridge))
     slots = list(ds.spans) if ds.spans else []  # in reading order
     per_role: dict[str, list[np.ndarray]] = {r: [] for r in roles.ROLES}
@@ -141,30 +144,46 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     columns += [_column(r, per_role[r]) for r in roles.ROLES]
     note = ""
     if direct:
-        columns.insert(0, _direct(runs, heads, seed))
-        note = (f"direct: the fraction of the clean-corrupted gap ({metric}, corruption {runs.corruption}) each head "
+        corruption = runs.corruption
+        found = [_direct(runs, heads)]
+        del runs
+        for part in parts[1:]:  # logit_diff = answer_logit + wrong_logit, prompt by prompt
+            found.append(_direct(base_runs(m.bridge, one, edge_hooks, part), heads))
+        effect, gap = np.sum([e for e, _ in found], axis=0), np.sum([g for _, g in found], axis=0)
+        columns[:0] = [_ratio(DIRECT, effect, gap, seed)] + (
+            [_ratio(f"{DIRECT} via {part}", e, gap, seed) for part, (e, _) in zip(parts, found, strict=True)]
+            if len(parts) > 1 else [])
+        note = (f"direct: the fraction of the clean-corrupted gap ({metric}, corruption {corruption}) each head "
                 "carries straight to the logits (the edge HEAD -> logits noised, resample), with a 95 % bootstrap "
-                "interval")
+                "interval" + ("; split into what it does to the answer's logit and to the wrong token's "
+                              "(they add up to direct)" if len(parts) > 1 else ""))
     else:
         metric = None
         note = "no direct effects: the data have no corruption"
     return HeadTable(heads, columns, ds.description, metric, note)
 
 
-def _direct(runs: Any, heads: list[names.Head], seed: int) -> Column:
-    """The direct-effect column (module docstring)."""
+def _direct(runs: Any, heads: list[names.Head]) -> tuple[np.ndarray, np.ndarray]:
+    """(e [n, H]: each head's per-prompt direct effect m_clean - m_patched, gap [n]: m_clean - m_corrupt)
+    of the runs' metric (module docstring)."""
     edges = [names.Edge(h, names.Logits()) for h in heads]
     stage(f"direct effects: {len(edges)} head -> logits edges, one final-norm and unembedding pass each")
     patched = runs.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE)
-    effect = np.stack([np.asarray(runs.m_clean) - np.asarray(p) for p in patched], 1)  # [n, H]
-    gap = np.asarray(runs.m_clean, dtype=float) - np.asarray(runs.m_corrupt, dtype=float)
+    clean = np.asarray(runs.m_clean, dtype=float)
+    return np.stack([clean - np.asarray(p, dtype=float) for p in patched], 1), clean - np.asarray(runs.m_corrupt,
+                                                                                                   dtype=float)
+
+
+def _ratio(name: str, effect: np.ndarray, gap: np.ndarray, seed: int) -> Column:
+    """sum_n e_n / sum_n gap_n per head, with a percentile bootstrap of the prompts (the same resamples
+    for every head and column: `seed`); NaN where the gap is not positive."""
     if not np.isfinite(gap).all() or gap.sum() <= 0:
-        nan = np.full(len(heads), math.nan)
-        return Column(DIRECT, nan, nan, nan)
+        nan = np.full(effect.shape[1], math.nan)
+        return Column(name, nan, nan, nan)
     w = np.random.default_rng(seed).multinomial(len(gap), np.full(len(gap), 1 / len(gap)), size=RESAMPLES)
     ratio = (w @ effect) / (w @ gap)[:, None]  # [B, H]
     alpha = (1 - CONFIDENCE) / 2
-    return Column(DIRECT, effect.sum(0) / gap.sum(), np.quantile(ratio, alpha, axis=0),
+    return Column(name, effect.sum(0) / gap.sum(), np.quantile(ratio, alpha, axis=0),
                   np.quantile(ratio, 1 - alpha, axis=0))
 
 
@@ -177,7 +196,7 @@ def ordered(t: HeadTable, sort: str | None, top: int | None) -> list[int]:
         if col is None:
             raise ValueError(f"--sort {sort}: no such column; columns: "
                              + ", ".join(c.name.removeprefix("attn ") for c in t.columns))
-        key = np.abs(col.mean) if col.name == DIRECT else col.mean
+        key = np.abs(col.mean) if col.name.startswith(DIRECT) else col.mean
         order = sorted(order, key=lambda i: (-key[i] if np.isfinite(key[i]) else math.inf, i))
     return order[:top] if top else order
 
@@ -185,7 +204,7 @@ def ordered(t: HeadTable, sort: str | None, top: int | None) -> list[int]:
 def _cell(c: Column, i: int) -> str:
     if not np.isfinite(c.mean[i]):
         return "-"
-    if c.name == DIRECT:
+    if c.name.startswith(DIRECT):  # a ratio's percentile interval: not symmetric
         return f"{c.mean[i]:.3f} [{c.low[i]:.3f}, {c.high[i]:.3f}]"
     return f"{c.mean[i]:.3f} ± {(c.high[i] - c.low[i]) / 2:.3f}"
 

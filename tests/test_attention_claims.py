@@ -102,3 +102,29 @@ def test_positions_the_data_cannot_have():
     bos = [{"id": "bos", "kind": "attention", "head": "L2H0", "from": "scored", "to": "bos", "at_least": 0.1}]
     with pytest.raises(DataError, match="these prompts do not start with the BOS token"):
         harness.run(names_doc(bos, n=10, prepend_bos=False), device="cpu", base_dir=HYPOTHESES, figures=False)
+
+
+def test_attention_figure_data_is_the_mean_over_prompts_with_labelled_positions():
+    """figures_data.attention: each shown head's pattern averaged over every clean prompt (TransformerLens's
+    own cache is the oracle), and a label per position: the first prompt's tokens, BOS, the template's
+    slot occurrences where they sit in every prompt, `*` on the scored position."""
+    from harness.engine.data_source import build_dataset
+    from harness.hypothesis.loading import load
+    from harness.model.ref import load_model
+
+    h = load(HYPOTHESES / "names-ioi-study.yaml")
+    ev = harness.run(HYPOTHESES / "names-ioi-study.yaml", device="cpu")
+    (item,) = [a for a in ev.figures_data["attention"] if a["head"] == "L2H0"]
+    m = load_model(str(HYPOTHESES.parent / "fixtures" / "names-3l"), device="cpu")
+    ds = build_dataset(h.spec.data, h, m)
+    import torch
+
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(ds.clean, names_filter=lambda n: n == "blocks.2.attn.hook_pattern")
+    want = cache["blocks.2.attn.hook_pattern"][:, 0].double().mean(0).numpy()
+    assert item["prompts"] == ds.n == 100
+    np.testing.assert_allclose(np.array(item["mean_pattern"]), want, atol=1e-5)  # rounded to 5 decimals
+    labels = item["labels"]
+    assert labels[0] == "BOS" and labels[-1] == "to *"
+    assert [x.split(" [")[1].rstrip("]") for x in labels if " [" in x] == ["IO#1", "S#1", "PLACE#1", "S#2",
+                                                                           "OBJECT#1"]

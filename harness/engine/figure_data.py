@@ -3,7 +3,8 @@ evidence.json (`figures_data`), so `harness report` can redraw every figure
 from the JSON alone.
 
 * attention:   for each head a claim shows (ClaimKind.shown_heads), its pattern
-               on the first clean prompt, with the prompt's tokens.
+               on the first clean prompt, with the prompt's tokens, and its mean over
+               every clean prompt with a label per position (token, slot, scored).
 * composition: for each mode (q/k/v) read by a head input that a claim names
                (ClaimKind.edges), the cross-layer score matrix and each cell's
                own null 99th percentile (per-cell, uncorrected: a guide to the
@@ -109,15 +110,42 @@ def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int) -> list[str]:
     return out + batched_edges.cache_names(n_layers, candidates) if out else out
 
 
-def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], tokens: Any) -> list[dict[str, Any]]:
+def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], ds: Any,
+              piece: Any = None) -> list[dict[str, Any]]:
+    """Per head a claim shows: its pattern on the first clean prompt, its mean over every clean
+    prompt, and a label per position (position_labels)."""
     out, seen = [], set()
+    labels = position_labels(ds, piece)
     for c in claims:
         for h in kind_of(c).shown_heads(c):
             if h in seen:
                 continue
             seen.add(h)
-            pat = clean[hook_pattern(h.layer)][0, h.head].cpu().double().numpy()
-            out.append({"head": str(h), "tokens": tokens[0].tolist(), "pattern": np.round(pat, 5).tolist()})
+            pats = clean[hook_pattern(h.layer)][:, h.head]
+            first = pats[0].cpu().double().numpy()
+            mean = pats.double().mean(0).cpu().numpy()
+            out.append({"head": str(h), "tokens": ds.clean[0].tolist(), "pattern": np.round(first, 5).tolist(),
+                        "mean_pattern": np.round(mean, 5).tolist(), "prompts": int(pats.shape[0]),
+                        "labels": labels})
+    return out
+
+
+def position_labels(ds: Any, piece: Any = None) -> list[str]:
+    """A label per position: the first prompt's token (`piece(id)` gives its text; else the id), with the
+    template slot occurrence (`S#2`) whose tokens sit at that position in every prompt, the scored
+    position marked `*`, and BOS as `BOS`."""
+    first = ds.clean[0].tolist()
+    out = [piece(t) if piece is not None else str(t) for t in first]
+    if getattr(ds, "has_bos", False):
+        out[0] = "BOS"
+    for name, span in (getattr(ds, "spans", None) or {}).items():
+        if bool((span == span[:1]).all()):  # the occurrence sits at the same tokens in every prompt
+            lo, hi = int(span[0, 0]), int(span[0, 1])
+            for k in range(lo, hi):
+                out[k] = f"{out[k]} [{name}]"
+    if bool((ds.positions == ds.positions[:1]).all()):  # the scored positions are the same in every prompt
+        for q in ds.positions[0].tolist():
+            out[q] = f"{out[q]} *"
     return out
 
 

@@ -28,7 +28,7 @@ from ..mech.base_runs import base_runs
 from ..mech.runs import Runs
 from ..model import metrics
 from ..model.devices import of
-from ..model.tokenizer import start_words
+from ..model.tokenizer import shown_tokenizer, start_words
 from ..progress import progress, stage
 from ..spec.fields import ClaimSpec
 from ..spec.settings import Stats
@@ -134,7 +134,8 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
 
     figs: dict[str, Any] = {}
     if figures:
-        figs["attention"] = figure_data.attention(claims, clean, ds.clean)
+        tok = shown_tokenizer(model)
+        figs["attention"] = figure_data.attention(claims, clean, ds, None if tok is None else tok.piece)
         if any(kind_of(c).needs_weights(c) for c in claims):
             stage("figure data: composition matrices and the signature plot")
             figs["composition"] = figure_data.composition(ctx.composition(), claims, st)

@@ -183,9 +183,10 @@ def _figure_matrix_problems(doc: Any) -> tuple[Any, list[str]]:
     if isinstance(fd.get("attention"), list):
         light["attention"] = []
         for i, a in enumerate(fd["attention"]):
-            if isinstance(a, dict) and "pattern" in a:
-                found += _matrix_problems(f"figures_data/attention/{i}/pattern", a["pattern"])
-                a = dict(a, pattern=[[0]])
+            for key in ("pattern", "mean_pattern"):
+                if isinstance(a, dict) and key in a:
+                    found += _matrix_problems(f"figures_data/attention/{i}/{key}", a[key])
+                    a = dict(a, **{key: [[0]]})
             light["attention"].append(a)
     if isinstance(fd.get("composition"), dict):
         light["composition"] = {}

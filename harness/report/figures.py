@@ -142,14 +142,24 @@ def _figure(width: float, height: float) -> tuple[Any, Any]:
 
 
 # ---------------------------------------------------------------- attention
+LABELLED_POSITIONS = 48  # positions up to which the attention figure names every token
+
+
 @literal
 def draw_attention(data: list[dict[str, Any]]) -> Any | None:
+    """Each head's attention pattern averaged over the clean prompts (documents before the mean was
+    kept: the first prompt's), with a label per position where there are few enough (the first
+    prompt's tokens, the template's slot occurrences, `*` on the scored positions)."""
     data = data[:MAX_PANELS]
     if not data:
         return None
-    cols = min(len(data), 4)
+    mean = all("mean_pattern" in item for item in data)
+    size = len(data[0]["mean_pattern" if mean else "pattern"])
+    labelled = all(item.get("labels") for item in data) and size <= LABELLED_POSITIONS
+    cols = min(len(data), 3 if labelled else 4)
     rows = -(-len(data) // cols)
-    plt, fig = _figure(2.5 * cols + 1.0, 2.55 * rows + 0.5)
+    panel = 2.5 + (0.09 * size if labelled else 0.0)
+    plt, fig = _figure(panel * cols + 1.0, (panel + 0.05) * rows + 0.5)
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
     im = None
     for k, ax in enumerate(axes):
@@ -157,15 +167,22 @@ def draw_attention(data: list[dict[str, Any]]) -> Any | None:
             ax.set_visible(False)
             continue
         item = data[k]
-        im = ax.imshow(np.asarray(item["pattern"], dtype=float), cmap="Blues", vmin=0, vmax=1)
+        im = ax.imshow(np.asarray(item["mean_pattern" if mean else "pattern"], dtype=float), cmap="Blues", vmin=0,
+                       vmax=1)
         ax.set_title(label(item["head"], 24), fontsize=10)
         ax.tick_params(labelsize=8)
+        if labelled:
+            names_ = [label(x, 18) for x in item["labels"]]
+            ax.set_xticks(range(len(names_)), names_, fontsize=6, rotation=90)
+            ax.set_yticks(range(len(names_)), names_, fontsize=6)
         if k % cols == 0:
             ax.set_ylabel("query position", fontsize=9)
         if k // cols == rows - 1 or k + cols >= len(data):
             ax.set_xlabel("key position", fontsize=9)
     fig.colorbar(im, ax=axes[:len(data)].tolist(), shrink=0.85, label="attention weight")
-    fig.suptitle("Attention patterns on the first clean prompt", fontsize=11)
+    prompts = data[0].get("prompts")
+    fig.suptitle(f"Attention patterns, mean over {prompts} clean prompts" if mean else
+                 "Attention patterns on the first clean prompt", fontsize=11)
     return fig
 
 

@@ -16,7 +16,9 @@ from .prompts import prompt_lines
 from .text import literal_result, md_block, md_cell, md_code, md_link_text, md_text, plain
 
 FIGURE_CAPTIONS = {
-    "attention.png": "Attention patterns of the heads the claims name, on the first clean prompt (one colour scale).",
+    "attention.png": ("Attention patterns of the heads the claims name, averaged over the clean prompts (one colour "
+                      "scale; positions named by the first prompt's tokens, [slot] where a template's slot sits in "
+                      "every prompt, * the scored positions)."),
     "composition.png": ("Composition scores (weights) on one colour scale: sender heads (rows) against receiver "
                         "inputs (columns); red boxes: claimed edges. Each panel counts the cells above their own "
                         "null 99th percentile (per cell, uncorrected: many cells above it says the null is "

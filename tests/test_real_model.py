@@ -136,13 +136,13 @@ def test_report_rerenders(run0, tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------------- the commands
 
-def test_roles(model_dir, capsys):
-    code, out, err = cli(capsys, "roles", model_dir, "--n-prompts", N_PROMPTS)
+def test_roles(model_dir, capsys, tmp_path):
+    code, out, err = cli(capsys, "roles", model_dir, "--n-prompts", N_PROMPTS, "--out", tmp_path / "roles")
     assert code == 0, err
-    rows = {m.group(1): [float(x) for x in m.group(2).split()]
-            for m in re.finditer(r"^(L\d+H\d+)\s+([-\d.\s]+?)$", out, re.M)}
-    assert len(rows) == 30 * 9
-    prev, induction = (lambda h: rows[h][0]), (lambda h: rows[h][1])
+    doc = json.loads((tmp_path / "roles" / "heads.json").read_text())
+    rows = {h["head"]: h for h in doc["heads"]}
+    assert len(rows) == 30 * 9 and doc["metric"] == "logprob"
+    prev, induction = (lambda h: rows[h]["previous_token"][0]), (lambda h: rows[h]["induction"][0])
     assert prev("L16H0") > 0.8
     assert max(rows, key=prev) == "L16H0"  # the model's strongest previous-token head
     assert induction("L18H6") > 0.8

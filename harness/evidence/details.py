@@ -141,6 +141,7 @@ class Explained(Record):
     n_aligned: int  # angles below their null interval: directions aligned beyond chance
     top_share_p: Num  # one-sided p of direction 1's share under the null; None: no direction
     directions: list[ExplainedDirection]  # the top ones (at most the product's rank)
+    n_layers: int | None = optional()  # of the model: how far the route lies from the embeddings and the logits
 
 
 class WeightsVsUseRow(Record):

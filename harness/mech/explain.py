@@ -335,7 +335,7 @@ class Explainer:
                          spectrum=[float(x) for x in np.nan_to_num(ex.normalised)],
                          null_spectrum=band(null.spectrum), angles=angles, null_angles=null_angles,
                          n_aligned=sum(1 for x, b in zip(angles, null_angles) if b[0] is not None and x < b[0]),
-                         top_share_p=_num(ex.top_share_p), directions=directions)
+                         top_share_p=_num(ex.top_share_p), directions=directions, n_layers=int(self.hw.n_layers))
 
 
 def _correlation(x: np.ndarray, y: np.ndarray) -> float | None:

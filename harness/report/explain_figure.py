@@ -22,7 +22,7 @@ import numpy as np
 from ..evidence.details import Explained, ExplainedDirection
 from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import Evidence
-from .explain_text import token
+from .explain_text import DIRECT_DEPTH, readout_depths, token
 from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
 
 MAX_ROUTES = 6
@@ -52,16 +52,22 @@ def _band(ax: Any, band: list[list[float | None]], x: np.ndarray) -> None:
     ax.fill_between(x[:n], lo, hi, color=BAND, lw=0, zorder=0, label="rotation null, 95% band")
 
 
-def _direction_lines(d: ExplainedDirection, receiver: str) -> list[str]:
+def _direction_lines(d: ExplainedDirection, sender: str, receiver: str, n_layers: int | None) -> list[str]:
+    """A direction's share and, where they read the direct path within DIRECT_DEPTH layers, its token
+    readouts (explain_text.direction)."""
     side = {"k": "queries", "q": "keys"}.get(receiver.rsplit(".", 1)[-1], "")
     same = f" ({d.multiplicity} equal)" if d.multiplicity > 1 else ""
-    pos = "" if d.positional_share is None else f", pos. {fmt(d.positional_share, 2)}"
-    out = [f"{d.index}: share {fmt(d.share)}, null {fmt(d.null_share_mean)} {fmt_ci(d.null_share_ci)}{pos}{same}",
-           "   reads " + ", ".join(token(t) for t in d.sender_reads)]
-    if d.receiver_reads is not None:
-        match = "" if d.token_match is None else f" (match {fmt(d.token_match, 2)})"
-        out.append(f"   {side} read " + ", ".join(token(t) for t in d.receiver_reads) + match)
-    if d.promotes is not None:
+    before, after = readout_depths(sender, receiver, n_layers)
+    pos = "" if d.positional_share is None or before > DIRECT_DEPTH else f", pos. {fmt(d.positional_share, 2)}"
+    out = [f"{d.index}: share {fmt(d.share)}, null {fmt(d.null_share_mean)} {fmt_ci(d.null_share_ci)}{pos}{same}"]
+    if before > DIRECT_DEPTH:
+        out.append(f"   (readouts left out: {before} layers after the embeddings)")
+    else:
+        out.append("   reads " + ", ".join(token(t) for t in d.sender_reads))
+        if d.receiver_reads is not None:
+            match = "" if d.token_match is None else f" (match {fmt(d.token_match, 2)})"
+            out.append(f"   {side} read " + ", ".join(token(t) for t in d.receiver_reads) + match)
+    if d.promotes is not None and (after is None or after <= DIRECT_DEPTH):
         out.append("   promotes " + ", ".join(token(t) for t in d.promotes))
     return out
 
@@ -100,8 +106,8 @@ def draw_explain(items: list[tuple[str, Explained]]) -> Any | None:
         angles.tick_params(labelsize=7)
         angles.xaxis.set_major_locator(MaxNLocator(integer=True))
         words.axis("off")
-        receiver = edge.split("->")[-1].strip()
-        text = [line for d in ex.directions for line in _direction_lines(d, receiver)]
+        sender, receiver = (part.strip() for part in edge.split("->"))
+        text = [line for d in ex.directions for line in _direction_lines(d, sender, receiver, ex.n_layers)]
         text = text or ["no direction: the product is zero"]
         head = f"top directions of {ex.rank}: share of C², tokens read"
         step = min(0.1, 0.9 / max(len(text), 1))

@@ -52,19 +52,43 @@ def degrees_interval(ci: list[float | None]) -> str:
     return f"[{_degrees(ci[0])}, {_degrees(ci[1])}]"
 
 
-def direction(d: ExplainedDirection, sender: str, receiver: str, esc: Escape = _same) -> str:
+DIRECT_DEPTH = 1  # layers a readout may skip and still be shown: token readouts read the direct path only
+
+
+def _layer(name: str) -> int:
+    """The layer of `L3H1` or `L3H1.k`."""
+    return int(name.split("H")[0].lstrip("L"))
+
+
+def readout_depths(sender: str, receiver: str, n_layers: int | None) -> tuple[int, int | None]:
+    """(the layers before the sender, which the embedding-side readouts skip; the layers after the
+    receiver, which `promotes` skips, None when the model's depth is not recorded)."""
+    return _layer(sender), None if n_layers is None else n_layers - 1 - _layer(receiver)
+
+
+def direction(d: ExplainedDirection, sender: str, receiver: str, esc: Escape = _same,
+              n_layers: int | None = None) -> str:
     """One direction: what the sender reads and writes, and what the receiver's other side
-    reads (.q/.k) or promotes (.v), in tokens."""
+    reads (.q/.k) or promotes (.v), in tokens.  Token readouts read the direct path (the
+    embeddings, the unembedding): those that would skip more than DIRECT_DEPTH layers are left
+    out, saying so, since they say nothing about what a deep route carries."""
     head = receiver.split(".")[0]
     side = {"k": "queries", "q": "keys"}.get(receiver.rsplit(".", 1)[-1], "")
-    pos = "" if d.positional_share is None else f"; positional share {fmt(d.positional_share, 2)}"
-    text = (f"direction {d.index} (share {fmt(d.share)}): {sender} reads tokens {tokens(d.sender_reads, esc)}{pos}; "
-            f"its write points this way most for tokens {tokens(d.sender_writes, esc)}")
-    if d.receiver_reads is not None:
-        match = "" if d.token_match is None else f", token match {fmt(d.token_match, 2)}"
-        text += f"; {head}'s {side} read tokens {tokens(d.receiver_reads, esc)}{match}"
+    before, after = readout_depths(sender, receiver, n_layers)
+    text = f"direction {d.index} (share {fmt(d.share)})"
+    if before <= DIRECT_DEPTH:
+        pos = "" if d.positional_share is None else f"; positional share {fmt(d.positional_share, 2)}"
+        text += (f": {sender} reads tokens {tokens(d.sender_reads, esc)}{pos}; "
+                 f"its write points this way most for tokens {tokens(d.sender_writes, esc)}")
+        if d.receiver_reads is not None:
+            match = "" if d.token_match is None else f", token match {fmt(d.token_match, 2)}"
+            text += f"; {head}'s {side} read tokens {tokens(d.receiver_reads, esc)}{match}"
+    else:
+        text += (f": token readouts of the embeddings left out ({sender} sits {before} layers after them, and the "
+                 "readouts would skip what those layers do)")
     if d.promotes is not None:
-        text += f"; {head} promotes tokens {tokens(d.promotes, esc)}"
+        text += (f"; {head} promotes tokens {tokens(d.promotes, esc)}" if after is None or after <= DIRECT_DEPTH
+                 else f"; what {head} promotes is left out ({after} layers lie between it and the logits)")
     if d.multiplicity > 1:
         text += (f" (one of {d.multiplicity} equal singular values: any rotation among them is as valid, "
                  "these readouts show one)")
@@ -74,4 +98,4 @@ def direction(d: ExplainedDirection, sender: str, receiver: str, esc: Escape = _
 def lines(ex: Explained, edge: str, esc: Escape = _same, n: int = 3) -> list[str]:
     """The summary, then one line per shown direction."""
     sender, receiver = (part.strip() for part in edge.split("->"))
-    return [summary(ex, n)] + [direction(d, sender, receiver, esc) for d in ex.directions[:n]]
+    return [summary(ex, n)] + [direction(d, sender, receiver, esc, ex.n_layers) for d in ex.directions[:n]]

@@ -12,13 +12,14 @@ from harness.claims.circuit import random_comparison
 from harness.evidence.details import PassRegion
 from harness.evidence.format import fmt_p
 from harness.evidence.verdicts import Verdict
-from harness.report import figures
+from harness.report import attention_figure, figures
 from harness.report.markdown import claim_table, render_markdown
 
 
 @pytest.fixture(scope="module")
 def drawn(demo_evidence):
-    out = figures.draw_all(demo_evidence)
+    out = {**figures.draw_all(demo_evidence), "attention.png": attention_figure.draw_attention(
+        demo_evidence.figures_data["attention"])}
     yield out
     for fig in out.values():
         figures.pyplot().close(fig)
@@ -217,6 +218,6 @@ def test_pass_regions_in_evidence(demo_evidence):
     assert regions["prev-token-not-via-queries"] == PassRegion(low=-0.05, high=0.05, text="within ±0.05 (tolerance)")
     assert regions["K-comp-L0H7-L1H5"] is None
     doc = demo_evidence.to_dict()
-    assert doc["schema_version"] == 5
+    assert doc["schema_version"] == 6
     assert doc["claims"][0]["pass_region"] == {"low": 0.8, "high": None, "text": "at least 0.8"}
     assert re.match(r"^CI \[", doc["claims"][0]["reason"] or doc["claims"][0]["rule"])

@@ -37,7 +37,6 @@ from .text import plain
 
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_ROWS = 80  # claims drawn in effects.png (the rest are in the report's text)
-MAX_PANELS = 12  # heads drawn in attention.png
 LABEL_CHARS = 60
 DPI = 110
 HTML_WIDTH = 1060  # px: the report page's content width (report.html: max-width 1100px, 1em padding)
@@ -135,57 +134,13 @@ def smallest_font_px(fig: Any) -> float:
     return float(min(sizes)) if sizes else float("inf")
 
 
-def _figure(width: float, height: float) -> tuple[Any, Any]:
+def new_figure(width: float, height: float) -> tuple[Any, Any]:
     """(pyplot, a constrained-layout figure at most MAX_WIDTH_IN wide)."""
     plt = pyplot()
     return plt, plt.figure(figsize=(min(width, MAX_WIDTH_IN), height), layout="constrained")
 
 
 # ---------------------------------------------------------------- attention
-LABELLED_POSITIONS = 48  # positions up to which the attention figure names every token
-
-
-@literal
-def draw_attention(data: list[dict[str, Any]]) -> Any | None:
-    """Each head's attention pattern averaged over the clean prompts (documents before the mean was
-    kept: the first prompt's), with a label per position where there are few enough (the first
-    prompt's tokens, the template's slot occurrences, `*` on the scored positions)."""
-    data = data[:MAX_PANELS]
-    if not data:
-        return None
-    mean = all("mean_pattern" in item for item in data)
-    size = len(data[0]["mean_pattern" if mean else "pattern"])
-    labelled = all(item.get("labels") for item in data) and size <= LABELLED_POSITIONS
-    cols = min(len(data), 3 if labelled else 4)
-    rows = -(-len(data) // cols)
-    panel = 2.5 + (0.09 * size if labelled else 0.0)
-    plt, fig = _figure(panel * cols + 1.0, (panel + 0.05) * rows + 0.5)
-    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
-    im = None
-    for k, ax in enumerate(axes):
-        if k >= len(data):
-            ax.set_visible(False)
-            continue
-        item = data[k]
-        im = ax.imshow(np.asarray(item["mean_pattern" if mean else "pattern"], dtype=float), cmap="Blues", vmin=0,
-                       vmax=1)
-        ax.set_title(label(item["head"], 24), fontsize=10)
-        ax.tick_params(labelsize=8)
-        if labelled:
-            names_ = [label(x, 18) for x in item["labels"]]
-            ax.set_xticks(range(len(names_)), names_, fontsize=6, rotation=90)
-            ax.set_yticks(range(len(names_)), names_, fontsize=6)
-        if k % cols == 0:
-            ax.set_ylabel("query position", fontsize=9)
-        if k // cols == rows - 1 or k + cols >= len(data):
-            ax.set_xlabel("key position", fontsize=9)
-    fig.colorbar(im, ax=axes[:len(data)].tolist(), shrink=0.85, label="attention weight")
-    prompts = data[0].get("prompts")
-    fig.suptitle(f"Attention patterns, mean over {prompts} clean prompts" if mean else
-                 "Attention patterns on the first clean prompt", fontsize=11)
-    return fig
-
-
 # ---------------------------------------------------------------- composition
 def _matrix(rows: list[list[Any]]) -> np.ndarray:
     return np.array([[np.nan if v is None else v for v in row] for row in rows], dtype=float)
@@ -212,7 +167,7 @@ def draw_composition(data: dict[str, Any], claimed: set[str]) -> Any | None:
     finite = [s[np.isfinite(s)] for s in scores.values()]
     top = max((float(f.max()) for f in finite if f.size), default=1.0) or 1.0
     n_cols = max(len(data[m]["receivers"]) for m in modes)
-    plt, fig = _figure(2.9 * len(modes) + 1.2, 3.9 if n_cols <= TICKS_MAX else 4.4)
+    plt, fig = new_figure(2.9 * len(modes) + 1.2, 3.9 if n_cols <= TICKS_MAX else 4.4)
     axes = np.atleast_1d(fig.subplots(1, len(modes), squeeze=False)).ravel()
     im = None
     for k, (ax, mode) in enumerate(zip(axes, modes)):
@@ -266,7 +221,7 @@ def draw_effects(claims: list[ClaimResult]) -> Any | None:
         return None
     units = list(dict.fromkeys(c.unit for c in rows))
     groups = [[c for c in rows if c.unit == u] for u in units]
-    plt, fig = _figure(9.6, 0.36 * len(rows) + 0.95 * len(groups) + 1.0)
+    plt, fig = new_figure(9.6, 0.36 * len(rows) + 0.95 * len(groups) + 1.0)
     axes = np.atleast_1d(fig.subplots(len(groups), 1, squeeze=False,
                                       gridspec_kw={"height_ratios": [len(g) + 1.2 for g in groups]})).ravel()
     rng = np.random.default_rng(0)
@@ -397,7 +352,7 @@ def draw_signature(data: dict[str, Any]) -> Any | None:
     if not pts:
         return None
     min_effect, tol = float(data["min_effect"]), float(data.get("tolerance") or 0.0)
-    plt, fig = _figure(8.6, 5.6)
+    plt, fig = new_figure(8.6, 5.6)
     ax = fig.subplots()
     xs = np.array([p["composition"] for p in pts])
     lows = np.array([p["effect_ci"][0] for p in pts])
@@ -459,7 +414,6 @@ def draw_all(ev: Evidence) -> dict[str, Any]:
     fd = ev.figures_data or {}
     claimed = {e for c in ev.claims for e in views.get(c.kind).claimed_edges(c)}
     out = {
-        "attention.png": draw_attention(fd.get("attention", [])),
         "composition.png": draw_composition(fd.get("composition", {}), claimed),
         "effects.png": draw_effects(ev.claims),
         "signature.png": draw_signature(fd.get("signature", {})),

@@ -21,7 +21,7 @@ from ..claims import registry
 from ..errors import EvidenceFormatError, UserError
 from ..evidence import document
 from ..evidence.result import Evidence
-from . import explain_figure, figures
+from . import attention_figure, explain_figure, figures
 from .folders import check_new, default_folder, preflight, preflight_file, replace_folder, write_folder
 from .html import render_html
 from .markdown import render_markdown
@@ -49,7 +49,7 @@ def validate_evidence(doc: Any) -> list[str]:
 def render_files(doc: dict[str, Any], checked: bool = False) -> dict[str, bytes]:
     """{relative path: bytes} of report.md, report.html and figures/*.png for a document."""
     ev = load_evidence(doc, checked)
-    pngs = {**figures.render_all(ev), **explain_figure.render(ev)}
+    pngs = {**attention_figure.render(ev), **figures.render_all(ev), **explain_figure.render(ev)}
     md = render_markdown(ev, set(pngs))
     files = {f"figures/{name}": png for name, png in pngs.items()}
     files["report.md"] = md.encode()

@@ -84,7 +84,7 @@ CASES = [
     ("threshold wrong type", ("at_least: 0.5\n  - id: b", "at_least: high\n  - id: b"), 12, "claims[0].at_least: Input should be a valid number"),
     ("duplicate key", ("name: t\n", "name: t\nname: u\n"), 3, "name: duplicate key"),
     ("bad stats", ("claims:", "stats:\n  confidence: 1.5\nclaims:"), 8, "stats.confidence: Input should be less than 1"),
-    ("unknown metric", ("claims:", "metric: accuracy\nclaims:"), 7, "metric: unknown metric 'accuracy'; allowed: logprob, logit_diff, prob, kl"),
+    ("unknown metric", ("claims:", "metric: accuracy\nclaims:"), 7, "metric: unknown metric 'accuracy'; allowed: logprob, logit_diff, prob, kl, answer_logit, wrong_logit"),
     ("composition edge backwards", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L1H5 -> L0H7.k\n"), 19, "claims[2].edge: edge 'L1H5 -> L0H7.k' does not go forward"),
     ("composition to logits", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L0H7 -> logits\n"), 19, "claims[2].edge: 'logits' is not the receiver of a composition edge; expected a later head's input L<layer>H<head>.q/.k/.v"),
     ("composition expect", ("    heads: [L0H7]\n    at_least: 0.5\n", "    heads: [L0H7]\n    at_least: 0.5\n  - id: c\n    kind: composition\n    edge: L0H7 -> L1H0.k\n    expect: used\n"), 20, "claims[2].expect: Input should be 'composes' or 'does_not_compose' (got 'used')"),

@@ -154,11 +154,11 @@ for _m in (
     Metric("logit_diff", "logits", _logit_diff, lambda V, clean: 0.0, "equal correct and wrong logits",
            needs_wrong=True),
     Metric("prob", "probability", _prob, lambda V, clean: 1.0 / V, "a uniform guess over the vocabulary"),
+    Metric("kl", "nats (-KL from the clean run)", _kl, _kl_none,
+           "a uniform guess: minus the divergence of the clean distribution from uniform", needs_clean=True),
     Metric("answer_logit", "logits", _answer_logit, None, "none (a single logit has no baseline)"),
     Metric("wrong_logit", "logits (minus the wrong token's)", _wrong_logit, None,
            "none (a single logit has no baseline)", needs_wrong=True),
-    Metric("kl", "nats (-KL from the clean run)", _kl, _kl_none,
-           "a uniform guess: minus the divergence of the clean distribution from uniform", needs_clean=True),
 ):
     register(_m)
 

@@ -179,11 +179,7 @@ def model_bos(m: LoadedModel, where: str) -> int:
     """The start token the generator puts at position 0: the tokenizer's BOS token (model_tokenizer), or
     0 for a model without a tokenizer (the fixtures); DataError when the tokenizer has no BOS token in its
     vocabulary or its files cannot be read (`where` names the setting that avoids it)."""
-    try:
-        tok = model_tokenizer(m)
-    except DataError as exc:
-        raise DataError(f"{where}: the generator's start token is the tokenizer's BOS token, and {exc}; or set "
-                        "data.bos_token") from None
+    tok = _start_tokenizer(m, where)
     if tok is None:
         return 0
     if tok.bos is None:
@@ -239,14 +235,19 @@ def start_token(m: LoadedModel, setting: bool | None, where: str) -> int | None:
         return None
     if setting:
         return model_bos(m, where)
-    try:
-        tok = model_tokenizer(m)
-    except DataError as exc:
-        raise DataError(f"{where}: the generator's start token follows the tokenizer, and {exc}; or set "
-                        "data.bos_token, or data.bos: false") from None
+    tok = _start_tokenizer(m, where)
     if tok is None:
         return 0
     return tok.bos if tok.adds_bos else None
+
+
+def _start_tokenizer(m: LoadedModel, where: str) -> TextTokenizer | None:
+    """model_tokenizer, its DataError saying that the generator's start token comes from it."""
+    try:
+        return model_tokenizer(m)
+    except DataError as exc:
+        raise DataError(f"{where}: the generator's start token comes from the tokenizer, and {exc}; or set "
+                        "data.bos_token, or data.bos: false") from None
 
 
 def start_words(m: LoadedModel, ds: Any) -> str:

@@ -53,6 +53,8 @@ from ..model.devices import of
 from ..model.loading import LoadedModel
 from ..model.tokenizer import start_token, start_words
 from ..progress import stage
+from ..report.figures import png, pyplot
+from ..report.folders import write_folder
 from ..spec import names
 from ..spec.names import hook_pattern
 from ..spec.vocabulary import Direction, Replacement
@@ -244,8 +246,6 @@ def files(t: HeadTable, sort: str | None = None) -> dict[str, bytes]:
 
 def _grid_png(t: HeadTable, sort: str | None) -> bytes:
     """The sorted column (else the direct effect, else the first) as a layer x head grid."""
-    from ..report.figures import png, pyplot
-
     col = next((c for c in t.columns if sort is not None and c.name in (sort, f"attn {sort}")), t.columns[0])
     L = max(h.layer for h in t.heads) + 1
     H = max(h.head for h in t.heads) + 1
@@ -269,8 +269,6 @@ def _grid_png(t: HeadTable, sort: str | None) -> bytes:
 
 def write(t: HeadTable, out: Path, sort: str | None = None) -> Path:
     """The --out folder (report.folders.write_folder: whole or not at all)."""
-    from ..report.folders import write_folder
-
     return write_folder(out, files(t, sort))
 
 

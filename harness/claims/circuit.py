@@ -201,18 +201,18 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         def done(verdict: Verdict, rule: str, reason: str = "") -> ClaimResult:
             # non-vacuity is judged on what is ablated as a whole: the complement's joint change of what
             # the circuit's readers read; members that do not change on their own are listed, not blocking
-            noop = change.vacuous_heads if change is not None and change.vacuous_heads else []
+            noop = (change.vacuous_heads or []) if change is not None else []
             if verdict == PASS and change is not None and change.vacuous:
                 verdict = INCONCLUSIVE
                 reason = (f"untested: {claim.ablation}-ablating the rest leaves what the circuit reads as it was "
                           f"(relative change {change.relative_change:.3f} < min_change {st.min_change:g})")
                 rule = (f"{reason}, so the circuit's faithfulness does not show it works without the rest ({rule}); "
                         "use ablation: zero, or a corruption that changes the rest's output")
-            elif noop:
+            elif noop and change is not None:
                 rule += (f"; {len(noop)} of the ablated do not change on their own (relative change < min_change "
                          f"{st.min_change:g}: {', '.join(noop[:10])}{', ...' if len(noop) > 10 else ''}), so the "
-                         "circuit is tested without the others; the rest as a whole changes by "
-                         f"{change.relative_change:.3f}" if change is not None else "")
+                         f"circuit is tested without the others; the rest as a whole changes by "
+                         f"{change.relative_change:.3f}")
             if iv.estimate > 1:
                 q1, med, q3 = np.nanpercentile(np.asarray(norm.per_prompt, dtype=float), [25, 50, 75])
                 rule += (f"; faithfulness above 1: the circuit alone moves the metric further than the whole model, "

@@ -136,9 +136,9 @@ def position_labels(ds: Any, piece: Any = None) -> list[str]:
     position marked `*`, and BOS as `BOS`."""
     first = ds.clean[0].tolist()
     out = [piece(t) if piece is not None else str(t) for t in first]
-    if getattr(ds, "has_bos", False):
+    if ds.has_bos:
         out[0] = "BOS"
-    for name, span in (getattr(ds, "spans", None) or {}).items():
+    for name, span in ds.spans.items():
         if bool((span == span[:1]).all()):  # the occurrence sits at the same tokens in every prompt
             lo, hi = int(span[0, 0]), int(span[0, 1])
             for k in range(lo, hi):

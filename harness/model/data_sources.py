@@ -78,19 +78,27 @@ def _bos(setting: bool | None, tok: TextTokenizer, where: str, d_vocab: int) -> 
     return tok.adds_bos and tok.bos is not None and tok.bos < d_vocab if setting is None else setting
 
 
+def generated(model: LoadedModel, n_prompts: int, segment_length: int, where: str, *, bos: bool | None = None,
+              bos_token: int | None = None, **kwargs: Any) -> data.Dataset:
+    """The repeated-token generator's prompts (data.repeated_tokens, `kwargs` passed on) with the start
+    token every command uses: none when `bos` is false, else `bos_token`, else tokenizer.start_token
+    (`where` names the setting in its errors)."""
+    token = None if bos is False else bos_token if bos_token is not None else start_token(model, bos, where)
+    return data.repeated_tokens(n_prompts, segment_length, model.d_vocab, bos=token is not None,
+                                bos_token=token or 0, **kwargs)
+
+
 def _generator(d: GeneratorData, source: Where, model: LoadedModel) -> data.Dataset:
     if d.bos_token is not None and d.bos_token >= model.d_vocab:
         raise SpecError([f"{source.where('data.bos_token')}: token {d.bos_token} is outside the model's "
                          f"vocabulary 0..{model.d_vocab - 1}"])
-    token = (None if d.bos is False else d.bos_token if d.bos_token is not None
-             else start_token(model, d.bos, source.where("data.bos_token")))
-    bos = token is not None
-    if d.segment_length * 2 + int(bos) > model.n_ctx:
+    ds = generated(model, d.n_prompts, d.segment_length, source.where("data.bos_token"), bos=d.bos,
+                   bos_token=d.bos_token, seed=d.seed, split=d.split, vocab_min=d.vocab_min, vocab_max=d.vocab_max,
+                   corruptions=tuple(d.corruptions), n_reference=d.n_reference, distinct=d.distinct)
+    if ds.clean.shape[1] > model.n_ctx:
         raise SpecError([f"{source.where('data.segment_length')}: prompts of length "
-                         f"{d.segment_length * 2 + int(bos)} exceed the model's context {model.n_ctx}"])
-    return data.repeated_tokens(d.n_prompts, d.segment_length, model.d_vocab, seed=d.seed, split=d.split,
-                                bos=bos, vocab_min=d.vocab_min, vocab_max=d.vocab_max, bos_token=token or 0,
-                                corruptions=tuple(d.corruptions), n_reference=d.n_reference, distinct=d.distinct)
+                         f"{ds.clean.shape[1]} exceed the model's context {model.n_ctx}"])
+    return ds
 
 
 def _file(d: FileData, source: Where, model: LoadedModel) -> data.Dataset:

@@ -256,9 +256,5 @@ def start_words(m: LoadedModel, ds: Any) -> str:
     token = ds.start_token()
     if token is None:
         return "no BOS token in front"
-    tok = None
-    try:
-        tok = model_tokenizer(m)
-    except DataError:
-        pass
+    tok = shown_tokenizer(m)
     return f"BOS {tok.piece(token)!r} (id {token}) in front" if tok is not None else f"start token {token} in front"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ..evidence.details import Explained, ExplainedDirection, TokenLoad
 from ..evidence.format import fmt, fmt_ci, fmt_p
+from ..spec import names
 
 Escape = Callable[[object], str]
 
@@ -55,15 +56,12 @@ def degrees_interval(ci: list[float | None]) -> str:
 DIRECT_DEPTH = 1  # layers a readout may skip and still be shown: token readouts read the direct path only
 
 
-def _layer(name: str) -> int:
-    """The layer of `L3H1` or `L3H1.k`."""
-    return int(name.split("H")[0].lstrip("L"))
-
-
 def readout_depths(sender: str, receiver: str, n_layers: int | None) -> tuple[int, int | None]:
     """(the layers before the sender, which the embedding-side readouts skip; the layers after the
     receiver, which `promotes` skips, None when the model's depth is not recorded)."""
-    return _layer(sender), None if n_layers is None else n_layers - 1 - _layer(receiver)
+    u, v = names.parse_head(sender), names.parse_edge(f"{sender} -> {receiver}").receiver
+    v_layer = v.head.layer if isinstance(v, names.HeadInput) else (n_layers or 1) - 1  # explained routes end at a head
+    return u.layer, None if n_layers is None else n_layers - 1 - v_layer
 
 
 def direction(d: ExplainedDirection, sender: str, receiver: str, esc: Escape = _same,

@@ -89,7 +89,7 @@ def faithfulness_curve(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed:
     got = runs.edge_circuits([*(top_mask(g, order, k) for k in inner), *extra], Replacement.RESAMPLE)
     # every edge kept is the clean run and none kept (resample) the corrupted one: the base runs hold both
     m_full, m_empty = np.asarray(runs.m_clean, dtype=float), np.asarray(runs.m_corrupt, dtype=float)
-    by_k = {0: m_empty, g.n_edges: m_full, **dict(zip(inner, got, strict=False))}
+    by_k = {0: m_empty, g.n_edges: m_full, **dict(zip(inner, got[:len(inner)], strict=True))}
     gap = m_full - m_empty
     per_k = [effects.normalized_effect(by_k[k] - m_empty, gap, st, derive_seed(seed, i), unit, gap_name="full-empty")
              for i, k in enumerate(ks)]

@@ -48,10 +48,10 @@ from ..errors import UserError
 from ..evidence.document import to_json
 from ..mech import batched_edges, roles
 from ..mech.base_runs import base_runs
-from ..model import data
+from ..model.data_sources import generated
 from ..model.devices import of
 from ..model.loading import LoadedModel
-from ..model.tokenizer import start_token, start_words
+from ..model.tokenizer import start_words
 from ..progress import stage
 from ..report.figures import png, pyplot
 from ..report.folders import write_folder
@@ -101,14 +101,6 @@ def _column(name: str, per_head: list[np.ndarray]) -> Column:
     return Column(name, rows[:, 0], rows[:, 1], rows[:, 2])
 
 
-def _generated(m: LoadedModel, n_prompts: int, segment_length: int, seed: int, split: str,
-               distinct: bool) -> data.Dataset:
-    """The generator's prompts with the start token every command uses (model.tokenizer.start_token)."""
-    token = start_token(m, None, "harness roles")
-    return data.repeated_tokens(n_prompts, segment_length, m.d_vocab, seed=seed, split=split, n_ctx=m.n_ctx,
-                                distinct=distinct, bos=token is not None, bos_token=token or 0)
-
-
 def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int, split: str,
                distinct: bool = False, given: tuple[DataSpec, DataSource] | None = None,
                metric: str | None = None, direct: bool = True, corruption: str | None = None) -> HeadTable:
@@ -117,7 +109,8 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     import torch
 
     ds = (build_dataset(*given, m) if given is not None else
-          _generated(m, n_prompts, segment_length, seed, split, distinct)).to(of(m.bridge))
+          generated(m, n_prompts, segment_length, "harness roles", seed=seed, split=split, n_ctx=m.n_ctx,
+                    distinct=distinct)).to(of(m.bridge))
     if corruption is not None:
         if corruption not in ds.corruptions:
             raise UserError(f"--corruption {corruption}: the data have {', '.join(ds.corruptions) or 'none'}")

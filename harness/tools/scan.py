@@ -47,10 +47,10 @@ from ..mech import batched_edges, graph_run, weights
 from ..mech.base_runs import base_runs
 from ..mech.factored import Composition
 from ..mech.graph import Graph
-from ..model import data, metrics
+from ..model import metrics
+from ..model.data_sources import generated
 from ..model.devices import of, resolve_device
 from ..model.ref import ModelRef, load_model
-from ..model.tokenizer import start_token
 from ..progress import progress
 from ..report.figures import signature
 from ..report.views import edge_classes_text
@@ -126,10 +126,9 @@ def explore_dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource
         return ds, chosen
     chosen = [str(c) for c in cfg.corruptions or DEFAULT_CORRUPTIONS]
     # every generated token is a possible answer: draw them from the ids the output vocabulary has too
-    token = start_token(m, None, who)
-    ds = data.repeated_tokens(cfg.n_prompts, cfg.segment_length, m.d_vocab, seed=cfg.seed, split="explore",
-                              bos=token is not None, bos_token=token or 0, corruptions=tuple(chosen), n_ctx=m.n_ctx,
-                              distinct=cfg.distinct, vocab_max=min(m.d_vocab, m.d_vocab_out))
+    ds = generated(m, cfg.n_prompts, cfg.segment_length, who, seed=cfg.seed, split="explore",
+                   corruptions=tuple(chosen), n_ctx=m.n_ctx, distinct=cfg.distinct,
+                   vocab_max=min(m.d_vocab, m.d_vocab_out))
     return ds, chosen
 
 

@@ -136,7 +136,7 @@ def unembed(sd, cfg, resid_final):
 
 
 def forward(sd, cfg, tokens, replace=None):
-    """Plain GPT-2 forward.  replace: {("head", l, h) | ("mlp", l): output [n, pos, d_model]}
+    """Plain GPT-2 forward.  replace: {("head", l, h) | ("mlp", l) | ("embed",): output [n, pos, d_model]}
     puts that output in place of the node's own (everything later is recomputed).
     Returns (logits, cache) with cache keys embed, resid_pre/resid_mid/head_out/mlp_out per
     layer (resid_pre[l], ...), q/k/v [l][n, pos, H, d_head], resid_final."""
@@ -144,7 +144,7 @@ def forward(sd, cfg, tokens, replace=None):
     n, s = tokens.shape
     H = cfg["n_heads"]
     c: dict = {k: {} for k in ("resid_pre", "resid_mid", "head_out", "mlp_out", "q", "k", "v")}
-    x = sd["wte.weight"][tokens] + sd["wpe.weight"][:s]
+    x = replace.get(("embed",), sd["wte.weight"][tokens] + sd["wpe.weight"][:s])
     c["embed"] = x
     for layer in range(cfg["n_layers"]):
         c["resid_pre"][layer] = x
@@ -241,24 +241,34 @@ def hop_output(sd, cfg, base, node, delta):
 
 
 def patched_logits(sd, cfg, path_nodes, base_tokens, source_tokens, replacement="resample",
-                   reference_tokens=None):
+                   reference_tokens=None, all_routes=False):
     """Logits [n, pos, vocab] (float64) of the base tokens with the path patched (module doc).
-    path_nodes: a string ('L0H1 + L0.mlp -> L1H0.v -> logits') or parse_path's list."""
+    path_nodes: a string ('L0H1 + L0.mlp -> L1H0.v -> logits') or parse_path's list.
+    all_routes (an edge): the senders' outputs replaced in a whole forward; the change of the
+    residual the receiver reads is what the receiver alone receives (by every route)."""
     path = parse_path(path_nodes) if isinstance(path_nodes, str) else path_nodes
     senders, hops = path[0], path[1:]
     _, base = forward(sd, cfg, base_tokens)
     base_out = sum(output(base, s) for s in senders)
     if replacement == "resample":
         _, src = forward(sd, cfg, source_tokens)
-        new = sum(output(src, s) for s in senders)
+        replaced = [output(src, s) for s in senders]
     elif replacement == "zero":
-        new = torch.zeros_like(base_out)
+        replaced = [torch.zeros_like(base_out) for _ in senders]
     elif replacement == "mean":
         _, ref = forward(sd, cfg, reference_tokens)
-        new = sum(output(ref, s) for s in senders).mean(0, keepdim=True)  # per position
+        replaced = [output(ref, s).mean(0, keepdim=True).expand_as(base_out) for s in senders]  # per position
     else:
         raise ValueError(replacement)
+    new = sum(replaced)
     delta = new - base_out  # Delta_0
+    if all_routes:  # the sender's outputs replaced in a whole forward; the change where the receiver reads
+        _, moved = forward(sd, cfg, base_tokens, replace=dict(zip(senders, replaced, strict=True)))
+        last = hops[-1]
+        where = {"input": "resid_pre", "mlp": "resid_mid"}.get(last[0])
+        delta = (moved["resid_final"] - base["resid_final"] if where is None
+                 else moved[where][last[1]] - base[where][last[1]])
+        hops = [last]
     for hop in hops[:-1]:  # intermediate hops: their change reaches only the next hop
         delta = hop_output(sd, cfg, base, hop, delta) - output(base, hop)
     last = hops[-1]

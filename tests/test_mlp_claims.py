@@ -44,15 +44,19 @@ ROUTES = [
     ("same-layer-head-mlp", {"kind": "edge", "edge": "L1H0 -> L1.mlp"}),
     ("group-heads", {"kind": "edge", "edge": "L0H0 + L0H1 -> L2.mlp"}),  # -> a head input: a test of its own
     ("group-head-mlp", {"kind": "edge", "edge": "L0H1 + L0.mlp -> logits"}),
-    ("mlp-mlp-mean", {"kind": "edge", "edge": "L0.mlp -> L2.mlp", "replacement": "mean"}),
+    ("mlp-mlp-mean", {"kind": "edge", "edge": "L0.mlp -> L2.mlp", "replacement": "mean", "parts": True}),
     ("mlp-denoising", {"kind": "edge", "edge": "L1.mlp -> L2H0.q", "direction": "denoising"}),
     ("pair", {"kind": "edge", "edge": "L0H1 -> L1H0.k"}),
-    ("head-edge", {"kind": "edge", "edge": "L0H0 -> L2H0.v"}),  # with `pair`: the batched edge path
+    ("head-edge", {"kind": "edge", "edge": "L0H0 -> L2H0.v", "parts": True}),  # with `pair`: the batched path
     ("path3-heads", {"kind": "path", "path": "L0H0 -> L1H1.k -> L2H0.q"}),
     ("path3-mlp", {"kind": "path", "path": "L0H1 -> L1.mlp -> L2H1.k"}),
     ("path4", {"kind": "path", "path": "embed -> L0H1.v -> L1.mlp -> L2H1.k"}),
     ("path4-logits-zero", {"kind": "path", "path": "L0.mlp -> L1H1.q -> L2.mlp -> logits", "replacement": "zero"}),
     ("path3-group-mean", {"kind": "path", "path": "L0H0 + L0.mlp -> L1H0.v -> logits", "replacement": "mean"}),
+    ("all-routes", {"kind": "edge", "edge": "L0H0 -> L2H1.q", "routes": "all", "parts": True}),
+    ("all-routes-mean", {"kind": "edge", "edge": "L0.mlp -> L2H0.k", "routes": "all", "replacement": "mean"}),
+    ("all-routes-denoising", {"kind": "edge", "edge": "L0H1 + L1.mlp -> L2.mlp", "routes": "all",
+                              "direction": "denoising", "parts": True}),
 ]
 ABLATIONS = [(f"abl-{'-'.join(u.replace('.', '') for u in units)}-{kind}", units, kind)
              for units in (["L1.mlp"], ["L1.mlp", "L0H1"]) for kind in ("zero", "resample", "mean")]
@@ -61,6 +65,10 @@ CIRCUIT = ["L0H1", "L1.mlp", "L2H0"]
 
 def route_text(keys: dict) -> str:
     return keys.get("edge") or keys["path"]
+
+
+def all_routes(keys: dict) -> bool:
+    return keys.get("routes") == "all"
 
 
 # ---------------------------------------------------------------- model, prompts, oracle
@@ -127,12 +135,13 @@ class Oracle:
     def forward(self, tokens, replace=None):
         return oracle.forward(self.sd, self.cfg, tokens, replace)
 
-    def metric(self, logits, rows=None):
+    def metric(self, logits, rows=None, part=None):
+        """logit_diff per prompt (part "answer": the answer's logit alone, answer_logit)."""
         rows = torch.arange(N) if rows is None else rows
         lg = logits[torch.arange(len(rows))[:, None], self.positions[rows]]
         good = lg.gather(-1, self.answers[rows].unsqueeze(-1)).squeeze(-1)
         bad = lg.gather(-1, self.wrong[rows].unsqueeze(-1)).squeeze(-1)
-        return (good - bad).mean(-1).numpy()
+        return (good if part == "answer" else good - bad).mean(-1).numpy()
 
     def floor(self, d):
         return np.where(np.abs(d) < NUMERICAL_TOL * self.scale, 0.0, d)
@@ -141,16 +150,18 @@ class Oracle:
         """Prompt n's leave-one-out reference prompts (group `drop` left out too)."""
         return [i for i in range(N) if i != n and (drop is None or i % GROUPS != drop)]
 
-    def patched(self, route, direction="noising", replacement="resample", drop=None):
-        """m_patched per prompt."""
+    def patched(self, route, direction="noising", replacement="resample", drop=None, every=False, part=None):
+        """m_patched per prompt (`every`: the edge by all routes; `part`: Oracle.metric's)."""
         base, source = (self.clean, self.corrupt) if direction == "noising" else (self.corrupt, self.clean)
         if replacement != "mean":
-            return self.metric(oracle.patched_logits(self.sd, self.cfg, route, base, source, replacement))
+            return self.metric(oracle.patched_logits(self.sd, self.cfg, route, base, source, replacement,
+                                                     all_routes=every), part=part)
         out = []
         for n in range(N):  # leave-one-out means: one base prompt at a time
             ref = self.clean[self.reference(n, drop)]
-            lg = oracle.patched_logits(self.sd, self.cfg, route, base[n:n + 1], source[n:n + 1], "mean", ref)
-            out.append(self.metric(lg, torch.tensor([n]))[0])
+            lg = oracle.patched_logits(self.sd, self.cfg, route, base[n:n + 1], source[n:n + 1], "mean", ref,
+                                       all_routes=every)
+            out.append(self.metric(lg, torch.tensor([n]), part=part)[0])
         return np.asarray(out)
 
     def change(self, m_patched, direction="noising"):
@@ -167,7 +178,7 @@ class Oracle:
         """Per prompt n: the per-position mean of x [N, ...] over n's reference prompts."""
         return torch.stack([x[self.reference(n, drop)].mean(0) for n in range(N)])
 
-    def ablated(self, units, kind, drop=None):
+    def ablated(self, units, kind, drop=None, part=None):
         """m per prompt of the clean prompts with `units` (L1.mlp, L0H1) replaced."""
         _, c = self.forward(self.clean)
         _, x = self.forward(self.corrupt)
@@ -177,7 +188,7 @@ class Oracle:
             clean_out, corrupt_out = oracle.output(c, node), oracle.output(x, node)
             replace[node] = {"zero": torch.zeros_like(clean_out), "resample": corrupt_out,
                              "mean": self.loo_mean(clean_out, drop)}[kind]
-        return self.metric(self.forward(self.clean, replace)[0])
+        return self.metric(self.forward(self.clean, replace)[0], part=part)
 
 
 @pytest.fixture(scope="module")
@@ -197,8 +208,8 @@ def claims(paired_as: str) -> list[dict]:
         if cid == "pair" and paired_as == "path":
             keys = {"kind": "path", "path": keys.pop("edge"), **{k: v for k, v in keys.items() if k != "kind"}}
         out.append({"id": cid, **keys})
-    out += [{"id": cid, "kind": "ablation", "heads": list(units), "ablation": kind, "measure": "delta", "at_least": 0.0}
-            for cid, units, kind in ABLATIONS]
+    out += [{"id": cid, "kind": "ablation", "heads": list(units), "ablation": kind, "measure": "delta", "at_least": 0.0,
+             "parts": True} for cid, units, kind in ABLATIONS]
     out.append({"id": "circuit-mlp", "kind": "circuit", "heads": list(CIRCUIT), "ablation": "resample",
                 "random_circuits": 20, "at_least": 0.0})
     return out
@@ -257,12 +268,15 @@ def test_float64_baseline(runs, orc):
 def test_route_claim_matches_oracle(runs, orc, cid, keys):
     c = by_id(runs["edge"])[cid]
     direction, replacement = keys.get("direction", "noising"), keys.get("replacement", "resample")
-    m_patched = orc.patched(route_text(keys), direction, replacement)
+    every = all_routes(keys)
+    m_patched = orc.patched(route_text(keys), direction, replacement, every=every)
     d = orc.change(m_patched, direction)
     assert (d != 0).any()  # the route matters, so agreement is informative
+    if every:  # and the components in between matter: all routes are not the direct edge
+        assert np.abs(m_patched - orc.patched(route_text(keys), direction, replacement)).max() > 1e-3
     gap = orc.m_clean - orc.m_corrupt
     det = c.details
-    assert det.edge == route_text(keys)
+    assert det.edge == route_text(keys) + (" (all routes)" if every else "")
     assert abs(det.clean_metric_mean - orc.m_clean.mean()) < TOL
     assert abs(det.corrupted_metric_mean - orc.m_corrupt.mean()) < TOL
     assert abs(det.patched_metric_mean - m_patched.mean()) < TOL, (det.patched_metric_mean, m_patched.mean())
@@ -270,7 +284,8 @@ def test_route_claim_matches_oracle(runs, orc, cid, keys):
     np.testing.assert_allclose(c.per_prompt, (d / gap)[orc.kept], rtol=0, atol=TOL)
     theta = orc.ratio(d)
     if replacement == "mean":  # the delete-a-group jackknife of the reference mean (claims.effects.widen)
-        thetas = [orc.ratio(orc.change(orc.patched(route_text(keys), direction, "mean", drop=k), direction))
+        thetas = [orc.ratio(orc.change(orc.patched(route_text(keys), direction, "mean", drop=k, every=every),
+                                       direction))
                   for k in range(GROUPS)]
         assert abs(det.normalized - orc.jackknifed(theta, thetas)) < TOL
         assert abs(c.value - orc.jackknifed(theta, thetas)) < TOL
@@ -279,6 +294,67 @@ def test_route_claim_matches_oracle(runs, orc, cid, keys):
     else:
         assert abs(c.value - theta) < TOL, (c.value, theta)
     assert abs(det.change_mean - d.mean()) < TOL or replacement == "mean"
+
+
+def check_parts(c, orc, d, d_answer, jack=None):
+    """The claim's parts (claims.metric_parts): the answer's logit and the wrong token's, each over
+    the claim's gap, adding up to the claim's effect (with `jack`: the jackknife-corrected ones)."""
+    answer, wrong = c.details.parts
+    assert (answer.metric, wrong.metric) == ("answer_logit", "wrong_logit")
+    gap, k = orc.m_clean - orc.m_corrupt, orc.kept
+    for part, dp in ((answer, d_answer), (wrong, d - d_answer)):
+        assert np.abs(dp).max() > 1e-3  # both parts move, so agreement is informative
+        want = float(dp[k].sum() / gap[k].sum())
+        if jack is not None:
+            want = orc.jackknifed(want, jack(part.metric))
+        assert abs(part.normalized - want) < TOL, (part.metric, part.normalized, want)
+        assert part.normalized_ci[0] <= part.normalized <= part.normalized_ci[1]
+    if jack is None:
+        assert abs(answer.change_mean - d_answer.mean()) < TOL
+    assert abs(answer.normalized + wrong.normalized - c.details.normalized) < TOL
+
+
+@pytest.mark.parametrize("cid", [cid for cid, keys in ROUTES if keys.get("parts")])
+def test_route_parts_match_oracle(runs, orc, cid):
+    keys = dict(ROUTES)[cid]
+    c = by_id(runs["edge"])[cid]
+    route, every = route_text(keys), all_routes(keys)
+    direction, replacement = keys.get("direction", "noising"), keys.get("replacement", "resample")
+    noising = direction == "noising"
+
+    def change(part, drop=None):
+        m = orc.patched(route, direction, replacement, drop=drop, every=every, part=part)
+        clean, corrupt = ((orc.m_clean, orc.m_corrupt) if part is None else
+                          (orc.metric(orc.forward(orc.clean)[0], part=part),
+                           orc.metric(orc.forward(orc.corrupt)[0], part=part)))
+        return orc.floor(clean - m if noising else m - corrupt)
+
+    def jack(metric):
+        d_k = [change(None, k) for k in range(GROUPS)]
+        a_k = [change("answer", k) for k in range(GROUPS)]
+        gap, kept = orc.m_clean - orc.m_corrupt, orc.kept
+        parts = a_k if metric == "answer_logit" else [d - a for d, a in zip(d_k, a_k, strict=True)]
+        return [float(p[kept].sum() / gap[kept].sum()) for p in parts]
+
+    check_parts(c, orc, change(None), change("answer"), jack if replacement == "mean" else None)
+
+
+@pytest.mark.parametrize(("cid", "units", "kind"), ABLATIONS, ids=[a[0] for a in ABLATIONS])
+def test_ablation_parts_match_oracle(runs, orc, cid, units, kind):
+    c = by_id(runs["edge"])[cid]
+    a_clean = orc.metric(orc.forward(orc.clean)[0], part="answer")
+
+    def jack(metric):
+        gap, kept = orc.m_clean - orc.m_corrupt, orc.kept
+        out = []
+        for k in range(GROUPS):
+            d = orc.floor(orc.m_clean - orc.ablated(units, kind, drop=k))
+            a = orc.floor(a_clean - orc.ablated(units, kind, drop=k, part="answer"))
+            out.append(float((a if metric == "answer_logit" else d - a)[kept].sum() / gap[kept].sum()))
+        return out
+
+    check_parts(c, orc, orc.floor(orc.m_clean - orc.ablated(units, kind)),
+                orc.floor(a_clean - orc.ablated(units, kind, part="answer")), jack if kind == "mean" else None)
 
 
 def test_path_equals_its_edge_exactly(runs):

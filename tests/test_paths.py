@@ -161,3 +161,45 @@ def test_patch_path_takes_an_edge(bridge, weights, tokens):
     want = run(weights, tokens, "L0H1 -> L1H0.k")
     got = patch_path(bridge, names.parse_edge("L0H1 -> L1H0.k"), base, source)
     assert (got.cpu() - want).abs().max() < TOL
+
+
+# ---------------------------------------------------------------- all routes (edge claims' routes: all)
+
+ALL_ROUTES = ["L0H0 -> L2H1.q", "L0.mlp -> L2H0.k", "embed -> L2.mlp", "L0H1 + L1.mlp -> logits",
+              "L0H0 + L1H1 -> L2H0.v", "L0H1 -> L1.mlp"]
+
+
+@pytest.mark.parametrize("replacement", ["resample", "zero", "mean"])
+@pytest.mark.parametrize("edge", ALL_ROUTES)
+def test_all_routes_match_oracle(bridge, weights, tokens, edge, replacement):
+    """The receiver's input recomputed with the sender replaced in a whole forward (the oracle
+    replaces the senders' outputs in its own plain forward) equals paths.AllRoutes; where a
+    component sits between the ends, the result differs from the direct edge."""
+    from harness.mech.paths import AllRoutes, patch_path
+    from harness.spec import names
+
+    base, source, reference = tokens
+    e = names.parse_edge(edge)
+    ref = reference if replacement == "mean" else None
+    want = oracle.patched_logits(*weights, edge, base, source, replacement, reference, all_routes=True)
+    got = patch_path(bridge, AllRoutes(e), base, source, replacement=replacement, reference_tokens=ref)
+    assert (got.cpu() - want).abs().max() < TOL
+    direct = patch_path(bridge, e, base, source, replacement=replacement, reference_tokens=ref)
+    first = min(names.layer_of(m) for m in names.members(e.sender))
+    between = names.layer_of(e.receiver) - first > 1 or isinstance(e.receiver, names.Logits)
+    if between:  # other components respond to the sender: all routes are not the direct edge
+        assert (got - direct).abs().max() > 1e-3
+    else:  # L0H1 -> L1.mlp: nothing sits between a head and its own layer's MLP
+        assert (got - direct).abs().max() < TOL
+
+
+def test_all_routes_into_logits_is_the_sender_patched(bridge, weights, tokens):
+    """Every route into logits is the sender's whole effect: the sender's output replaced."""
+    from harness.mech.paths import AllRoutes, patch_path
+    from harness.spec import names
+
+    base, source, _ = tokens
+    got = patch_path(bridge, AllRoutes(names.parse_edge("L0H1 -> logits")), base, source)
+    _, src = oracle.forward(*weights, source)
+    want, _ = oracle.forward(*weights, base, replace={("head", 0, 1): src["head_out"][0][:, :, 1]})
+    assert (got.cpu() - want).abs().max() < TOL

@@ -19,7 +19,7 @@ each ablation type.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -36,7 +36,7 @@ from ..spec.fields import BoundedCausalClaim, UnitList
 from ..spec.names import hook_pattern, hook_resid_pre, unit_hook
 from ..spec.settings import Stats
 from ..spec.vocabulary import Ablation, LadderStatus, Normalization, Rung
-from . import effects
+from . import effects, metric_parts
 from .base import (
     ClaimKind,
     Context,
@@ -51,6 +51,7 @@ from .base import (
     verdict_status,
     with_details,
 )
+from .metric_parts import MetricPart
 
 FRACTION = "fraction of gap"
 
@@ -65,6 +66,13 @@ class AblationClaim(BoundedCausalClaim):
     normalize: Normalization = Normalization.CORRUPTED
     freeze_patterns: StrictBool = False
     sensitivity: StrictBool = False
+    parts: StrictBool = False  # split logit_diff into its parts (claims.metric_parts)
+
+    def check_metric(self, metric: str) -> str | None:
+        return metric_parts.check(self.id, metric) if self.parts else None
+
+    def metric_parts(self) -> bool:
+        return self.parts
 
 
 class AblationDetails(effects.NormalizedFields):
@@ -85,6 +93,7 @@ class AblationDetails(effects.NormalizedFields):
     corruption: str | None = optional()  # the corrupted run (resample source, normalisation)
     intervention_change: effects.InterventionChange | None = optional()
     sensitivity: Sensitivity | None = optional()
+    parts: list[MetricPart] | None = optional()  # parts: true (claims.metric_parts)
 
 
 @dataclass(frozen=True)
@@ -95,9 +104,13 @@ class Ablated:
     m_ablated: np.ndarray
     jack: list[np.ndarray]
     change: effects.InterventionChange
+    d_part: np.ndarray | None = None  # the first metric part's change (parts: true; claims.metric_parts)
+    jack_part: list[np.ndarray] = field(default_factory=list)
 
 
-def ablate(runs: Runs, claim: AblationClaim, kind: str, st: Stats) -> Ablated:
+def ablate(runs: Runs, claim: AblationClaim, kind: str, st: Stats, part: str | None = None) -> Ablated:
+    """The ablation's metric per prompt (its jackknife replicates for a mean), how much it changed
+    the heads' outputs, and with `part` the change of that metric part."""
     heads = list(claim.heads)
     m = runs.ablated(heads, kind, claim.freeze_patterns)
     freeze = claim.freeze_patterns
@@ -108,7 +121,14 @@ def ablate(runs: Runs, claim: AblationClaim, kind: str, st: Stats) -> Ablated:
         return r.ablated_many([heads] * len(drops), kind, drops)
 
     jack = jackknife.replicates(runs, measure, m) if kind == Ablation.MEAN else []
-    return Ablated(m, jack, effects.head_change(runs, heads, kind, st))
+    done = Ablated(m, jack, effects.head_change(runs, heads, kind, st))
+    if part is None:
+        return done
+    view, scale = runs.with_metric(part), effects.metric_scale(runs.m_clean, runs.m_corrupt)
+    m_part = view.ablated(heads, kind, freeze)
+    jack_part = jackknife.replicates(view, measure, m_part) if kind == Ablation.MEAN else []
+    return replace(done, d_part=effects.floor_changes(view.m_clean - m_part, scale),
+                   jack_part=[effects.floor_changes(view.m_clean - mk, scale) for mk in jack_part])
 
 
 class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
@@ -150,7 +170,8 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
 
             def run(kind: str, c: AblationClaim = c, runs: Runs = runs, seed: int = seed) -> ClaimResult:
                 variant = c if kind == c.ablation else c.model_copy(update={"ablation": kind})
-                return self.evaluate(variant, runs, ablate(runs, c, kind, ctx.stats), ctx, seed)
+                part = metric_parts.first(ctx.metric) if c.parts and kind == c.ablation else None
+                return self.evaluate(variant, runs, ablate(runs, c, kind, ctx.stats, part), ctx, seed)
 
             result = run(c.ablation)
             out[i] = with_details(result, sensitivity=effects.sensitivity(run, result)) if c.sensitivity else result
@@ -184,7 +205,9 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
             ci_method=drop.interval.method, confidence=st.confidence, **effects.effect_fields(norm),
             **effects.baseline_fields(base, ctx.baseline, float(m_clean.mean()), float(m_corrupt.mean()),
                                       claim.normalize),
-            corruption=runs.corruption, intervention_change=a.change)
+            corruption=runs.corruption, intervention_change=a.change,
+            parts=None if a.d_part is None else metric_parts.split(ctx.metric, d, a.d_part, m_clean - m_corrupt, st,
+                                                                   seed, unit, jack, a.jack_part))
         raw = f"raw drop {drop.interval.estimate:.3f} {unit}"
         chosen = base if claim.normalize == "baseline" and base is not None else norm
         if claim.measure == "delta":

@@ -35,6 +35,7 @@ from ..evidence.result import ClaimResult
 from ..evidence.verdicts import EvidenceType, Verdict
 from ..mech.explain import Explainer
 from ..mech.factored import Composition
+from ..mech.paths import Route
 from ..mech.runs import Runs
 from ..mech.weights import HeadWeights, head_weights
 from ..model.tokenizer import bridge_tokenizer
@@ -62,7 +63,7 @@ class EdgePatchPath:
     """An edge (or a path) patched in one direction (checked with its base run as both
     base and source), with every attention pattern frozen or not."""
 
-    edge: names.Edge | names.Path
+    edge: Route
     direction: str
     freeze_patterns: bool = False
     corruption: str | None = None  # the corrupted run a denoising patch starts from (None: the default)
@@ -148,6 +149,7 @@ class Context:
     unit: str  # of the metric: nats or logits
     processing: str  # weight processing for weight evidence: folded or raw
     baseline: float | None = None  # the metric of a guess with no information (claims.effects)
+    metric: str = "logprob"  # the file's metric (model.metrics)
     _weights: HeadWeights | None = None
     _composition: Composition | None = None
     _explainer: Explainer | None = None

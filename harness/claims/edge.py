@@ -49,7 +49,7 @@ from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.names import hook_pattern
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, LadderStatus, Normalization, Replacement, Rung, UseStatus
-from . import effects
+from . import effects, metric_parts
 from .base import (
     ClaimKind,
     Context,
@@ -76,6 +76,7 @@ from .edge_test import (
     edge_tests,
     prefetch,
 )
+from .metric_parts import MetricPart
 
 FRACTION = "fraction of gap"
 CORRECTION = "Benjamini-Hochberg over the file's edge claims (structurally zero edges left out)"
@@ -93,10 +94,17 @@ class RouteClaim(CorruptionChoice):
     tolerance: float | None = Field(None, gt=0.0)
     freeze_patterns: StrictBool = False
     sensitivity: StrictBool = False
+    parts: StrictBool = False  # split logit_diff into its parts (claims.metric_parts)
+
+    def check_metric(self, metric: str) -> str | None:
+        return metric_parts.check(self.id, metric) if self.parts else None
+
+    def metric_parts(self) -> bool:
+        return self.parts
 
     @property
-    def route(self) -> names.Edge | names.Path:
-        """The edge or path the claim patches."""
+    def route(self) -> paths.Route:
+        """The edge, path or all routes the claim patches."""
         raise NotImplementedError
 
     @model_validator(mode="after")
@@ -134,10 +142,11 @@ class EdgeClaim(RouteClaim):
 
     kind: Literal["edge"]
     edge: EdgeName  # names.EDGE_RULE: heads, MLPs, embed or a group of them -> a later head input, MLP or logits
+    routes: Literal["direct", "all"] = "direct"  # all: through every component in between (mech.paths.AllRoutes)
 
     @property
-    def route(self) -> names.Edge:
-        return self.edge
+    def route(self) -> names.Edge | paths.AllRoutes:
+        return paths.AllRoutes(self.edge) if self.routes == "all" else self.edge
 
 
 class EdgeDetails(effects.NormalizedFields):
@@ -168,6 +177,7 @@ class EdgeDetails(effects.NormalizedFields):
     intervention_change: effects.InterventionChange | None = optional()
     weights_vs_use: str | None = optional()  # head -> head-input edges: the class its own test gives
     sensitivity: Sensitivity | None = optional()
+    parts: list[MetricPart] | None = optional()  # parts: true (claims.metric_parts)
 
 
 def read_hooks(edge: names.Edge, n_layers: int) -> list[str]:
@@ -248,8 +258,9 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
 
         def spec_of(c: RouteClaim, replacement: Replacement, i: int) -> EdgeTestSpec:
             min_effect, tol = c.zones(st)
+            split = ctx.metric if c.parts and replacement == c.replacement else None
             return EdgeTestSpec(c.route, c.direction, replacement, c.freeze_patterns, c.corruption, c.normalize,
-                                min_effect, tol, ctx.claim_seed(i))
+                                min_effect, tol, ctx.claim_seed(i), split=split)
 
         specs = [spec_of(c, c.replacement, i) for i, c in claims]
         varied = [spec_of(c, kind, i) for i, c in claims if c.sensitivity and c.direction == Direction.NOISING
@@ -301,7 +312,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
             undefined_reason=chosen.reason, p_value=effect.p_value, edge=str(claim.route), p_adjusted=p_adj,
             alpha=st.alpha, min_effect=min_effect, tolerance=tol, min_raw_change=st.min_raw_change,
             correction=CORRECTION, use=use, structurally_zero=effect.structurally_zero or None,
-            corruption=effect.corruption, intervention_change=effect.read,
+            corruption=effect.corruption, intervention_change=effect.read, parts=effect.parts,
             weights_vs_use=classify(composes, use) if weights_route else None)
         raw = f"raw change {raw_change:.3f} {unit}"
         first = paths.first_edge(claim.route)
@@ -363,10 +374,10 @@ class Routes:
     def _listed(self) -> frozenset[names.Edge]:
         return frozenset(self.edges)
 
-    def has(self, route: names.Edge | names.Path) -> bool:
+    def has(self, route: paths.Route) -> bool:
         return isinstance(route, names.Edge) and route in self._listed
 
-    def composes(self, route: names.Edge | names.Path) -> bool | None:
+    def composes(self, route: paths.Route) -> bool | None:
         r = self.found.get(route) if isinstance(route, names.Edge) else None
         return None if r is None else r.p_adjusted < self.alpha
 

@@ -42,7 +42,8 @@ from ..mech.runs import Runs
 from ..spec import names
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Normalization, Replacement, UseStatus
-from . import effects
+from . import effects, metric_parts
+from .metric_parts import MetricPart
 
 USED, OPPOSITE, UNUSED, UNDETERMINED, UNTESTED = (UseStatus.USED, UseStatus.OPPOSITE, UseStatus.UNUSED,
                                                   UseStatus.UNDETERMINED, UseStatus.UNTESTED)
@@ -75,13 +76,15 @@ class EdgeEffect:
     read: effects.InterventionChange
     baseline: float | None  # the no-information metric (noising only)
     corruption: str  # the corrupted run's name
+    parts: list[MetricPart] | None = None  # the metric's parts (claims.metric_parts), when asked for
 
 
-def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool, st: Stats, *,
+def edge_effect(runs: Runs, edge: paths.Route, direction: str, replacement: str, freeze: bool, st: Stats, *,
                 seed: int, unit: str, baseline: float | None = None, normalize: str = Normalization.CORRUPTED,
-                perm_seed: int | None = None) -> EdgeEffect:
+                perm_seed: int | None = None, split: str | None = None) -> EdgeEffect:
     """Patch `edge` (runs: mech.runs.Runs) and measure its effect (module docstring); `seed` drives
-    the bootstrap, `perm_seed` (default `seed`) the sign-flip test."""
+    the bootstrap, `perm_seed` (default `seed`) the sign-flip test; `split`: the file's metric, to
+    split into its parts (claims.metric_parts: the patch once more, scored by the first part)."""
     m_clean, m_corrupt = runs.m_clean, runs.m_corrupt
     noising = direction == Direction.NOISING
 
@@ -106,9 +109,20 @@ def edge_effect(runs: Runs, edge: names.Edge | names.Path, direction: str, repla
     perm = seed if perm_seed is None else perm_seed
     p = stats.sign_flip_pvalue(d[chosen.kept], st.permutations, perm) if chosen.interval and not zero else 1.0
     r, where = read_change.edge_change(runs, paths.first_edge(edge), direction, replacement)
+    parts = None
+    if split is not None:
+        view, scale = runs.with_metric(metric_parts.first(split)), effects.metric_scale(m_clean, m_corrupt)
+
+        def part_change(m: np.ndarray) -> np.ndarray:
+            return effects.floor_changes(view.m_clean - m if noising else m - view.m_corrupt, scale)
+
+        m_part = view.patched(edge, direction, replacement, freeze)
+        jack_part = jackknife.replicates(view, measure, m_part) if replacement == Replacement.MEAN else []
+        parts = metric_parts.split(split, d, part_change(m_part), m_clean - m_corrupt, st, seed, unit, jack,
+                                   [part_change(m) for m in jack_part])
     return EdgeEffect(effects.change(d, st, seed, jack), norm, base, p, float(m_clean.mean()),
                       float(m_patched.mean()), float(m_corrupt.mean()), zero, effects.intervention_change(r, st, where),
-                      baseline if noising else None, runs.corruption)
+                      baseline if noising else None, runs.corruption, parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,7 +189,7 @@ def classify(composes: bool | None, use: UseStatus) -> str:
 class EdgeTestSpec:
     """One member of a family of edge tests: what to patch and how, and where its use zones lie."""
 
-    route: names.Edge | names.Path
+    route: paths.Route
     direction: Direction = Direction.NOISING
     replacement: Replacement = Replacement.RESAMPLE
     freeze: bool = False
@@ -185,6 +199,7 @@ class EdgeTestSpec:
     tolerance: float | None = None  # None: stats.tolerance
     seed: int = 0  # the bootstrap's stream
     perm_seed: int | None = None  # the sign-flip test's stream (None: `seed`)
+    split: str | None = None  # the file's metric, split into its parts (claims.metric_parts); None: not split
 
 
 @dataclass(frozen=True)
@@ -216,7 +231,8 @@ def edge_tests(runs: Runs, specs: Sequence[EdgeTestSpec], st: Stats, unit: str, 
     prefetch(runs, specs)
     steps = specs if progress is None else progress(specs, label)
     found = [edge_effect(runs.with_corruption(s.corruption), s.route, s.direction, s.replacement, s.freeze, st,
-                         seed=s.seed, unit=unit, baseline=baseline, normalize=s.normalize, perm_seed=s.perm_seed)
+                         seed=s.seed, unit=unit, baseline=baseline, normalize=s.normalize, perm_seed=s.perm_seed,
+                         split=s.split)
              for s in steps]
     family = [i for i, e in enumerate(found) if not e.structurally_zero]
     adjusted = dict(zip(family, stats.benjamini_hochberg([found[i].p_value for i in family]), strict=True))

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import cost, memory, stats
+from ..claims import metric_parts
 from ..claims.base import ClaimKind, Context, InterventionPath
 from ..claims.registry import kind_of
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
@@ -96,7 +97,8 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
     n_layers, n_heads = model.n_layers, model.n_heads
     names_ = hooks_needed(claims, n_layers, figures, ds.n)
     stage(f"base runs: {ds.n} prompts ({start_words(model, ds)}), clean and {len(ds.corruptions)} corruption(s)")
-    runs = base_runs(bridge, ds, names_, metric)
+    parts = (metric_parts.first(metric),) if any(c.metric_parts() for c in claims) else ()
+    runs = base_runs(bridge, ds, names_, metric, parts)
     spent(ledger, "base runs done")
     clean, corruptions, default = runs.clean, runs.corruptions, runs.corruption
     unit = metrics.get(metric).unit
@@ -118,7 +120,7 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
     checks += sanity.identity_checks(runs, interventions(claims, n_layers, n_heads))
     spent(ledger, "sanity checks done", runs)
 
-    ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing, baseline=m_base)
+    ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing, baseline=m_base, metric=metric)
     found: dict[int, ClaimResult] = {}
     rows: list[WeightsVsUseRow] = []
     for kind, items in by_kind(claims).items():

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -92,7 +93,8 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
             base, tokens, m = ((r.clean, r.ds.clean, r.m_clean) if p.direction == Direction.NOISING
                                else (r.corrupt, r.corrupted_tokens, r.m_corrupt))
             if routes.needs_paths(p.edge) or not isinstance(p.edge, names.Edge):
-                plan = routes.plan(runs.bridge, p.edge, base, base, Replacement.RESAMPLE)
+                plan = routes.plan(runs.bridge, p.edge, base, base, Replacement.RESAMPLE,
+                                   forward=partial(runs.run, tokens, base, freeze=p.freeze_patterns))
             else:
                 patch = patching.prepare(runs.bridge, p.edge, base, base, Replacement.RESAMPLE)
                 plan = patching.fast_plan(runs.bridge, patch, base)

@@ -67,7 +67,7 @@ class Hypothesis(Strict):
     @model_validator(mode="after")
     def _claims_fit_settings(self) -> Hypothesis:
         for c in self.claims:
-            problem = c.check_settings(self.stats) or c.check_data(self.data)
+            problem = c.check_settings(self.stats) or c.check_data(self.data) or c.check_metric(self.metric)
             if problem:
                 raise ValueError(problem)
         return self

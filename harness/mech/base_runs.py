@@ -17,7 +17,7 @@ from ..spec import names
 from . import graph_run, hooks
 from .hooks import Cache
 from .reference import Lazy, Reference
-from .runs import PerPrompt, Runs
+from .runs import PerPrompt, Runs, part_key
 
 GRAPH_PROBE = 4  # prompts of the run that checks the graph arithmetic when the base runs did not cache every write
 KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)
@@ -26,16 +26,18 @@ REFERENCE_FIRST = 8  # reference prompts of the first chunk, which measures a pr
 REFERENCE_BUDGET = 128 * 2**20  # the caches of one chunk of reference prompts, before they are summed
 
 
-def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
+def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str, parts: Sequence[str] = ()) -> Runs:
     """The clean run and one run per corruption of `ds` (model.data.Dataset, on the model's
     device), each caching the `wanted` hooks and the logits at the scored positions, with the
     metric per prompt (model.metrics.per_prompt) on each; the reference prompts for means run
     on first use, caching activations only (z, MLP outputs, the embedding).  The one way base
-    runs are built: `harness run` (engine.measure) and `harness scan` both call it."""
+    runs are built: `harness run` (engine.measure) and `harness scan` both call it.  `parts`:
+    other metrics taken from the same logits (runs.part_key in each cache; Runs.with_metric)."""
 
     wanted = list(dict.fromkeys(wanted))
     reference_lp: list[Any] = []  # the clean run's log-probabilities at the scored positions (needs_clean metrics)
     metric_of, metric_at, metric_rows = scorers(ds, metric, lambda: reference_lp[0] if reference_lp else None)
+    part_rows = {p: scorers(ds, p, lambda: reference_lp[0] if reference_lp else None)[2] for p in parts}
 
     n_runs = 1 + len(ds.corruptions)
     said: list[bool] = []
@@ -49,23 +51,30 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
         memory.check_cache(per_prompt, ds.n, n_runs, weights, f"the base runs of {ds.n} prompts")
 
     def run(tokens: Any) -> tuple[Cache, PerPrompt]:
+        import torch
+
+        got: dict[str, list[Any]] = {name: [] for name in (metric, *parts)}
+        rows = {metric: metric_rows, **part_rows}
+
+        def take(logits_at: Any, lo: int) -> None:  # the metric, batch by batch: no logits of all n prompts
+            idx = torch.arange(lo, lo + logits_at.shape[0], device=logits_at.device)
+            for name, fn in rows.items():
+                got[name].append(fn(logits_at, idx).detach().cpu())
+
         if metrics.get(metric).needs_clean and not reference_lp:  # the clean run comes first
             # its log-probabilities at the scored positions are what the metric compares every run with
             cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=fits)
             reference_lp.append(metrics.clean_logp(cache["logits_at"]))
-            m = metric_at(cache["logits_at"])
+            at = cache["logits_at"]
+            got[metric].append(torch.as_tensor(metric_at(at)))
+            for name, fn in part_rows.items():
+                got[name].append(fn(at, torch.arange(ds.n, device=at.device)).detach().cpu())
             cache["logits_at"] = cache["logits_at"][:KEEP_LOGITS].clone()  # run_from's check reads these
-            return cache, m
-        got: list[np.ndarray] = []
-
-        def take(logits_at: Any, lo: int) -> None:  # the metric, batch by batch: no logits of all n prompts
-            import torch
-
-            idx = torch.arange(lo, lo + logits_at.shape[0], device=logits_at.device)
-            got.append(metric_rows(logits_at, idx).detach().cpu().numpy())
-
-        cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=fits, keep=KEEP_LOGITS, each=take)
-        return cache, np.concatenate(got)
+        else:
+            cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=fits, keep=KEEP_LOGITS, each=take)
+        for name in parts:
+            cache[part_key(name)] = torch.cat(got[name])
+        return cache, torch.cat(got[metric]).numpy()
 
     clean, m_clean = run(ds.clean)
     corruptions = {name: run(tokens) for name, tokens in ds.corruptions.items()}
@@ -110,7 +119,7 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str) -> Runs:
                 metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference),
                 clean_logp=reference_lp[0] if reference_lp else None, metric_rows=metric_rows,
                 graph_source=Lazy(graph), graph_probe=probe_source,
-                scorers=lambda d, lp: scorers(d, metric, lambda: lp))
+                scorers=lambda d, lp, name=None: scorers(d, name or metric, lambda: lp))
 
 
 def scorers(ds: Any, metric: str, clean_lp: Callable[[], Any]) -> tuple[Callable[..., Any], ...]:

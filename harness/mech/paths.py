@@ -32,17 +32,40 @@ per-position mean over reference prompts, mech.reference.Reference), `zero`.
 
 The changes are computed in float64 from the base and source runs' caches, with
 the model's own norm and MLP modules; only the last hop runs inside a forward.
+
+All routes (`AllRoutes`, an edge claim's `routes: all`): the sender's effect on the receiver's
+input by every route through the layers in between, as TransformerLens-style path patching
+with nothing frozen.  One forward of the base prompts with the sender's activations replaced
+(z, MLP output or embedding: `sender_plan`) gives the residual the receiver reads, r'_v; then
+
+    D = r'_v - r_v          (r_v: the base run's, at the same hook)
+
+is delivered to the receiver alone exactly as an edge's last hop (`last_plan`).  Every head
+and MLP between sender and receiver responds to the sender, but only the receiver's listed
+input sees the result.  Cost: that forward (from the sender's layer where the base run cached
+its residual) and the patched forward (from the receiver's layer).  A route into `logits`
+by all routes is the sender's whole effect (the same as patching the sender).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UnsupportedError
 from ..model import architecture
 from ..model.devices import like, of, wide
 from ..spec import names
-from ..spec.names import hook_mlp_out, hook_resid_mid, hook_resid_pre
+from ..spec.names import (
+    HOOK_EMBED,
+    HOOK_POS_EMBED,
+    hook_mlp_out,
+    hook_resid_mid,
+    hook_resid_post,
+    hook_resid_pre,
+    hook_z,
+)
 from ..spec.vocabulary import Replacement
 from . import attention, patching, writes
 from .hooks import Cache, Plan, cache_hooks, run_plan
@@ -53,11 +76,32 @@ if TYPE_CHECKING:
 
     Residual = Float[Tensor, "n pos d_model"]
 
-Route = names.Path | names.Edge
+@dataclass(frozen=True)
+class AllRoutes:
+    """An edge read by every route from its sender to its receiver's input (module docstring)."""
+
+    edge: names.Edge
+
+    @property
+    def sender(self) -> names.Sender:
+        return self.edge.sender
+
+    @property
+    def receiver(self) -> names.Receiver:
+        return self.edge.receiver
+
+    def __str__(self) -> str:
+        return f"{self.edge} (all routes)"
+
+
+Route = names.Path | names.Edge | AllRoutes
+Forward = Callable[[Plan], object]  # runs the base prompts with a plan's hooks
 
 
 def as_path(route: Route) -> names.Path:
-    """An edge as the one-hop path it is."""
+    """An edge as the one-hop path it is (all routes: the edge whose ends they join)."""
+    if isinstance(route, AllRoutes):
+        route = route.edge
     return route if isinstance(route, names.Path) else names.Path(route.sender, (route.receiver,))
 
 
@@ -71,7 +115,7 @@ def needs_paths(route: Route) -> bool:
     """Whether a route needs this module: more than one hop, an MLP end or a group of
     senders (a head or embed into a head input or logits is patching.py's edge)."""
     path = as_path(route)
-    return (len(path.hops) > 1 or isinstance(path.sender, (names.Mlp, names.Group))
+    return (isinstance(route, AllRoutes) or len(path.hops) > 1 or isinstance(path.sender, (names.Mlp, names.Group))
             or isinstance(path.hops[-1], names.Mlp))
 
 
@@ -87,7 +131,15 @@ def cache_names(route: Route, n_layers: int) -> list[str]:
             out += patching.receiver_names(hop, n_layers)
         if isinstance(hop, names.HeadInput):
             out += writes.activation_names(hop.head)
+    if isinstance(route, AllRoutes):
+        first = min(layer_of(m) for m in names.members(route.sender))
+        out.append(hook_resid_pre(first))  # the sender's forward starts there
     return list(dict.fromkeys(out))
+
+
+def layer_of(member: names.Node) -> int:
+    """The block a sender member writes in (embed: 0, the first block reads it)."""
+    return 0 if isinstance(member, names.Embed) else member.layer
 
 
 def node_output(bridge: Any, cache: Cache, node: names.Node) -> Residual:
@@ -159,12 +211,68 @@ def last_plan(bridge: Any, base: Cache, receiver: names.Receiver, change: Residu
     return patching.fast_plan(bridge, patching.EdgePatch(some, resid), base)
 
 
+def read_hook(bridge: Any, receiver: names.Receiver) -> str:
+    """The hook whose residual the receiver reads: its layer's resid_pre (a head input), what
+    an MLP reads (mlp_reads), the last resid_post (logits)."""
+    if isinstance(receiver, names.HeadInput):
+        return hook_resid_pre(receiver.head.layer)
+    if isinstance(receiver, names.Mlp):
+        return mlp_reads(bridge, receiver.layer)
+    return hook_resid_post(int(bridge.cfg.n_layers) - 1)
+
+
+def sender_plan(bridge: Any, base: Cache, source: Cache | None, sender: names.Sender, replacement: str,
+                means: dict[Any, Any] | None = None) -> Plan:
+    """Hooks that give each of the sender's members its replacement activation (writes.replacement)
+    in a forward of the base prompts: a head's slice of z, an MLP's output, the embedding (the
+    learned positions kept, so embed + positions becomes the replacement)."""
+    out = Plan()
+    for m in writes.members(sender):
+        new = writes.replacement(bridge, base, source, m, replacement, (means or {}).get(m))
+        if isinstance(m, names.Head):
+            def set_z(z: Any, hook: Any, new: Any = new, h: int = m.head) -> Any:
+                z = z.clone()
+                z[:, :, h, :] = like(new, z)
+                return z
+
+            out.add(hook_z(m.layer), set_z)
+        elif isinstance(m, names.Mlp):
+            out.add(hook_mlp_out(m.layer), lambda x, hook, new=new: like(new, x).clone())
+        else:
+            pos = wide(base[HOOK_POS_EMBED]).to(new.device) if HOOK_POS_EMBED in base else 0.0
+            out.add(HOOK_EMBED, lambda x, hook, e=new - pos: like(e, x).clone())
+    return out
+
+
+def all_routes_change(bridge: Any, route: AllRoutes, base: Cache, source: Cache | None, replacement: str,
+                      means: dict[Any, Any] | None, forward: Forward) -> Residual:
+    """D = r'_v - r_v: how the residual the receiver reads changes when the sender is replaced and
+    every component in between responds (module docstring; one forward)."""
+    read = read_hook(bridge, route.receiver)
+    got: dict[str, Any] = {}
+
+    def grab(x: Any, hook: Any) -> Any:
+        got[read] = x.detach()
+        return x
+
+    run = sender_plan(bridge, base, source, route.sender, replacement, means)
+    run.add(read, grab)
+    forward(run)
+    return wide(got[read]) - wide(base[read]).to(got[read].device)
+
+
 def plan(bridge: Any, route: Route, base: Cache, source: Cache | None, replacement: str,
-         means: dict[Any, Any] | None = None) -> Plan:
+         means: dict[Any, Any] | None = None, forward: Forward | None = None) -> Plan:
     """The hooks of one patched forward of the base prompts along `route` (`means`: each sender
-    member's reference mean activation, for the mean replacement)."""
+    member's reference mean activation, for the mean replacement; `forward`: runs the base
+    prompts with a plan, which all routes need for the sender's forward)."""
     path = as_path(route)
     check_route(bridge, path)
+    if isinstance(route, AllRoutes):
+        if forward is None:
+            raise ValueError("patching all routes needs a forward of the base prompts")
+        return last_plan(bridge, base, route.receiver,
+                         all_routes_change(bridge, route, base, source, replacement, means, forward))
     change = first_change(bridge, base, source, path.sender, replacement, means)
     for hop in path.hops[:-1]:
         change = hop_change(bridge, base, hop, change)
@@ -186,7 +294,10 @@ def patch_path(bridge: Any, route: Route, base_tokens: Any, source_tokens: Any, 
         ref = cache_hooks(bridge, reference_tokens, needed)
         means = {m: writes.activation(bridge, ref, m).mean(0, keepdim=True)
                  for m in writes.members(as_path(route).sender)}
-    return wide(run_plan(bridge, base_tokens, plan(bridge, route, base, source, replacement, means)))
+    def forward(p: Plan) -> object:
+        return run_plan(bridge, base_tokens, p)
+
+    return wide(run_plan(bridge, base_tokens, plan(bridge, route, base, source, replacement, means, forward)))
 
 
 def check_route(bridge: Any, path: names.Path) -> None:

@@ -45,6 +45,11 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) prompt by prompt
+
+
+def part_key(metric: str) -> str:
+    """Where a base run keeps another metric's values per prompt (mech.base_runs `parts`)."""
+    return f"metric:{metric}"
 BATCH_BUDGET = 64 * 2**20  # working memory of one chunk of batched edge patching
 CHUNK_BUDGET = 256 * 2**20  # working memory of one prompt chunk of an intervention (Runs.chunk)
 
@@ -73,8 +78,9 @@ class Runs:
     #: the batched edge path's checked arithmetic (batched_edges.checked_model, or the UnsupportedError its check
     #: raised), made on first use and shared by every view: prompt chunks do not build and check it again
     edge_source: Lazy = field(default_factory=lambda: Lazy(None))
-    #: (dataset, clean log-probabilities) -> (metric, metric_at, metric_rows) of that dataset's prompts (`prompts`)
-    scorers: Callable[[Any, Any], tuple[Callable[..., Any], ...]] | None = None
+    #: (dataset, clean log-probabilities, metric name or None for these runs') -> (metric, metric_at, metric_rows) of
+    #: that dataset's prompts (`prompts`, `with_metric`)
+    scorers: Callable[..., tuple[Callable[..., Any], ...]] | None = None
 
     def __post_init__(self) -> None:
         if self.edge_source.make is None:  # views (`prompts`, `with_corruption`) share their runs' source
@@ -98,6 +104,19 @@ class Runs:
             return self
         cache, metric = self.corruptions[name]
         return replace(self, corrupt=cache, m_corrupt=metric, corruption=name)
+
+    def with_metric(self, name: str) -> Runs:
+        """The same runs scored by metric `name`, which the base runs took from the same logits
+        (base_runs `parts`); interventions memoised apart from these runs'."""
+        key = part_key(name)
+        if key not in self.clean or self.scorers is None:
+            raise ValueError(f"the base runs did not take metric {name!r}")
+        metric, metric_at, metric_rows = self.scorers(self.ds, self.clean_logp, name)
+        corruptions = {c: (cache, cache[key].numpy()) for c, (cache, _) in self.corruptions.items()}
+        scorers = self.scorers
+        return replace(self, metric=metric, metric_at=metric_at, metric_rows=metric_rows,
+                       m_clean=self.clean[key].numpy(), m_corrupt=self.corrupt[key].numpy(), corruptions=corruptions,
+                       memo={}, scorers=lambda d, lp, n=None: scorers(d, lp, n or name))
 
     def prompts(self, lo: int, hi: int) -> Runs:
         """The same runs on prompts lo..hi-1: every cached tensor sliced (a view, not a copy), the
@@ -252,13 +271,13 @@ class Runs:
             return self.mean_z(layers, drop)
         return {layer: self.corrupt[hook_z(layer)] for layer in layers}
 
-    def patched(self, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool = False,
+    def patched(self, edge: paths.Route, direction: str, replacement: str, freeze: bool = False,
                 drop: int | None = None) -> PerPrompt:
         """Metric with `edge` patched: noising runs the clean prompts with the sender's
         replacement output (resample: from the corrupted run) where the receiver reads it;
         denoising runs the corrupted prompts with the clean output there.  A path (or an
         edge with an MLP end or a group of senders) is patched by mech.paths; a one-hop
-        path is its edge."""
+        path is its edge; all routes: mech.paths.AllRoutes."""
         if isinstance(edge, names.Path) and edge.as_edge is not None:
             edge = edge.as_edge
         key = self.edge_key(edge, direction, replacement, freeze, drop)
@@ -270,12 +289,13 @@ class Runs:
             noising = direction == Direction.NOISING
             base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
             means = self.mean_activations(edge.sender, drop) if replacement == Replacement.MEAN else None
+            tokens = self.ds.clean if noising else self.corrupted_tokens
             if paths.needs_paths(edge) or not isinstance(edge, names.Edge):
-                plan = paths.plan(self.bridge, edge, base, source, replacement, means)
+                plan = paths.plan(self.bridge, edge, base, source, replacement, means,
+                                  lambda p: self.run(tokens, base, p, freeze))
             else:
                 plan = patching.fast_plan(self.bridge, patching.prepare(self.bridge, edge, base, source, replacement,
                                                                         means), base)
-            tokens = self.ds.clean if noising else self.corrupted_tokens
             self.memo[key] = self.run(tokens, base, plan, freeze)
         return self.memo[key]
 
@@ -319,7 +339,7 @@ class Runs:
         graph_patches.patch_mlp_ends(self, edges, direction, replacement)
         return [self.patched(e, direction, replacement) for e in edges]
 
-    def edge_key(self, edge: names.Edge | names.Path, direction: str, replacement: str, freeze: bool,
+    def edge_key(self, edge: paths.Route, direction: str, replacement: str, freeze: bool,
                  drop: int | None) -> tuple[Any, ...]:
         """The key an edge patch is memoised under (in `memo`, shared by every view)."""
         return ("edge", self.corruption, str(edge), direction, replacement, freeze, drop)

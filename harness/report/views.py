@@ -27,6 +27,7 @@ from ..claims.composition import CompositionDetails
 from ..claims.copying import CopyingDetails
 from ..claims.edge import EdgeDetails
 from ..claims.effects import InterventionChange, NormalizedFields
+from ..claims.metric_parts import MetricPart
 from ..claims.role import RoleDetails
 from ..evidence.details import Details, Explained, Num, Sensitivity
 from ..evidence.format import fmt, fmt_ci, fmt_p
@@ -107,6 +108,16 @@ def sensitivity_line(sens: Sensitivity, varied: str) -> str:
             f"{'verdict agrees' if sens.agrees else '**verdict depends on the ablation type**'}")
 
 
+def parts_line(parts: list[MetricPart] | None, unit: str) -> list[str]:
+    """The line of a split metric (claims.metric_parts): each part over the claim's gap and raw."""
+    if not parts:
+        return []
+    cells = "; ".join(f"{p.metric} {fmt(p.normalized)} {fmt_ci(p.normalized_ci)}" if p.normalized is not None
+                      else f"{p.metric} raw {fmt(p.change_mean)} {unit}" for p in parts)
+    return [f"- split of the effect: {cells} (fractions of the gap that add up to the effect; positive: the "
+            "component helps through that logit)"]
+
+
 def prompt_effect_line(d: NormalizedFields, what: str) -> list[str]:
     """The line of the per-prompt ratios of a normalised effect (none while it is undefined)."""
     if d.normalized_summary is None:
@@ -185,7 +196,7 @@ class AblationView(ClaimView):
             out.append(f"- normalized effect {fmt(d.normalized)} {fmt_ci(d.normalized_ci)}; per-prompt median "
                        f"{fmt(d.normalized_summary.median)}, IQR {fmt(d.normalized_summary.iqr)}; "
                        f"{d.n_excluded_small_gap} prompt(s) excluded for a small clean-corrupted gap")
-        out += baseline_line(d, unit)
+        out += baseline_line(d, unit) + parts_line(d.parts, unit)
         if d.intervention_change is not None:
             out.append(change_line(d.intervention_change, "the ablated heads' output"))
         if d.sensitivity is not None:
@@ -205,7 +216,7 @@ class EdgeView(ClaimView):
                f"- raw change {fmt(d.change_mean)} {unit} {fmt_ci(d.change_ci)}; sign-flip p = {fmt_p(d.p_value)}, "
                f"BH-adjusted {fmt_p(d.p_adjusted)}; use: **{d.use}**{wvu}"]
         out += prompt_effect_line(d, "effect")
-        out += baseline_line(d, unit)
+        out += baseline_line(d, unit) + parts_line(d.parts, unit)
         if d.intervention_change is not None:
             out.append(change_line(d.intervention_change, f"the sender {d.edge.split(' -> ')[0]}'s output"))
         if d.sensitivity is not None:

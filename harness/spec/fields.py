@@ -162,6 +162,14 @@ class ClaimSpec(Strict):
         or None.  Override when the claim names something of the data (e.g. a template's slot)."""
         return None
 
+    def check_metric(self, metric: str) -> str | None:
+        """A problem with this claim under the file's metric, or None."""
+        return None
+
+    def metric_parts(self) -> bool:
+        """Whether the claim splits the file's metric into its parts (`parts: true`)."""
+        return False
+
 
 
 

@@ -189,11 +189,14 @@ def test_classification_table():
 
 @pytest.mark.slow
 def test_demo_edges_on_the_fixture(demo_evidence):
-    """The demo's four edge claims give three of the four weights-vs-use classes."""
+    """The demo's four edge claims: the previous-token head's key route composes and is used;
+    L0H3's beats the rotation null without standing out among its peers, and is unused."""
     ev = demo_evidence
     classes = {r.edge: r.classification for r in ev.weights_vs_use}
     assert classes == {"L0H7 -> L1H5.k": "route used", "L0H7 -> L1H5.q": "no route",
-                       "L0H7 -> L1H5.v": "no route", "L0H3 -> L1H5.k": "route present, unused"}
+                       "L0H7 -> L1H5.v": "no route", "L0H3 -> L1H5.k": "no route"}
+    row = next(r for r in ev.weights_vs_use if r.edge == "L0H3 -> L1H5.k")
+    assert row.composition_p_adjusted < 0.01 and not row.composes  # the null alone would have proposed it
     k_edge = next(c for c in ev.claims if c.id == "prev-token-feeds-induction-keys")
     assert k_edge.ci[0] > 0.1 and k_edge.verdict == "PASS"
     circuit = next(c for c in ev.claims if c.kind == "circuit")

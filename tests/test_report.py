@@ -57,12 +57,12 @@ def test_demo_evidence_ladder(demo_folder):
     assert [s.claim for s in rows["L0H7"].rungs["robustness"]] == ["prev-token-head-needed"]
     assert rows["L0H7 -> L1H5.k"].highest == "edge necessity" and rows["L0H7 -> L1H5.k"].contradictions == []
     assert "sufficiency" in rows["L0H7 -> L1H5.k"].missing
-    decoy = rows["L0H3 -> L1H5.k"]  # composes (the weights propose it) and is unused, as the file says
-    assert verdict["L0H3-route-present-unused"] == "PASS"
+    decoy = rows["L0H3 -> L1H5.k"]  # beats the null without standing out, and is unused, as the file says
+    assert verdict["L0H3-route-unused"] == "PASS"
     assert [s.status for s in decoy.rungs["edge necessity"]] == ["supports"] and decoy.contradictions == []
     assert "weights" in decoy.missing  # composition says nothing either way about a route the file says is unused
     wvu = {(w.edge, w.direction): w for w in ev.weights_vs_use}
-    assert wvu[("L0H3 -> L1H5.k", "noising")].composes  # the weights-vs-use table still shows the pair
+    assert wvu[("L0H3 -> L1H5.k", "noising")].composes is False  # the weights-vs-use table still shows the pair
     used = rows["L0H7 -> L1H5.k"]  # a route the file says is used: its composition test is a weights step
     assert [(s.claim, s.status) for s in used.rungs["weights"]] == [("K-comp-L0H7-L1H5", "supports"),
                                                                      ("(weights vs use)", "supports")]
@@ -71,7 +71,7 @@ def test_demo_evidence_ladder(demo_folder):
     assert rows["L0H0 -> L1H5.k"].highest == "weights"  # it does not compose, as the file says
     md = (folder / "report.md").read_text()
     ladder = md[md.index("## Evidence ladder"):md.index("## Evidence per claim")]
-    assert "| L0H3 -> L1H5.k" in ladder and "✓ L0H3-route-present-unused" in ladder and "FAILed" in ladder
+    assert "| L0H3 -> L1H5.k" in ladder and "✓ L0H3-route-unused" in ladder and "FAILed" in ladder
     assert "Evidence ladder" in (folder / "report.html").read_text()
 
 

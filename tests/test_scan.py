@@ -20,7 +20,8 @@ def test_scan_fixture(tmp_path):
                                                                                  "starter.yaml"}
     by_edge = {r["edge"]: r for r in rows}
     assert by_edge["L0H7 -> L1H5.k"]["class"] == "route used"
-    assert by_edge["L0H3 -> L1H5.k"]["class"].startswith("route present")  # composes, not used
+    decoy = by_edge["L0H3 -> L1H5.k"]  # beats the rotation null, does not stand out among its peers, not used
+    assert decoy["class"] == "no route" and decoy["composition_p"] < 0.01 and decoy["peer_ratio"] < 1.3
     assert by_edge["L0H7 -> L1H5.q"]["use"] == "unused"
     effects = [r["effect"] for r in rows if r["effect"] is not None]
     assert effects == sorted(effects, reverse=True)  # ranked

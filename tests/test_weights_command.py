@@ -62,7 +62,7 @@ def top_rows(text):
 
 
 def summary_rows(out):
-    """{(sender layer, receiver layer): [pairs, q sig, q max, q mean, k sig, ..., baseline]}."""
+    """{(sender layer, receiver layer): [pairs, q sig, q comp, q max, q mean, k sig, ..., baseline]}."""
     lines = out[out.index("Per layer pair"):].splitlines()[3:]
     rows = {}
     for line in lines:
@@ -121,6 +121,14 @@ def test_fixture_terminal_top_pairs_header_and_full_table(fixture_run, fixture_d
     assert f"wrote {folder / 'composition.csv'}" in out
 
 
+def composes(vals: dict, q: tuple, alpha: float, min_ratio: float = 1.3) -> bool:
+    """The rule by hand: p_adj < alpha, and C >= min_ratio x the median C of the other earlier
+    senders into the same input when there are at least 5 of them."""
+    c, _, adj, _ = vals[q]
+    peers = [v[0] for k, v in vals.items() if k[2:] == q[2:] and k[:2] != q[:2] and v[0] == v[0]]
+    return adj < alpha and (len(peers) < 5 or c >= min_ratio * float(np.median(peers)))
+
+
 def test_fixture_summary_counts_match_composition(fixture_run, fixture_direct):
     out, _ = fixture_run
     rows = summary_rows(out)
@@ -129,11 +137,13 @@ def test_fixture_summary_counts_match_composition(fixture_run, fixture_direct):
     assert r[0] == 64
     for i, mode in enumerate(W.MODES):
         vals = fixture_direct[mode].values()
-        assert r[1 + 3 * i] == sum(v[2] < 0.01 for v in vals)
-        assert r[2 + 3 * i] == pytest.approx(max(v[0] for v in vals), abs=5e-4)
-        assert r[3 + 3 * i] == pytest.approx(np.mean([v[0] for v in vals]), abs=5e-4)
+        assert r[1 + 4 * i] == sum(v[2] < 0.01 for v in vals)
+        assert r[2 + 4 * i] == sum(composes(fixture_direct[mode], q, 0.01) for q in fixture_direct[mode])
+        assert r[3 + 4 * i] == pytest.approx(max(v[0] for v in vals), abs=5e-4)
+        assert r[4 + 4 * i] == pytest.approx(np.mean([v[0] for v in vals]), abs=5e-4)
     assert r[-1] == pytest.approx(1 / math.sqrt(63), abs=5e-4)
-    assert rows[(0, 1)][4] == 55  # K: 55 of 64 (docs/hypothesis-format.md)
+    assert rows[(0, 1)][5] == 55  # K: 55 of 64 significant (docs/hypothesis-format.md)
+    assert rows[(0, 1)][6] == 5  # of which 5 compose: L0H7 into five of the induction heads' keys
 
 
 def test_fixture_csv_and_json_hold_the_in_memory_numbers(fixture_run, fixture_direct):
@@ -151,8 +161,12 @@ def test_fixture_csv_and_json_hold_the_in_memory_numbers(fixture_run, fixture_di
         c, p, adj, draws = fixture_direct[mode][q]
         assert (float(row["score"]), float(row["p"]), float(row["p_adj"])) == (c, p, adj)  # exactly
         assert row["significant"] == ("true" if adj < 0.01 else "false") and int(row["null_draws"]) == draws
+        want = composes(fixture_direct[mode], q, 0.01)
+        assert row["composes"] == ("true" if want else "false")
+        peers = [v[0] for k, v in fixture_direct[mode].items() if k[2:] == q[2:] and k[:2] != q[:2]]
+        assert rec.pop("peer_ratio") == pytest.approx(c / float(np.median(peers)), rel=1e-9)
         assert rec == {"sender": s, "receiver": r, "mode": mode, "score": c, "p": p, "p_adj": adj,
-                       "significant": adj < 0.01, "null_draws": draws}
+                       "significant": adj < 0.01, "null_draws": draws, "composes": want}
         seen.add((mode, q))
     assert len(seen) == 192
     st = doc["settings"]
@@ -208,10 +222,11 @@ def test_three_layer_summary_and_files_match_composition(three_layer, tmp_path, 
         assert r[0] == 36
         for i, mode in enumerate(W.MODES):
             block = [v for q, v in d[mode].items() if q[0] == l1 and q[2] == l2]
-            assert r[1 + 3 * i] == sum(v[2] < alpha for v in block)
-            total += r[1 + 3 * i]
-            assert r[2 + 3 * i] == pytest.approx(max(v[0] for v in block), abs=5e-4)
-            assert r[3 + 3 * i] == pytest.approx(np.mean([v[0] for v in block]), abs=5e-4)
+            assert r[1 + 4 * i] == sum(v[2] < alpha for v in block)
+            total += r[1 + 4 * i]
+            assert r[2 + 4 * i] == sum(composes(d[mode], q, alpha) for q in d[mode] if q[0] == l1 and q[2] == l2)
+            assert r[3 + 4 * i] == pytest.approx(max(v[0] for v in block), abs=5e-4)
+            assert r[4 + 4 * i] == pytest.approx(np.mean([v[0] for v in block]), abs=5e-4)
         assert r[-1] == pytest.approx(1 / math.sqrt(24), abs=5e-4)  # raw: null_dim = d_model
     assert total > 0
     table = list(csv.DictReader(io.StringIO((folder / "composition.csv").read_text())))
@@ -221,7 +236,7 @@ def test_three_layer_summary_and_files_match_composition(three_layer, tmp_path, 
     assert got == want
     doc = json.loads((folder / "composition.json").read_text())
     assert [[s["significant"] for s in doc["summary"][m]] for m in W.MODES] == \
-        [[int(r[1 + 3 * i]) for r in rows.values()] for i in range(3)]
+        [[int(r[1 + 4 * i]) for r in rows.values()] for i in range(3)]
     png_pixels(folder / "composition.png")
 
 
@@ -238,7 +253,8 @@ def synthetic(n_layers, n_heads, seed=0, null_dim=767):
         p = np.where(ok, g.uniform(size=ok.shape), np.nan)
         p[0, 0, 1, :] = 1e-9  # a few significant cells
         c[0, H - 1, L - 1, H - 1] = np.nan  # a pair with no route
-        t.modes[mode] = CT.ModeTable(mode, c, p, p, np.full(ok.shape, 1000), np.full(ok.shape, 0.5), 0, 0)
+        t.modes[mode] = CT.ModeTable(mode, c, p, p, np.full(ok.shape, 1000), np.full(ok.shape, 0.5), 0, 0,
+                                     np.full(ok.shape, 1.5))
     return t
 
 

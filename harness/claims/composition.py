@@ -6,8 +6,10 @@ the route is used).
 
 against a rotation null that keeps both spectra (mech.weights).  The one-sided
 p-values of a file's composition claims are Benjamini-Hochberg adjusted
-together: "composes" when p_adj < composition_alpha, "does_not_compose" when
-p_adj >= composition_alpha.
+together.  "composes" when p_adj < composition_alpha and the route stands out
+among its peers, C >= composition_min_ratio x the median score of every other
+earlier head into the same receiver input (mech.weights.composes);
+"does_not_compose" otherwise.
 
 `route_evidence` is the same computation for any list of head -> head-input
 edges (the weights side of the weights-vs-use table and the signature plot).
@@ -53,6 +55,8 @@ class CompositionDetails(weights.CompositionResult, Details):
     correction: str
     n_tested: int
     explained: Explained | None = optional()  # what flows (mech.explain); absent in older documents
+    min_peer_ratio: float | None = optional()  # stats.composition_min_ratio (absent in older documents)
+    composes: bool | None = optional()  # the rule's outcome (older documents: p_adjusted < alpha alone)
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class RouteEvidence:
 
     result: weights.CompositionResult
     p_adjusted: float
+    composes: bool  # mech.weights.composes: the null rejected and the route stands out among its peers
 
 
 def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats,
@@ -87,7 +92,8 @@ def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats,
     singles = iter(comp.results(pairs, st.null_draws, extend, st.composition_alpha))
     results = [groups[i] if i in groups else next(singles) for i in range(len(edges))]
     adjusted = stats.benjamini_hochberg([r.p_value for r in results])
-    return [RouteEvidence(r, p) for r, p in zip(results, adjusted, strict=True)]
+    return [RouteEvidence(r, p, weights.composes(p, r.peer_ratio, st.composition_alpha, st.composition_min_ratio))
+            for r, p in zip(results, adjusted, strict=True)]
 
 
 class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
@@ -105,38 +111,46 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
 
     def ladder(self, claim: CompositionClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
-        composes = d.p_adjusted < d.alpha
+        composes = d.composes if d.composes is not None else d.p_adjusted < d.alpha
         status = verdict_status(result)
         return [LadderEntry(str(claim.edge), "edge", Rung.WEIGHTS, status,
                             f"{'composes' if composes else 'does not compose'} (p_adj {fmt_p(d.p_adjusted)})")]
 
     def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> Measured:
         found = route_evidence(ctx.composition(), [c.edge for _, c in claims], ctx.stats)
-        return Measured({i: self.evaluate(c, r, ctx.stats.composition_alpha, len(claims), ctx.explained(c.edge))
+        return Measured({i: self.evaluate(c, r, ctx.stats, len(claims), ctx.explained(c.edge))
                          for (i, c), r in zip(claims, found, strict=True)})
 
-    def evaluate(self, claim: CompositionClaim, route: RouteEvidence, alpha: float, n_tested: int,
+    def evaluate(self, claim: CompositionClaim, route: RouteEvidence, st: Stats, n_tested: int,
                  explained: Explained | None = None) -> ClaimResult:
-        r, p_adjusted = route.result, route.p_adjusted
-        composes = p_adjusted < alpha
+        r, p_adjusted, composes = route.result, route.p_adjusted, route.composes
+        alpha, min_ratio = st.composition_alpha, st.composition_min_ratio
         want = claim.expect == "composes"
         verdict = PASS if composes == want else FAIL
         expectation = (f"{claim.edge} {'composes' if want else 'does not compose'} "
                        f"({r.mode.upper()}-composition)")
         details = CompositionDetails(**r.model_dump(), edge=str(claim.edge), p_adjusted=p_adjusted, alpha=alpha,
-                                     correction="Benjamini-Hochberg", n_tested=n_tested, explained=explained)
+                                     correction="Benjamini-Hochberg", n_tested=n_tested, explained=explained,
+                                     min_peer_ratio=min_ratio, composes=composes)
         score = r.score
         if score is None or math.isnan(score):
             return self.result(claim, expectation=expectation, verdict=verdict, value=None, ci=None, unit=UNIT,
                                details=details, rule="no route: the sender's OV or the receiver's matrix is zero "
                                                      "(score undefined, p = 1)")
+        null = p_adjusted < alpha
+        out = weights.stands_out(r.peer_ratio, min_ratio)
+        peers = ("no peers to stand out from" if r.peer_ratio is None else
+                 f"{r.peer_ratio:.2f} x the median of its {r.n_peers} peers ({r.peer_median:.3f}; rank "
+                 f"{r.peer_rank}) {'>=' if out else '<'} {min_ratio:g}")
         rule = (f"C = {score:.3f} vs null mean {r.null_mean:.3f} (99th pct {r.null_q99:.3f}); "
                 f"p = {fmt_p(r.p_value)}, BH-adjusted over {n_tested} composition claim(s) p = {fmt_p(p_adjusted)} "
-                f"{'<' if composes else '>='} alpha {alpha:g}")
+                f"{'<' if null else '>='} alpha {alpha:g}; {peers}")
+        why = ("" if composes else ": beats the rotation null but does not stand out among its peers" if null
+               else ": does not beat the rotation null")
         return self.result(claim, expectation=expectation, verdict=verdict, value=score, ci=None, unit=UNIT,
                            rule=rule, details=details,
-                           reason=f"{'composes' if composes else 'does not compose'}: C = {score:.3f}, p_adj "
-                                  f"{fmt_p(p_adjusted)} {'<' if composes else '>='} alpha {alpha:g}")
+                           reason=f"{'composes' if composes else 'does not compose'}{why}: C = {score:.3f}, p_adj "
+                                  f"{fmt_p(p_adjusted)}, {peers}")
 
 
 

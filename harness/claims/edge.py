@@ -379,7 +379,7 @@ class Routes:
 
     def composes(self, route: paths.Route) -> bool | None:
         r = self.found.get(route) if isinstance(route, names.Edge) else None
-        return None if r is None else r.p_adjusted < self.alpha
+        return None if r is None else r.composes
 
     def rows(self, claims: Sequence[Indexed[RouteClaim]], results: dict[int, ClaimResult],
              ctx: Context) -> tuple[WeightsVsUseRow, ...]:

@@ -206,7 +206,7 @@ def signature(routes: list[tuple[names.Edge, Any]], claims: Sequence[ClaimSpec],
     points = []
     for e, r in zip(candidates, found, strict=True):
         point = {"edge": str(e), "composition": _clean(r.result.score), "null_q99": r.result.null_q99,
-                 "composition_p_adjusted": r.p_adjusted, "composes": bool(r.p_adjusted < st.composition_alpha),
+                 "composition_p_adjusted": r.p_adjusted, "composes": r.composes,
                  "effect": None, "effect_ci": None, "claimed": str(e) in claimed, "untested": False,
                  "patched": e in chosen}
         if e in measured:

@@ -1,7 +1,8 @@
 """Every cross-layer composition score of a model, per mode, in one record (`WeightsTables`):
 C, the rotation-null p-value of each pair (mech.factored's shared null, extended for pairs
 below alpha), its Benjamini-Hochberg adjustment over all pairs of that mode, and
-C_max = min(s1(X)/||X||_F, s1(Y)/||Y||_F).  `harness weights` renders it (tools.weights_table)
+C_max = min(s1(X)/||X||_F, s1(Y)/||Y||_F) and the peer ratio C / median(peers) (mech.weights:
+a pair composes when p_adj < alpha and the ratio reaches min_ratio).  `harness weights` renders it (tools.weights_table)
 and draws it (report.weights_figure)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from .. import stats
 from ..progress import stage
+from ..spec.settings import MIN_PEER_RATIO
 from . import weights
 from .factored import Composition
 
@@ -32,6 +34,7 @@ class ModeTable:
     c_max: np.ndarray  # min(s1(X)/||X||_F, s1(Y)/||Y||_F): the largest C the spectra allow
     n_extended: int  # pairs extended past n_draws
     by_bound: int  # pairs whose p is the tail bound (below the Monte Carlo floor)
+    peer_ratio: np.ndarray  # C / the median of every other earlier head's C into the same input (mech.weights)
 
 
 @dataclass
@@ -47,6 +50,7 @@ class WeightsTables:
     alpha: float
     seed: int
     rotary: bool
+    min_ratio: float = MIN_PEER_RATIO  # stats.composition_min_ratio
     modes: dict[str, ModeTable] = field(default_factory=dict)
 
     @property
@@ -62,6 +66,14 @@ class WeightsTables:
     def significant(self, mode: str, q: tuple[int, int, int, int]) -> bool:
         return bool(self.modes[mode].p_adj[q] < self.alpha)
 
+    def ratio(self, mode: str, q: tuple[int, int, int, int]) -> float | None:
+        r = float(self.modes[mode].peer_ratio[q])
+        return None if math.isnan(r) else r
+
+    def composes(self, mode: str, q: tuple[int, int, int, int]) -> bool:
+        """mech.weights.composes: significant and standing out among its peers."""
+        return weights.composes(float(self.modes[mode].p_adj[q]), self.ratio(mode, q), self.alpha, self.min_ratio)
+
 
 def _c_max(comp: Composition, mode: str) -> np.ndarray:
     """[L, H, L, H] C_max of every (sender, receiver) (NaN where a matrix is zero)."""
@@ -76,7 +88,8 @@ def _c_max(comp: Composition, mode: str) -> np.ndarray:
 
 
 def composition_data(bridge: Any, *, processing: str, n_draws: int, alpha: float, seed: int,
-                     modes: tuple[str, ...] = weights.MODES, max_draws: int = MAX_DRAWS) -> WeightsTables | None:
+                     modes: tuple[str, ...] = weights.MODES, max_draws: int = MAX_DRAWS,
+                     min_ratio: float = MIN_PEER_RATIO) -> WeightsTables | None:
     """The numbers of every mode (None for a single-layer model); pairs with p < alpha after
     n_draws are extended towards the draws BH needs (weights.draws_needed), at most `max_draws`."""
     hw = weights.head_weights(bridge, processing)
@@ -87,7 +100,7 @@ def composition_data(bridge: Any, *, processing: str, n_draws: int, alpha: float
     n_pairs = H * H * L * (L - 1) // 2
     needed = weights.draws_needed(n_pairs, alpha)
     out = WeightsTables(processing, L, H, hw.null_dim, n_draws, max_draws, min(needed, max(max_draws, n_draws)),
-                        needed, alpha, seed, bool(hw.rotary))
+                        needed, alpha, seed, bool(hw.rotary), min_ratio)
     pairs = out.pairs()
     idx = tuple(np.array(pairs).T)
     for mode in modes:
@@ -100,5 +113,5 @@ def composition_data(bridge: Any, *, processing: str, n_draws: int, alpha: float
         sc[idx] = scores[idx]
         by_bound = int(np.sum(pv[idx] < 1 / (1 + used[idx])))
         out.modes[mode] = ModeTable(mode, sc, pv, adj, used, _c_max(comp, mode),
-                                    int(np.sum(used[idx] > n_draws)), by_bound)
+                                    int(np.sum(used[idx] > n_draws)), by_bound, comp.peer_ratios(mode))
     return out

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..spec.names import Head, HeadInput
 from ..threads import single_threaded
+from . import weights
 from .rotation_null import CHUNK, SharedNull, mc_or_bound_p, mc_p, normalised_squares, tail_bound
 from .weights import CompositionResult, HeadWeights
 
@@ -148,6 +149,46 @@ class Composition:
 
     def score(self, sender: Head, receiver: HeadInput) -> float:
         return float(self.scores(receiver.which)[sender.layer, sender.head, receiver.head.layer, receiver.head.head])
+
+    def peers(self, senders: tuple[Head, ...], receiver: HeadInput) -> np.ndarray:
+        """The scores a route is compared with (mech.weights.stands_out): every other earlier head's
+        into the same receiver input (NaN, no route, left out)."""
+        g = self.scores(receiver.which)
+        l2, h2 = receiver.head.layer, receiver.head.head
+        column = g[:l2, :, l2, h2].copy()
+        for s in senders:
+            column[s.layer, s.head] = np.nan
+        out = column.ravel()
+        return out[~np.isnan(out)]
+
+    def peer_numbers(self, senders: tuple[Head, ...], receiver: HeadInput, c: float) -> dict[str, Any]:
+        """The peer fields of a CompositionResult: the peers' median, C over it, C's rank among the
+        route and its peers (1: the highest) and how many peers there are."""
+        p = self.peers(senders, receiver)
+        if len(p) < weights.MIN_PEERS or math.isnan(c):
+            return {"peer_median": None, "peer_ratio": None, "peer_rank": None, "n_peers": int(len(p))}
+        median = float(np.median(p))
+        return {"peer_median": median, "peer_ratio": c / median if median > 0 else float("inf"),
+                "peer_rank": int(np.sum(p > c)) + 1, "n_peers": int(len(p))}
+
+    def peer_ratios(self, mode: str) -> np.ndarray:
+        """[L, H, L, H] C / median(peers) of every cross-layer pair of input `mode` (NaN elsewhere);
+        made once per mode (one median per pair)."""
+        key = f"peer:{mode}"
+        if key not in self._pools:
+            L, H = self.hw.n_layers, self.hw.n_heads
+            g = self.scores(mode)
+            out = np.full((L, H, L, H), np.nan)
+            for l2 in range(1, L):
+                for h2 in range(H):
+                    for l1 in range(l2):
+                        for h1 in range(H):
+                            c = g[l1, h1, l2, h2]
+                            if not math.isnan(c):
+                                ratio = self.peer_numbers((Head(l1, h1),), HeadInput(Head(l2, h2), mode), c)
+                                out[l1, h1, l2, h2] = np.nan if ratio["peer_ratio"] is None else ratio["peer_ratio"]
+            self._pools[key] = out
+        return self._pools[key]
 
     # -------------------------------------------------------------- the shared null
     @property
@@ -277,7 +318,7 @@ class Composition:
             percentile=(float(100.0 * np.searchsorted(pool, c + 1e-15, side="right") / len(pool))
                         if not math.isnan(c) else float("nan")),
             rank_sender=spectrum_rank(sx), rank_receiver=spectrum_rank(sy), processing=hw.processing,
-            null_dim=hw.null_dim)
+            null_dim=hw.null_dim, **self.peer_numbers((sender,), receiver, c))
 
     def group_result(self, senders: tuple[Head, ...], receiver: HeadInput, n_draws: int) -> CompositionResult:
         """The joint route of several sender heads into one receiver input, as their combined
@@ -315,7 +356,7 @@ class Composition:
             fraction_of_max=c / c_max if c_max > 0 else float("nan"),
             c_max=float(c_max), percentile=float("nan"), rank_sender=spectrum_rank(sxn),
             rank_receiver=spectrum_rank(syn),
-            processing=self.hw.processing, null_dim=self.hw.null_dim)
+            processing=self.hw.processing, null_dim=self.hw.null_dim, **self.peer_numbers(senders, receiver, c))
 
     def bound(self, sender: Head, receiver: HeadInput) -> float:
         """The concentration tail bound on P(C_null >= C) for this pair."""

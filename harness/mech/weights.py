@@ -44,6 +44,18 @@ floor alpha/2; pairs whose p is below alpha after the base draws are extended to
 it (pairs at or above alpha cannot become significant), and the count used is
 recorded per pair.
 
+A route stands out (`stands_out`) when its score is at least `min_ratio` times the median
+of its peers' scores, the peers being every other earlier head's route into the same
+receiver input (mech.factored.peers):
+
+    peer_ratio = C / median(C_peers) >= min_ratio
+
+A trained model's residual stream is not isotropic, so about half of all its pairs beat the
+rotation null by a hair; the peer ratio asks whether this sender is aligned with the input
+more than the other heads that write into the stream it reads.  A route "composes" when it
+beats the null (BH-adjusted p < alpha) and stands out (`composes`); a route with fewer than
+MIN_PEERS peers (a median of one or two scores is no reference) is judged by the null alone.
+
 Also reported: C * sqrt(null_dim) (1 = the isotropic baseline E[C^2] = 1/null_dim),
 C / C_max with C_max = min(s1(X)/||X||_F, s1(Y)/||Y||_F) (the largest score
 the two spectra allow), and the pair's percentile among all cross-layer pairs.
@@ -63,7 +75,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..evidence.details import Num, Record
+from ..evidence.details import Num, Record, optional
 from ..model import architecture
 from ..model.shape import vocab_out
 from ..spec.vocabulary import MODES
@@ -275,6 +287,25 @@ class CompositionResult(Record):
     rank_receiver: int
     processing: str
     null_dim: int
+    peer_median: Num = optional()  # the median score of the route's peers (absent in older documents)
+    peer_ratio: Num = optional()  # C / peer_median
+    peer_rank: int | None = optional()  # 1 + the peers scoring above C
+    n_peers: int | None = optional()
+
+
+MIN_PEERS = 5  # fewer peers than this: no peer test (the rotation null alone decides)
+
+
+def stands_out(peer_ratio: float | None, min_ratio: float) -> bool:
+    """C >= min_ratio x the median of its peers' scores (module docstring); None: fewer than
+    MIN_PEERS peers (True)."""
+    return peer_ratio is None or peer_ratio >= min_ratio
+
+
+def composes(p_adjusted: float, peer_ratio: float | None, alpha: float, min_ratio: float) -> bool:
+    """The one rule of "composes": the rotation null rejected (p_adjusted < alpha; a route with no
+    score has p = 1) and the route stands out among its peers."""
+    return p_adjusted < alpha and stands_out(peer_ratio, min_ratio)
 
 
 def draws_needed(n_tests: int, alpha: float) -> int:

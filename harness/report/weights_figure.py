@@ -4,7 +4,8 @@ Rows are the sender heads (layers 0 .. L-2), columns the receiving head inputs (
 1 .. L-1); one colour scale for every panel (the smallest C to the largest, the isotropic
 baseline 1/sqrt(null_dim) marked on the colour bar); cells that are not a cross-layer
 pair (sender layer >= receiver layer) are hatched, pairs with no route (C undefined) grey;
-significant cells (BH-adjusted p < alpha) carry a dot; layer boundaries are drawn.  Axes are labelled per head
+cells that compose (BH-adjusted p < alpha and C at least min_ratio x the median of the other
+senders into that input) carry a dot; layer boundaries are drawn.  Axes are labelled per head
 up to figures.TICKS_MAX rows, per layer beyond; no cell prints its number, so the figure
 stays readable at GPT-2-small's 132 x 132.
 """
@@ -25,11 +26,14 @@ NOT_A_PAIR = "#cccccc"  # hatching of the blocks with sender layer >= receiver l
 
 
 def grid(t: WeightsTables, mode: str) -> tuple[np.ndarray, np.ndarray]:
-    """(C [(L-1) H, (L-1) H] with NaN off the pairs and where no route, significant [same, bool])."""
+    """(C [(L-1) H, (L-1) H] with NaN off the pairs and where no route, composes [same, bool]: the
+    rotation null rejected and the pair standing out among its peers, mech.weights.composes)."""
     L, H, m = t.n_layers, t.n_heads, t.modes[mode]
     c = m.scores[: L - 1, :, 1:, :].reshape((L - 1) * H, (L - 1) * H)
-    sig = (np.nan_to_num(m.p_adj[: L - 1, :, 1:, :], nan=1.0) < t.alpha).reshape(c.shape)
-    return c, sig
+    full = np.zeros(m.scores.shape, dtype=bool)
+    for q in t.pairs():
+        full[q] = t.composes(mode, q)
+    return c, full[: L - 1, :, 1:, :].reshape(c.shape)
 
 
 def _pair_mask(t: WeightsTables) -> np.ndarray:
@@ -90,7 +94,7 @@ def draw_composition(t: WeightsTables) -> Any:
             cell_pt = panel * 72 / n
             dot = max(0.35 * cell_pt, min(2.5, 0.7 * cell_pt))  # points: at least 2.5 where the cells allow
             ax.scatter(cols, rows, s=dot ** 2, c=SIGNIFICANT, marker="o", linewidths=0,
-                       label=f"p_adj < {t.alpha:g}")
+                       label="composes")
         for l1 in range(1, L - 1):  # sender layer >= receiver layer: no pair
             for l2 in range(1, l1 + 1):
                 ax.add_patch(Rectangle(((l2 - 1) * H - 0.5, l1 * H - 0.5), H, H, facecolor="white",
@@ -102,16 +106,17 @@ def draw_composition(t: WeightsTables) -> Any:
         ax.set_ylim(n - 0.5, -0.5)
         _ticks(ax, t, "y", 0)
         _ticks(ax, t, "x", 1)
-        n_sig = int(np.sum(sig & pairs))
-        ax.set_title(f"{mode.upper()}-composition: {n_sig} of {int(pairs.sum())} significant", fontsize=9)
+        n_sig = int(np.nansum(t.modes[mode].p_adj < t.alpha))
+        ax.set_title(f"{mode.upper()}-composition\n{int(np.sum(sig & pairs))} of {int(pairs.sum())} compose "
+                     f"({n_sig} significant)", fontsize=9)
         ax.set_xlabel(f"receiver .{mode}", fontsize=8)
         ax.set_ylabel("sender (OV)", fontsize=8)
     if im is not None:
         bar = fig.colorbar(im, ax=list(axes), shrink=0.8, label="C")
         bar.ax.axhline(t.baseline, color=SIGNIFICANT, lw=2)
     fig.suptitle(f"Composition scores, weights {t.processing}; isotropic baseline 1/sqrt({t.null_dim}) = "
-                 f"{t.baseline:.3f} (the line on the colour bar)\ndots: BH-adjusted rotation-null p < {t.alpha:g} "
-                 f"({t.n_draws} null draws); hatched: not a cross-layer pair", fontsize=9)
+                 f"{t.baseline:.3f} (the line on the colour bar)\ndots: compose (rotation-null p_adj < {t.alpha:g} "
+                 f"and C >= {t.min_ratio:g} x the other senders' median)\nhatched: not a cross-layer pair", fontsize=9)
     return fig
 
 

@@ -76,6 +76,9 @@ class FileData(DataSettings):
         return None
 
 
+MIN_PEER_RATIO = 1.3  # a route composes only when its score is this many times its peers' median
+
+
 class Stats(Strict):
     """Statistics settings shared by every claim of a file."""
 
@@ -85,6 +88,7 @@ class Stats(Strict):
     min_gap: float = Field(0.5, ge=0.0)
     min_prompt_gap: float = Field(0.1, ge=0.0)
     composition_alpha: float = Field(0.01, gt=0.0, lt=1.0)
+    composition_min_ratio: float = Field(MIN_PEER_RATIO, ge=1.0)  # C / median of its peers' (mech.weights)
     null_draws: int = Field(1000, ge=99, le=1_000_000)
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     min_effect: float = Field(0.1, gt=0.0)

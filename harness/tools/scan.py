@@ -209,17 +209,19 @@ def held_out_mapping(d: DataSpec, source: DataSource) -> dict[str, Any]:
 
 
 def _composition(comp: Composition, edges: list[names.Edge], draws: int) -> dict[int, tuple]:
-    """{edge index: (score or None, uncorrected null p)} for head -> head-input edges (the shared
-    null draws; the tail bound below the Monte Carlo floor, as `harness weights`)."""
-    pv = {x: comp.p_values(x, draws)[0] for x in sorted({e.receiver.which for e in edges
-                                                       if isinstance(e.receiver, names.HeadInput)})}
+    """{edge index: (score or None, uncorrected null p, peer ratio or None)} for head -> head-input
+    edges (the shared null draws; the tail bound below the Monte Carlo floor, as `harness weights`;
+    the peer ratio of mech.weights.stands_out)."""
+    modes = sorted({e.receiver.which for e in edges if isinstance(e.receiver, names.HeadInput)})
+    pv = {x: comp.p_values(x, draws)[0] for x in modes}
+    ratios = {x: comp.peer_ratios(x) for x in modes}
     out = {}
     for i, e in enumerate(edges):
         if isinstance(e.sender, names.Head) and isinstance(e.receiver, names.HeadInput):
             r = e.receiver
-            c = comp.score(e.sender, r)
-            p = pv[r.which][e.sender.layer, e.sender.head, r.head.layer, r.head.head]
-            out[i] = (None if c != c else c, float(p))
+            at = (e.sender.layer, e.sender.head, r.head.layer, r.head.head)
+            c, ratio = comp.score(e.sender, r), float(ratios[r.which][at])
+            out[i] = (None if c != c else c, float(pv[r.which][at]), None if ratio != ratio else ratio)
     return out
 
 
@@ -229,14 +231,15 @@ def _rows(tests: list[EdgeTestResult], composition: dict[int, tuple], st: Stats,
     rows = []
     for i, t in enumerate(tests):
         e, iv = t.effect, t.effect.norm.interval
-        score, comp_p = composition.get(i, (None, None))
+        score, comp_p, ratio = composition.get(i, (None, None, None))
         row = {"edge": str(t.spec.route), "corruption": corruption, "effect": None if iv is None else iv.estimate,
                "effect_ci": None if iv is None else [iv.low, iv.high], "undefined_reason": e.norm.reason,
                "raw_change": e.change.interval.estimate, "relative_change": e.read.relative_change,
                "vacuous": e.read.vacuous, "structurally_zero": e.structurally_zero, "p_value": e.p_value,
                "composition": score, "composition_p": comp_p, "p_adjusted": t.p_adjusted, "use": t.use}
         if comp_p is not None:
-            row["composes"] = comp_p < st.composition_alpha
+            row["peer_ratio"] = ratio
+            row["composes"] = weights.composes(comp_p, ratio, st.composition_alpha, st.composition_min_ratio)
             row["class"] = classify(row["composes"], t.use)
         rows.append(row)
     return rows

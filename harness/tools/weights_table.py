@@ -32,7 +32,8 @@ from ..spec import names
 
 TOP = 20  # pairs per mode on the terminal (harness weights --top)
 FULL_MAX_HEADS = 16  # models with at most this many heads in all also print the full tables
-CSV_COLUMNS = ("sender", "receiver", "mode", "score", "p", "p_adj", "significant", "null_draws")
+CSV_COLUMNS = ("sender", "receiver", "mode", "score", "p", "p_adj", "significant", "null_draws", "peer_ratio",
+               "composes")
 SINGLE_LAYER = "the model has a single layer: no cross-layer pairs"
 
 
@@ -81,10 +82,11 @@ def top_table(t: WeightsTables, mode: str, n: int) -> str:
         rows.append([rank, str(names.Head(q[0], q[1])), str(names.HeadInput(names.Head(q[2], q[3]), mode)),
                      _num(c), _p(float(m.p[q])), _p(float(m.p_adj[q])),
                      "yes" if t.significant(mode, q) else "no", int(m.draws[q]), _num(c * math.sqrt(t.null_dim), ".2f"),
-                     _num(c / cm if cm > 0 else float("nan"), ".2f")])
-    return tabulate(rows, disable_numparse=True, colalign=("right",) + ("left",) * 2 + ("right",) * 7,
+                     _num(c / cm if cm > 0 else float("nan"), ".2f"), _num(float(m.peer_ratio[q]), ".2f"),
+                     "yes" if t.composes(mode, q) else "no"])
+    return tabulate(rows, disable_numparse=True, colalign=("right",) + ("left",) * 2 + ("right",) * 9,
                     headers=["rank", "sender", "receiver", "C", "p", "p_adj", f"p_adj < {t.alpha:g}", "draws",
-                             f"C x sqrt({t.null_dim})", "C / C_max"])
+                             f"C x sqrt({t.null_dim})", "C / C_max", "C / peers", "composes"])
 
 
 def layer_summary(t: WeightsTables, mode: str) -> list[dict[str, Any]]:
@@ -97,6 +99,8 @@ def layer_summary(t: WeightsTables, mode: str) -> list[dict[str, Any]]:
             defined = block[~np.isnan(block)]
             out.append({"sender_layer": l1, "receiver_layer": l2, "pairs": int(block.size),
                         "significant": int(np.sum(m.p_adj[l1, :, l2, :] < t.alpha)),
+                        "composes": sum(t.composes(mode, (l1, h1, l2, h2)) for h1 in range(t.n_heads)
+                                        for h2 in range(t.n_heads)),
                         "max_score": float(defined.max()) if defined.size else None,
                         "mean_score": float(defined.mean()) if defined.size else None,
                         "baseline": t.baseline})
@@ -113,12 +117,12 @@ def summary_table(t: WeightsTables) -> str:
         row: list[Any] = [f"L{s['sender_layer']}", f"L{s['receiver_layer']}", s["pairs"]]
         for mode in t.modes:
             m = by_mode[mode][i]
-            row += [m["significant"], _num(float("nan") if m["max_score"] is None else m["max_score"]),
+            row += [m["significant"], m["composes"], _num(float("nan") if m["max_score"] is None else m["max_score"]),
                     _num(float("nan") if m["mean_score"] is None else m["mean_score"])]
         rows.append(row + [f"{t.baseline:.3f}"])
     heads = ["sender", "receiver", "pairs"]
     for mode in t.modes:
-        heads += [f"{mode} sig", f"{mode} max C", f"{mode} mean C"]
+        heads += [f"{mode} sig", f"{mode} comp", f"{mode} max C", f"{mode} mean C"]
     return tabulate(rows, disable_numparse=True, colalign=("left", "left") + ("right",) * (len(heads) - 1),
                     headers=heads + ["baseline"])
 
@@ -148,15 +152,18 @@ def render(t: WeightsTables | None, top: int = TOP, full: bool | None = None) ->
     n_pairs = len(t.pairs())
     for mode, m in t.modes.items():
         n_sig = int(np.nansum(m.p_adj < t.alpha))
+        n_comp = sum(t.composes(mode, q) for q in t.pairs())
         out += ["", f"{mode.upper()}-composition (senders: OV; receivers: .{mode}); "
-                f"{n_sig} of {n_pairs} pairs significant; {t.n_draws} null draws"
+                f"{n_sig} of {n_pairs} pairs significant, {n_comp} of them at least {t.min_ratio:g} x their peers' "
+                f"median (compose); {t.n_draws} null draws"
                 + (f", {m.n_extended} pair(s) with p < alpha extended to {t.extend_to}" if m.n_extended else "")
                 + (f"; {m.by_bound} pair(s) below the Monte Carlo floor by the tail bound" if m.by_bound else ""),
                 "", f"top {min(top, n_pairs)} of {n_pairs} pairs by C:", top_table(t, mode, top)]
         if show_full:
             out += ["", f"all pairs (rows: sender OV; columns: receiver .{mode}; * = significant):",
                     full_table(t, mode)]
-    out += ["", f"Per layer pair (sig: pairs with p_adj < {t.alpha:g}; mean C against the isotropic baseline "
+    out += ["", f"Per layer pair (sig: pairs with p_adj < {t.alpha:g}; comp: those that also reach "
+            f"{t.min_ratio:g} x their peers' median; mean C against the isotropic baseline "
             f"1/sqrt({t.null_dim})):", summary_table(t)]
     if not show_full:
         out += ["", "(every pair: --full, or --out FOLDER for composition.csv, .json and .png)"]
@@ -180,7 +187,8 @@ def rows(t: WeightsTables) -> list[dict[str, Any]]:
             out.append({"sender": str(names.Head(q[0], q[1])),
                         "receiver": str(names.HeadInput(names.Head(q[2], q[3]), mode)), "mode": mode,
                         "score": float(m.scores[q]), "p": float(m.p[q]), "p_adj": float(m.p_adj[q]),
-                        "significant": t.significant(mode, q), "null_draws": int(m.draws[q])})
+                        "significant": t.significant(mode, q), "null_draws": int(m.draws[q]),
+                        "peer_ratio": float(m.peer_ratio[q]), "composes": t.composes(mode, q)})
     return out
 
 
@@ -200,7 +208,7 @@ def csv_bytes(t: WeightsTables) -> bytes:
 def settings(t: WeightsTables, model: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"processing": t.processing, "n_layers": t.n_layers, "n_heads": t.n_heads, "null_dim": t.null_dim,
             "baseline": t.baseline, "draws": t.n_draws, "max_draws": t.max_draws, "extended_to": t.extend_to,
-            "draws_needed": t.needed, "alpha": t.alpha, "seed": t.seed, "rotary": t.rotary,
+            "draws_needed": t.needed, "alpha": t.alpha, "min_ratio": t.min_ratio, "seed": t.seed, "rotary": t.rotary,
             "modes": list(t.modes), "adjustment": "Benjamini-Hochberg over the pairs of a mode",
             "model": model or {}}
 

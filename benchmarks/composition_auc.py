@@ -25,7 +25,7 @@ import sys
 import time
 
 import numpy as np
-from scipy.stats import rankdata
+from scipy.stats import rankdata, spearmanr
 
 
 def auc(score: np.ndarray, positive: np.ndarray) -> float:
@@ -102,6 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| composition score C | {auc(score, used):.3f} |")
     print(f"| rotation null, 1 - p | {auc(-p, used):.3f} |")
     print(f"| peer ratio C / median(peers) | {auc(ratio, used):.3f} |")
+    effect = np.array([np.nan if t.effect.norm.interval is None else t.effect.norm.interval.estimate
+                       for t in tests])
+    print("\n| statistic | Spearman correlation with the edge's effect |")
+    print("|---|---|")
+    for name, stat in (("composition score C", score), ("rotation null, 1 - p", -p), ("peer ratio", ratio)):
+        ok = ~np.isnan(stat) & ~np.isnan(effect)
+        print(f"| {name} | {spearmanr(stat[ok], effect[ok]).statistic:.3f} |")
+    best = np.argsort(-np.nan_to_num(effect, nan=-np.inf))[:5]
+    print("\nlargest effects: " + "; ".join(f"{edges[i]} {effect[i]:.3f} (C {score[i]:.3f}, peer ratio "
+                                              f"{ratio[i]:.2f}, {tests[i].use})" for i in best))
     print("\n| rule | edges it calls composing | of them used | used edges it misses |")
     print("|---|---|---|---|")
     for name, rule in (("p < 0.01 (null alone)", null_rule), ("p < 0.01 and peer ratio >= 1.3", peer_rule)):

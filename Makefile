@@ -16,12 +16,11 @@ $(STAMP): requirements.txt pyproject.toml
 demo: $(STAMP)
 	$(BIN)/harness run hypotheses/induction.yaml
 
-# lint and types first (seconds), then the test suite on two workers (most tests run torch on one
-# thread; tests/conftest.py keeps each module on one worker and the Ray modules together), then the
-# tests that compare a model run with numbers stored in the repository again under other CPU
-# kernels and thread counts
+# lint and types first (seconds), then the test suite on two workers, each test module on one of
+# them (most tests run torch on one thread), then the tests that compare a model run with numbers
+# stored in the repository again under other CPU kernels and thread counts
 test: lint
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 	@$(MAKE) --no-print-directory test-kernels
 
 # the edit-test loop: ruff, then every test not marked slow (under 90 s on two cores; make test

@@ -37,7 +37,6 @@ def real_wanted(config) -> bool:
     return bool(config.getoption("--real", default=False)) or os.environ.get("HARNESS_REAL", "0") not in ("", "0")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """A test that reads the demo's run (demo_evidence, about 15 s once per session) is slow:
     `make test-quick` (pytest -m "not slow") leaves it out.  The tests marked `real` are left out
@@ -45,23 +44,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "demo_evidence" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-        item.add_marker(pytest.mark.xdist_group(worker_group(item)))
     if not real_wanted(config):
         real = [item for item in items if item.get_closest_marker("real")]
         if real:
             config.hook.pytest_deselected(items=real)
             items[:] = [item for item in items if not item.get_closest_marker("real")]
-
-
-SHARED_RAY = ("test_sweep", "test_sweep_resume")  # modules that start Ray: one worker, one Ray at a time
-
-
-def worker_group(item) -> str:
-    """The pytest-xdist group of a test (`make test` runs `pytest -n 2 --dist loadgroup`): its module,
-    so a module's fixtures are made once, and every module that starts Ray in one group."""
-    mod = getattr(item, "module", None)
-    module = mod.__name__.rsplit(".", 1)[-1] if mod is not None else item.nodeid
-    return "ray" if module in SHARED_RAY else module
 
 
 @pytest.fixture(scope="session")

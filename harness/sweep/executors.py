@@ -73,7 +73,9 @@ class Ray:
                 if self.address:
                     ray.init(address=self.address, log_to_driver=False)
                 else:
-                    ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
+                    # address="local": a new instance of our own, even where a cluster already runs on this
+                    # machine (Ray would otherwise join it, and refuse num_cpus there)
+                    ray.init(address="local", num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = f"the Ray cluster at {self.address}" if self.address else "a local Ray instance"
                 raise UserError(f"--executor ray: cannot start or join {where}: {exc}") from None

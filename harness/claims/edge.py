@@ -359,7 +359,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
                                    and (names.is_head_route(c.route) or mlp_end(c.route))))
         heads = [e for e in edges if names.is_head_route(e)]
         found = dict(zip(heads, route_evidence(ctx.composition(), heads, ctx.stats), strict=True)) if heads else {}
-        return Routes(edges, found, ctx.stats.composition_alpha)
+        return Routes(edges, found)
 
 
 @dataclass(frozen=True)
@@ -368,7 +368,6 @@ class Routes:
 
     edges: list[names.Edge]
     found: dict[names.Edge, RouteEvidence]
-    alpha: float
 
     @cached_property
     def _listed(self) -> frozenset[names.Edge]:

@@ -41,7 +41,7 @@ class PathKind(EdgeKind):
 
     def route_rows(self, claims: Sequence[Indexed[RouteClaim]], ctx: Context) -> Routes:
         """Paths have no weights-vs-use rows."""
-        return Routes([], {}, ctx.stats.composition_alpha)
+        return Routes([], {})
 
 
 KIND = PathKind()

@@ -95,13 +95,14 @@ class Composition:
     _null: SharedNull | None = None
     _results: dict[tuple[Any, ...], CompositionResult] = field(default_factory=dict)
     _pools: dict[str, np.ndarray] = field(default_factory=dict)
+    _peer_ratios: dict[str, np.ndarray] = field(default_factory=dict)
 
     def without_weights(self) -> dict[str, Any]:
         """What this composition computed that does not hold the weights (spectra, score grids, the
         shared null, results, pools): `Composition(hw, seed, **kept)` on the same weights read again
         starts from them, and makes only the cores again (the memory-heavy part), if it needs them."""
         return {"_spectra": self._spectra, "_scores": self._scores, "_null": self._null, "_results": self._results,
-                "_pools": self._pools}
+                "_pools": self._pools, "_peer_ratios": self._peer_ratios}
 
     # -------------------------------------------------------------- cores, spectra, scores
     def sender_core(self) -> Any:
@@ -172,23 +173,19 @@ class Composition:
                 "peer_rank": int(np.sum(p > c)) + 1, "n_peers": int(len(p))}
 
     def peer_ratios(self, mode: str) -> np.ndarray:
-        """[L, H, L, H] C / median(peers) of every cross-layer pair of input `mode` (NaN elsewhere);
-        made once per mode (one median per pair)."""
-        key = f"peer:{mode}"
-        if key not in self._pools:
+        """[L, H, L, H] C / median(peers) of every cross-layer pair of input `mode` (NaN elsewhere, and
+        with fewer than MIN_PEERS peers); made once per mode.  Per receiver input, its column of
+        senders is sorted once and each sender's median of the others read off it (peer_numbers'
+        median, without a sort per pair)."""
+        if mode not in self._peer_ratios:
             L, H = self.hw.n_layers, self.hw.n_heads
             g = self.scores(mode)
             out = np.full((L, H, L, H), np.nan)
             for l2 in range(1, L):
                 for h2 in range(H):
-                    for l1 in range(l2):
-                        for h1 in range(H):
-                            c = g[l1, h1, l2, h2]
-                            if not math.isnan(c):
-                                ratio = self.peer_numbers((Head(l1, h1),), HeadInput(Head(l2, h2), mode), c)
-                                out[l1, h1, l2, h2] = np.nan if ratio["peer_ratio"] is None else ratio["peer_ratio"]
-            self._pools[key] = out
-        return self._pools[key]
+                    out[:l2, :, l2, h2] = _leave_one_out_ratio(g[:l2, :, l2, h2].ravel()).reshape(l2, H)
+            self._peer_ratios[mode] = out
+        return self._peer_ratios[mode]
 
     # -------------------------------------------------------------- the shared null
     @property
@@ -361,6 +358,31 @@ class Composition:
     def bound(self, sender: Head, receiver: HeadInput) -> float:
         """The concentration tail bound on P(C_null >= C) for this pair."""
         return tail_bound(self.score(sender, receiver), self.lipschitz(sender, receiver), self.hw.null_dim)
+
+
+def _leave_one_out_ratio(column: np.ndarray) -> np.ndarray:
+    """c_i / median(c_j, j != i, c_j not NaN) for every i of `column` (NaN where c_i is NaN or fewer
+    than MIN_PEERS others remain; inf where that median is 0): the column sorted once, each median
+    read at the positions the remaining values take."""
+    out = np.full(column.shape, np.nan)
+    ok = np.flatnonzero(~np.isnan(column))
+    m = len(ok) - 1  # peers of each defined entry
+    if m < weights.MIN_PEERS:
+        return out
+    vals = column[ok]
+    order = np.argsort(vals, kind="stable")
+    srt = vals[order]
+    rank = np.empty(len(vals), dtype=int)
+    rank[order] = np.arange(len(vals))
+    lo, hi = (m - 1) // 2, m // 2  # the middle positions among the m others
+
+    def at(k: int) -> np.ndarray:  # the k-th smallest of the others: skip the entry's own position
+        return srt[np.where(k < rank, k, k + 1)]
+
+    median = (at(lo) + at(hi)) / 2
+    with np.errstate(divide="ignore"):
+        out[ok] = np.where(median > 0, vals / np.where(median > 0, median, 1.0), np.inf)
+    return out
 
 
 def spectrum_rank(s: np.ndarray, tol: float = 1e-10) -> int:

@@ -35,6 +35,7 @@ class ModeTable:
     n_extended: int  # pairs extended past n_draws
     by_bound: int  # pairs whose p is the tail bound (below the Monte Carlo floor)
     peer_ratio: np.ndarray  # C / the median of every other earlier head's C into the same input (mech.weights)
+    composes: np.ndarray | None = None  # WeightsTables.composes_grid, made on first use
 
 
 @dataclass
@@ -72,7 +73,16 @@ class WeightsTables:
 
     def composes(self, mode: str, q: tuple[int, int, int, int]) -> bool:
         """mech.weights.composes: significant and standing out among its peers."""
-        return weights.composes(float(self.modes[mode].p_adj[q]), self.ratio(mode, q), self.alpha, self.min_ratio)
+        return bool(self.composes_grid(mode)[q])
+
+    def composes_grid(self, mode: str) -> np.ndarray:
+        """[L, H, L, H] bool: `composes` of every cross-layer pair (False elsewhere), made once per mode."""
+        m = self.modes[mode]
+        if m.composes is None:
+            m.composes = np.zeros(m.scores.shape, dtype=bool)
+            for q in self.pairs():
+                m.composes[q] = weights.composes(float(m.p_adj[q]), self.ratio(mode, q), self.alpha, self.min_ratio)
+        return m.composes
 
 
 def _c_max(comp: Composition, mode: str) -> np.ndarray:

@@ -30,10 +30,7 @@ def grid(t: WeightsTables, mode: str) -> tuple[np.ndarray, np.ndarray]:
     rotation null rejected and the pair standing out among its peers, mech.weights.composes)."""
     L, H, m = t.n_layers, t.n_heads, t.modes[mode]
     c = m.scores[: L - 1, :, 1:, :].reshape((L - 1) * H, (L - 1) * H)
-    full = np.zeros(m.scores.shape, dtype=bool)
-    for q in t.pairs():
-        full[q] = t.composes(mode, q)
-    return c, full[: L - 1, :, 1:, :].reshape(c.shape)
+    return c, t.composes_grid(mode)[: L - 1, :, 1:, :].reshape(c.shape)
 
 
 def _pair_mask(t: WeightsTables) -> np.ndarray:

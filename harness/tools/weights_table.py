@@ -99,8 +99,7 @@ def layer_summary(t: WeightsTables, mode: str) -> list[dict[str, Any]]:
             defined = block[~np.isnan(block)]
             out.append({"sender_layer": l1, "receiver_layer": l2, "pairs": int(block.size),
                         "significant": int(np.sum(m.p_adj[l1, :, l2, :] < t.alpha)),
-                        "composes": sum(t.composes(mode, (l1, h1, l2, h2)) for h1 in range(t.n_heads)
-                                        for h2 in range(t.n_heads)),
+                        "composes": int(t.composes_grid(mode)[l1, :, l2, :].sum()),
                         "max_score": float(defined.max()) if defined.size else None,
                         "mean_score": float(defined.mean()) if defined.size else None,
                         "baseline": t.baseline})
@@ -152,7 +151,7 @@ def render(t: WeightsTables | None, top: int = TOP, full: bool | None = None) ->
     n_pairs = len(t.pairs())
     for mode, m in t.modes.items():
         n_sig = int(np.nansum(m.p_adj < t.alpha))
-        n_comp = sum(t.composes(mode, q) for q in t.pairs())
+        n_comp = int(t.composes_grid(mode).sum())
         out += ["", f"{mode.upper()}-composition (senders: OV; receivers: .{mode}); "
                 f"{n_sig} of {n_pairs} pairs significant, {n_comp} of them at least {t.min_ratio:g} x their peers' "
                 f"median (compose); {t.n_draws} null draws"

@@ -3,6 +3,7 @@ head -> head-input edges a model uses?
 
     .venv/bin/python benchmarks/composition_auc.py MODEL [--receivers 16,17,18] [--modes k]
                                                   [--n-prompts 20] [--segment-length 10] [--seed 0]
+                                                  [--save rows.json]
 
 Every edge from an earlier head into the q/k/v inputs (`--modes`) of every head of the
 `--receiver` layers (default: all layers) is patched exactly (noising, resample, the
@@ -21,6 +22,7 @@ receiver's layer on (stage lines on stderr).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -39,6 +41,10 @@ def auc(score: np.ndarray, positive: np.ndarray) -> float:
     return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
+def _num(x: float) -> float | None:
+    return None if x != x else float(x)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
@@ -48,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment-length", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=10, help="list the top edges by C and the used ones (stderr)")
+    ap.add_argument("--save", default="", help="write every edge's row (statistics, effect, use) to this JSON file")
     args = ap.parse_args(argv)
 
     from harness.claims.edge_test import USED, EdgeTestSpec, edge_tests
@@ -109,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, stat in (("composition score C", score), ("rotation null, 1 - p", -p), ("peer ratio", ratio)):
         ok = ~np.isnan(stat) & ~np.isnan(effect)
         print(f"| {name} | {spearmanr(stat[ok], effect[ok]).statistic:.3f} |")
+    if args.save:
+        rows = [{"edge": str(e), "C": _num(score[i]), "p": _num(p[i]), "peer_ratio": _num(ratio[i]),
+                 "effect": _num(effect[i]), "use": tests[i].use} for i, e in enumerate(edges)]
+        with open(args.save, "w") as f:
+            json.dump({"model": args.model, "n_prompts": args.n_prompts, "segment_length": args.segment_length,
+                       "seed": args.seed, "edges": rows}, f, indent=1)
     best = np.argsort(-np.nan_to_num(effect, nan=-np.inf))[:5]
     print("\nlargest effects: " + "; ".join(f"{edges[i]} {effect[i]:.3f} (C {score[i]:.3f}, peer ratio "
                                               f"{ratio[i]:.2f}, {tests[i].use})" for i in best))

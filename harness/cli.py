@@ -43,6 +43,7 @@ from .model import metrics
 from .model.devices import check_form, resolve_device
 from .model.ref import load_model
 from .progress import clock, stage
+from .registry import load_plugins
 from .report import discovery as discovery_report
 from .report import writer
 from .report.markdown import claim_table
@@ -264,6 +265,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        load_plugins()  # before the parser: a plugin's metric is one of --metric's choices
+    except UserError as exc:
+        print(error_text(exc), file=sys.stderr)
+        return ExitCode.INPUT
     args = _parser().parse_args(argv)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,

@@ -1,8 +1,9 @@
 """What a long run is doing, on stderr.
 
 * `progress(items, label)`: a tqdm bar over a loop when stderr is an interactive
-  terminal (and not under CI); otherwise one line when the loop starts and one
-  when it ends, with its duration.
+  terminal (and not under CI); otherwise one line when the loop starts, one at most
+  every EVERY seconds while it runs (steps done, time spent, time left at the
+  rate so far), and one when it ends, with its duration.
 * `stage(label)`: one line per stage of a command (`[  12.3 s] base runs: ...`),
   the time counted from the start of the command (`clock()`, entered by the CLI
   and by `harness.run`; the first stage starts it otherwise).  Printed whether or
@@ -67,9 +68,19 @@ def progress(items: Iterable[T], label: str) -> Iterable[T]:
     return _lines(items, label)
 
 
+EVERY = 30.0  # seconds between a non-interactive loop's lines
+
+
 def _lines(items: Iterable[T], label: str) -> Iterator[T]:
     seq = list(items)
-    t = time.perf_counter()
+    t = last = time.perf_counter()
     stage(f"{label}: {len(seq)} steps")
-    yield from seq
+    for i, item in enumerate(seq):
+        yield item
+        now = time.perf_counter()
+        if now - last >= EVERY and i + 1 < len(seq):
+            last = now
+            spent = now - t
+            stage(f"{label}: {i + 1} of {len(seq)} steps in {spent:.0f} s, about "
+                  f"{spent / (i + 1) * (len(seq) - i - 1):.0f} s left")
     stage(f"{label}: done in {time.perf_counter() - t:.1f} s")

@@ -41,6 +41,7 @@ from .errors import HarnessError, SpecError
 from .evidence.format import fmt_p
 from .evidence.result import ClaimResult, Evidence
 from .hypothesis.loading import load
+from .registry import load_plugins
 from .report import views
 from .report.writer import write_report
 
@@ -75,6 +76,7 @@ def pytest_addoption(parser: Any) -> None:
 
 
 def pytest_configure(config: Any) -> None:
+    load_plugins()  # the kinds of installed plugins get their markers too
     for kind in registry.kinds().values():
         config.addinivalue_line("markers", f"{kind.name}: a harness {kind.name} claim ({kind.summary})")
 

@@ -16,7 +16,8 @@ from .conftest import ROOT
 PACKAGE = ROOT / "harness"
 # bottom to top: a module may import from its own layer and the layers below it
 LAYERS = [
-    ("harness.errors", "harness.progress", "harness.streams", "harness.stats", "harness.textfile", "harness.threads",
+    ("harness.errors", "harness.registry",
+     "harness.progress", "harness.streams", "harness.stats", "harness.textfile", "harness.threads",
      "harness.cost", "harness.memory", "harness.locations"),
     ("harness.spec",),
     ("harness.evidence",),
@@ -72,8 +73,9 @@ GRAPH = {m: sorted({t for t, _, _ in imports(m)}) for m in MODULES}
 
 
 def test_the_layers_cover_every_module():
+    listed = [p for group in LAYERS for p in group]
     for m in MODULES:
-        assert layer(m) >= 0, m
+        assert any(m == p or m.startswith(p + ".") for p in listed), f"{m} is in no layer"
 
 
 def test_no_import_cycles():

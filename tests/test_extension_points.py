@@ -1,9 +1,17 @@
 """The recipes of docs/architecture.md followed from outside the package: a data source
 (tests/toy_data_source.py) and a model source (tests/toy_model_source.py), each registered here
 and used by `harness run`, `harness validate` and the error messages with no edit anywhere else.
-(The claim kind's recipe is tests/test_registry.py's, the metric's tests/test_metrics.py's.)"""
+(The claim kind's recipe is tests/test_registry.py's, the metric's tests/test_metrics.py's.)
+Then all of them at once on the command line, through a plugin installed the way a package
+installs one (an entry point in the `harness.plugins` group: tests/plugin_toys.py)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,7 +23,7 @@ from harness.model import data_sources
 from harness.model import ref as model_ref
 
 from . import toy_data_source, toy_model_source
-from .conftest import FIXTURE
+from .conftest import FIXTURE, ROOT
 
 
 @pytest.fixture
@@ -70,6 +78,23 @@ def test_an_unregistered_data_source_is_named_in_the_error(reversed_half, tmp_pa
         data_sources.unregister("generator")
 
 
+def test_a_registered_source_with_splits_is_explored_on_explore(reversed_half, fixture_model):
+    """scan, discover and roles read `explore` of any source that has splits (one rule:
+    data_sources.on_split), and their starter files point back at `test`."""
+    from harness.engine.data_source import for_exploring
+    from harness.model.data_sources import FolderSource, has_splits
+    from harness.tools.scan import held_out_mapping
+
+    d = toy_data_source.ReversedHalf(reversed_half=8)
+    assert has_splits(d) and d.split == "test"
+    explored = for_exploring(d)
+    assert explored.split == "explore" and for_exploring(d, "test").split == "test"
+    assert held_out_mapping(explored, FolderSource(ROOT))["split"] == "test"
+    test_prompts = toy_data_source.build(d, FolderSource(ROOT), fixture_model)
+    explore_prompts = toy_data_source.build(explored, FolderSource(ROOT), fixture_model)
+    assert not (test_prompts.clean == explore_prompts.clean).all(dim=1).any()  # no prompt in both
+
+
 def test_a_model_source_registered_from_outside(toy_models, tmp_path, capsys):
     data = {"generator": "repeated_tokens", "n_prompts": 20, "segment_length": 6}
     d = doc("toy:3", data)
@@ -88,3 +113,52 @@ def test_a_model_source_registered_from_outside(toy_models, tmp_path, capsys):
     assert ref.is_named and ref.kind() == "toy" and ref.relative_to(tmp_path) == "toy:3"
     with pytest.raises(ValueError, match="ending with ':'"):
         model_ref.register(model_ref.ModelSource("hf:", toy_model_source.load))
+
+
+def installed(site: Path, entry_point: str = "tests.plugin_toys:register") -> dict[str, str]:
+    """A distribution's metadata naming `entry_point` in the harness.plugins group, in `site`
+    (what pip writes for a package with that entry point); the environment that sees it."""
+    dist = site / "harness_toy_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: harness-toy-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[harness.plugins]\ntoys = {entry_point}\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), HARNESS_PROGRESS="0")
+
+
+def harness_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness", *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_every_recipe_on_the_command_line_through_an_installed_plugin(tmp_path):
+    env = installed(tmp_path / "site")
+    h = tmp_path / "plugin.yaml"
+    h.write_text(yaml.safe_dump({
+        "harness": 1, "name": "plugin", "model": "toy:3", "data": toy_data_source.mapping(), "metric": "margin",
+        "stats": {"bootstrap": 300},
+        "claims": [{"id": "focused", "kind": "attention_entropy", "head": "L0H1", "at_most": 10.0},
+                   {"id": "prev", "kind": "role", "head": "L0H1", "role": "previous_token", "at_most": 1.0}]}))
+    assert harness_cli(env, "validate", str(h)).returncode == 0
+    r = harness_cli(env, "run", str(h), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    ev = json.loads((tmp_path / "out" / "evidence.json").read_text())
+    assert ev["model"]["source"] == "toy:3" and ev["model"]["kind"] == "toy"  # the model source
+    assert ev["data"]["description"].startswith("reversed_half: 40 prompts")  # the data source
+    assert ev["baseline"]["metric"] == "margin"  # the metric
+    entropy = next(c for c in ev["claims"] if c["id"] == "focused")  # the claim kind, with its view
+    assert entropy["kind"] == "attention_entropy" and entropy["verdict"] == "PASS"
+    assert "per-prompt entropy median" in (tmp_path / "out" / "report.md").read_text()
+    help_text = harness_cli(env, "scan", "--help").stdout  # the command line offers the plugin's metric
+    assert "margin" in help_text.split("--metric", 1)[1].split("--", 1)[0]
+    # the same file without the plugin: refused by name, nothing written
+    bare = dict(env, PYTHONPATH=str(ROOT))
+    r = harness_cli(bare, "validate", str(h))
+    assert r.returncode == 2 and "unknown claim kind 'attention_entropy'" in r.stderr
+
+
+def test_a_broken_plugin_is_one_line_naming_it(tmp_path):
+    env = installed(tmp_path / "site", "no_such_module.anywhere:register")
+    r = harness_cli(env, "validate", str(ROOT / "hypotheses" / "induction.yaml"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("error: plugin toys (no_such_module.anywhere:register) failed: "
+                                "ModuleNotFoundError: No module named 'no_such_module'")

@@ -125,7 +125,9 @@ def test_kl_and_prob_in_every_claim_kind_that_reads_a_metric(tmp_path, metric):
 def test_a_metric_registered_from_outside(tmp_path):
     from . import toy_metric
 
-    metrics.register(toy_metric.METRIC)  # importing it registers it; again here, as the test removes it
+    metrics.register(toy_metric.METRIC)
+    with pytest.raises(ValueError, match="a metric called 'margin' is already registered"):
+        metrics.register(toy_metric.METRIC)  # never a silent replacement
     try:
         _check_margin(tmp_path, toy_metric)
     finally:

@@ -43,6 +43,13 @@ def test_stage_lines_go_to_stderr_and_can_be_silenced(capsys, monkeypatch):
         assert list(progress.progress(range(3), "loop")) == [0, 1, 2]
     err = capsys.readouterr().err
     assert "s] base runs" in err and "loop: 3 steps" in err and "loop: done in" in err  # stderr is not a tty here
+    monkeypatch.setattr(progress, "EVERY", 0.0)  # a long loop: a line after each step but the last
+    with progress.clock():
+        assert list(progress.progress(range(3), "slow")) == [0, 1, 2]
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split("] ", 1)[1].split(" in ")[0] for ln in lines] == [
+        "slow: 3 steps", "slow: 1 of 3 steps", "slow: 2 of 3 steps", "slow: done"]
+    assert "s left" in lines[1]
     monkeypatch.setenv("HARNESS_PROGRESS", "0")
     progress.stage("quiet")
     assert capsys.readouterr().err == ""

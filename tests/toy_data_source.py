@@ -11,7 +11,7 @@ A data mapping names it by its key: `data: {reversed_half: 10, n_prompts: 40}` (
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -26,6 +26,7 @@ class ReversedHalf(DataSettings):
     reversed_half: int = Field(ge=2, le=100)  # the segment length |S|
     n_prompts: int = Field(40, ge=2, le=10_000)
     seed: int = Field(0, ge=0)
+    split: Literal["test", "explore"] = "test"  # its prompts come in two splits: scan and discover read explore
 
     def corruption_names(self) -> list[str]:
         return ["reversed"]
@@ -34,7 +35,7 @@ class ReversedHalf(DataSettings):
 def build(d: ReversedHalf, where: Where, model: LoadedModel) -> data.Dataset:
     import torch
 
-    g = torch.Generator().manual_seed(d.seed)
+    g = torch.Generator().manual_seed(2 * d.seed + (d.split == "explore"))
     L, n, bos = d.reversed_half, d.n_prompts, model_bos(model, where.where("data"))
     S = torch.randint(1, model.d_vocab, (n, L), generator=g)
     S = torch.where(S == bos, (S % (model.d_vocab - 1)) + 1, S)  # the start token never inside S

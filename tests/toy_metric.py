@@ -18,4 +18,3 @@ def margin(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
 
 METRIC = metrics.Metric("margin", "logits", margin, lambda V, clean: 0.0,
                         "a prediction that ties the correct token with the best other one")
-metrics.register(METRIC)

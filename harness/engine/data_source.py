@@ -16,7 +16,6 @@ from ..model.data_sources import FolderSource
 from ..model.data_sources import Where as DataSource
 from ..model.loading import LoadedModel
 from ..spec.settings import DataSettings, FileData, GeneratorData
-from ..spec.text_data import TemplateData
 
 DataSpec = DataSettings  # the settings of a registered data source (model.data_sources)
 __all__ = ["DataSource", "DataSpec", "FolderSource", "build_dataset", "check_output_vocab", "for_exploring",
@@ -55,12 +54,9 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def for_exploring(d: DataSpec, split: str | None = None) -> DataSpec:
-    """`d` as `harness scan` and `harness roles` use it: a generator or template on the
-    `split` given, else on the one its mapping sets, else on `explore` (so the `test`
-    split stays held out for hypotheses)."""
-    if isinstance(d, (GeneratorData, TemplateData)) and (split is not None or "split" not in d.model_fields_set):
-        return d.model_copy(update={"split": split or "explore"})
-    return d
+    """`d` as `harness scan`, `discover` and `roles` use it (model.data_sources.on_split: any
+    source with splits on `explore` unless told otherwise)."""
+    return data_sources.on_split(d, split)
 
 
 def from_data_file(path: Path, split: str | None = None) -> tuple[DataSpec, DataSource]:

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from .. import locations
 from ..errors import SpecError
+from ..registry import Registry, RegistryError
 from ..spec.settings import DataSettings, FileData, GeneratorData
 from ..spec.text_data import PromptsData, TemplateData
 from . import data, templates, text_data
@@ -167,40 +168,57 @@ _BUILTIN = (
     DataSourceKind("prompts", PromptsData, "'prompts' (a list of text prompts)", _prompts,
                    lambda d: LEAVE_ONE_OUT),
 )
-_SOURCES: dict[str, DataSourceKind] = {s.key: s for s in _BUILTIN}
+def _key_is_a_field(key: str, source: DataSourceKind) -> str | None:
+    if key != source.key:
+        return f"registered as {key!r} but its key is {source.key!r}"
+    if key not in source.settings.model_fields:
+        return (f"its schema {source.settings.__name__} must have a field {key!r} (the key that names the "
+                f"source in a data mapping)")
+    return None
+
+
+_SOURCES: Registry[DataSourceKind] = Registry("data source", {s.key: s for s in _BUILTIN}, _key_is_a_field)
 
 
 def kinds() -> dict[str, DataSourceKind]:
     """Every registered data source by key, built-in ones first (a copy)."""
-    return dict(_SOURCES)
+    return _SOURCES.items()
 
 
 def register(source: DataSourceKind) -> None:
     """Add a data source; its key must be new and its schema must have that key as a field."""
-    if source.key in _SOURCES:
-        raise ValueError(f"a data source called {source.key!r} is already registered")
-    if source.key not in source.settings.model_fields:
-        raise ValueError(f"data source {source.key!r}: its schema {source.settings.__name__} must have a field "
-                         f"{source.key!r} (the key that names the source in a data mapping)")
-    _SOURCES[source.key] = source
+    _SOURCES.register(source.key, source)
 
 
 def unregister(key: str) -> None:
     """Remove a data source added with `register` (the built-in ones stay)."""
-    if any(s.key == key for s in _BUILTIN):
-        raise ValueError(f"{key!r} is a built-in data source")
-    _SOURCES.pop(key, None)
+    _SOURCES.unregister(key)
 
 
 def of(settings: DataSettings) -> DataSourceKind:
     """The source whose schema `settings` is."""
-    for s in _SOURCES.values():
+    for s in _SOURCES:
         if type(settings) is s.settings:
             return s
-    raise ValueError(f"no data source has the schema {type(settings).__name__}")
+    raise RegistryError(f"no data source has the schema {type(settings).__name__}")
+
+
+def has_splits(settings: DataSettings) -> bool:
+    """Whether the source draws its prompts from the named splits `explore` and `test`: its
+    schema has a `split` field (the generator's and the template's do; a registered source may)."""
+    return "split" in type(settings).model_fields
+
+
+def on_split(settings: DataSettings, split: str | None = None) -> DataSettings:
+    """`settings` as the exploring commands (`scan`, `discover`, `roles`) read them: on `split`
+    when given, else on the split the mapping sets, else on `explore`, so that the `test` split
+    stays held out for hypotheses.  A source without splits is returned as it is."""
+    if has_splits(settings) and (split is not None or "split" not in settings.model_fields_set):
+        return settings.model_copy(update={"split": split or "explore"})
+    return settings
 
 
 def allowed() -> str:
     """The keys that name a data source, in words (for messages)."""
-    texts = [s.text for s in _SOURCES.values()]
+    texts = [s.text for s in _SOURCES]
     return ", ".join(texts[:-1]) + f" or {texts[-1]}" if len(texts) > 1 else texts[0]

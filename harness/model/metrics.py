@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError
+from ..registry import Registry
 from .devices import wide
 
 __all__ = ["Metric", "register", "unregister", "get", "names", "per_prompt", "UNITS", "METRICS"]
@@ -71,33 +72,33 @@ class Metric:
     needs_clean: bool = False
 
 
-_REGISTRY: dict[str, Metric] = {}
+def _metric_name(name: str, metric: Metric) -> str | None:
+    if name != metric.name:
+        return f"registered as {name!r} but called {metric.name!r}"
+    if not name or not name.replace("_", "").isalnum():
+        return "a metric name is letters, digits and _"
+    return None
 
 
 def register(metric: Metric) -> None:
-    """Make a metric available to hypothesis files (`metric: NAME`) and the command line."""
-    if not metric.name or not metric.name.replace("_", "").isalnum():
-        raise ValueError(f"a metric name is letters, digits and _, got {metric.name!r}")
-    _REGISTRY[metric.name] = metric
+    """Make a metric available to hypothesis files (`metric: NAME`) and the command line; its name
+    must be new (RegistryError otherwise: no metric, a built-in one least of all, is replaced)."""
+    _REGISTRY.register(metric.name, metric)
 
 
 def unregister(name: str) -> None:
     """Remove a registered metric (a plugin's, or a test's); the built-ins stay."""
-    if name in METRICS:
-        raise ValueError(f"{name} is a built-in metric")
-    _REGISTRY.pop(name, None)
+    _REGISTRY.unregister(name)
 
 
 def names() -> tuple[str, ...]:
     """The registered metrics' names, built-in first."""
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get(name: str) -> Metric:
-    try:
-        return _REGISTRY[str(name)]
-    except KeyError:
-        raise DataError(f"unknown metric {name!r}; allowed: {', '.join(names())}") from None
+    """The metric called `name`; RegistryError listing the allowed ones if there is none."""
+    return _REGISTRY.get(str(name))
 
 
 def _logprob(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
@@ -149,7 +150,7 @@ def _kl_none(V: int, clean: Any) -> float:
     return -(math.log(V) - total / (n * k))
 
 
-for _m in (
+_BUILTIN = (
     Metric("logprob", "nats", _logprob, lambda V, clean: -math.log(V), "a uniform guess over the vocabulary"),
     Metric("logit_diff", "logits", _logit_diff, lambda V, clean: 0.0, "equal correct and wrong logits",
            needs_wrong=True),
@@ -159,10 +160,10 @@ for _m in (
     Metric("answer_logit", "logits", _answer_logit, None, "none (a single logit has no baseline)"),
     Metric("wrong_logit", "logits (minus the wrong token's)", _wrong_logit, None,
            "none (a single logit has no baseline)", needs_wrong=True),
-):
-    register(_m)
+)
+_REGISTRY: Registry[Metric] = Registry("metric", {m.name: m for m in _BUILTIN}, _metric_name)
 
-UNITS = {m.name: m.unit for m in _REGISTRY.values()}  # the built-ins' units (get(name).unit for any)
+UNITS = {m.name: m.unit for m in _REGISTRY}  # the built-ins' units (get(name).unit for any)
 METRICS = names()  # the built-ins (names() for every registered one)
 
 

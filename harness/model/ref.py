@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HarnessError, UserError
+from ..registry import Registry
 from ..spec.names import Shape
 from . import gguf, hub_cache
 from .loading import LoadedModel, load_directory, load_hub, model_files
@@ -50,21 +51,24 @@ class ModelSource:
     shape: Callable[[str], Shape | None] = lambda name: None
 
 
-_SOURCES: dict[str, ModelSource] = {}
+def _prefix(prefix: str, source: ModelSource) -> str | None:
+    if prefix != source.prefix:
+        return f"registered as {prefix!r} but its prefix is {source.prefix!r}"
+    if not prefix.endswith(":") or len(prefix) < 2 or prefix == HF_PREFIX:
+        return f"a model source prefix is a word ending with ':' other than {HF_PREFIX}"
+    return None
+
+
+_SOURCES: Registry[ModelSource] = Registry("model source", check=_prefix)
 
 
 def register(source: ModelSource) -> None:
     """Add a model source; its prefix must end with ':' and be new (not `hf:`)."""
-    if not source.prefix.endswith(":") or len(source.prefix) < 2 or source.prefix == HF_PREFIX:
-        raise ValueError(f"a model source prefix is a word ending with ':' other than {HF_PREFIX}, "
-                         f"got {source.prefix!r}")
-    if source.prefix in _SOURCES:
-        raise ValueError(f"a model source {source.prefix!r} is already registered")
-    _SOURCES[source.prefix] = source
+    _SOURCES.register(source.prefix, source)
 
 
 def unregister(prefix: str) -> None:
-    _SOURCES.pop(prefix, None)
+    _SOURCES.unregister(prefix)
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class ModelRef:
         raw = str(text)
         if raw.startswith(HF_PREFIX):
             return cls(raw, hub=raw[len(HF_PREFIX):])
-        custom = next((s for p, s in _SOURCES.items() if raw.startswith(p)), None)
+        custom = next((s for s in _SOURCES if raw.startswith(s.prefix)), None)
         if custom is not None and not isinstance(text, Path):
             return cls(raw, custom=custom)
         folder = Path(base) if base is not None else Path.cwd()

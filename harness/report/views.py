@@ -32,6 +32,7 @@ from ..claims.role import RoleDetails
 from ..evidence.details import Details, Explained, Num, Sensitivity
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult
+from ..registry import Registry
 from . import explain_text
 
 D = TypeVar("D", bound=Details)
@@ -290,22 +291,19 @@ _BUILTIN: dict[str, ClaimView] = {"role": RoleView(), "attention": AttentionView
                                   "composition": CompositionView(), "ablation": AblationView(),
                                   "attribution": AttributionView(), "edge": EdgeView(), "path": EdgeView(),
                                   "circuit": CircuitView()}
-_VIEWS: dict[str, ClaimView] = dict(_BUILTIN)
+_VIEWS: Registry[ClaimView] = Registry("claim view", _BUILTIN)
 DEFAULT = ClaimView()
 
 
 def register(kind: str, view: ClaimView) -> None:
     """The view of claim kind `kind` (a kind registered from outside the package)."""
-    if kind in _BUILTIN:
-        raise ValueError(f"{kind!r} is a built-in claim kind")
-    _VIEWS[kind] = view
+    _VIEWS.register(kind, view)
 
 
 def unregister(kind: str) -> None:
-    if kind not in _BUILTIN:
-        _VIEWS.pop(kind, None)
+    _VIEWS.unregister(kind)
 
 
 def get(kind: str) -> ClaimView:
     """The view of kind `kind` (ClaimView's defaults for a kind without one)."""
-    return _VIEWS.get(kind, DEFAULT)
+    return _VIEWS.find(kind) or DEFAULT

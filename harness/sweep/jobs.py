@@ -22,6 +22,7 @@ from typing import Any
 
 from ..engine.runner import run
 from ..model.cache import ModelCache
+from ..registry import load_plugins
 from ..report.writer import report_files
 from .executors import failure_result
 
@@ -43,6 +44,7 @@ def run_job(job: Job) -> dict[str, Any]:
     stage = "loading the model"
     result: dict[str, Any]
     try:
+        load_plugins()  # a Ray worker is a fresh process: the plugins' kinds, metrics and sources
         model = MODELS.get(job.model, job.device)
         stage = "running the claims"
         ev = run(job.hypothesis, seed=job.seed, model=model, device=job.device, command=job.command)

@@ -47,7 +47,7 @@ from ..mech import batched_edges, graph_run, weights
 from ..mech.base_runs import base_runs
 from ..mech.factored import Composition
 from ..mech.graph import Graph
-from ..model import metrics
+from ..model import data_sources, metrics
 from ..model.data_sources import generated
 from ..model.devices import of, resolve_device
 from ..model.ref import ModelRef, load_model
@@ -197,13 +197,13 @@ def unusable_corruptions(runs: Any, chosen: list[str], st: Stats, unit: str) -> 
 
 def held_out_mapping(d: DataSpec, source: DataSource) -> dict[str, Any]:
     """The `data:` mapping of the starter file for scanned data `d`: the same mapping with
-    its paths absolute, and a generator or template on the held-out `test` split."""
+    its paths absolute, and a source with splits on the held-out `test` split."""
     out = d.model_dump(exclude_unset=True, exclude_none=True)
     if isinstance(d, FileData):
         out["file"] = str(source.resolve(d.file).resolve())
         if d.mean_from is not None:
             out["mean_from"] = str(source.resolve(d.mean_from).resolve())
-    if "generator" in out or "template" in out:
+    if data_sources.has_splits(d):
         out["split"] = "test"
     return out
 

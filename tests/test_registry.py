@@ -134,3 +134,28 @@ def test_entropy_oracle_on_a_hand_pattern():
     uniform = np.tril(np.ones((4, 4)))[None] / np.arange(1, 5)[None, :, None]
     assert toy_kind.row_entropy(onehot)[0] == pytest.approx(0.0)
     assert toy_kind.row_entropy(uniform)[0] == pytest.approx(np.mean(np.log([2, 3, 4])))
+
+
+def test_a_kind_that_normalises_by_the_gap_without_declaring_it_gets_the_gap_check(monkeypatch):
+    """ClaimKind.reads_gap decides before measuring which gap checks apply; a kind that forgets it
+    (here the ablation kind, told to say no) still has its gap checked, from what its results say."""
+    from harness.claims.ablation import AblationKind
+
+    doc = {"harness": 1, "name": "gap", "model": str(FIXTURE),
+           "data": {"generator": "repeated_tokens", "n_prompts": 20, "segment_length": 8},
+           "stats": {"bootstrap": 300},
+           "claims": [{"id": "needed", "kind": "ablation", "heads": ["L1H5"], "ablation": "resample",
+                       "at_least": 0.1}]}
+
+    def gap(ev):
+        return next(c for c in ev.sanity_checks if c.name.startswith("clean and corrupted metrics differ"))
+
+    declared = harness.run(doc, device="cpu", figures=False)
+    assert gap(declared).applies is not False and not any("without declaring" in w for w in declared.warnings)
+    monkeypatch.setattr(AblationKind, "reads_gap", lambda self, claim: False)
+    silent = harness.run(doc, device="cpu", figures=False)
+    assert gap(silent) == gap(declared)
+    assert any("ablation normalise by the clean-corrupted gap without declaring it" in w for w in silent.warnings)
+    doc["claims"][0]["measure"] = "delta"  # a change in metric units divides by nothing: its gap check does not apply
+    delta = harness.run(doc, device="cpu", figures=False)
+    assert gap(delta).applies is False and not any("without declaring" in w for w in delta.warnings)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import cost, memory, stats
-from ..claims import metric_parts
+from ..claims import effects, metric_parts
 from ..claims.base import ClaimKind, Context, InterventionPath
 from ..claims.registry import kind_of
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
@@ -108,10 +108,7 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
                 "corrupted": _mean_ci(runs.m_corrupt, st, seed), "gap": _mean_ci(gap, st, seed),
                 "corruption": default, "no_information": m_base}
     read = gap_readers(claims, default)
-    checks = []
-    for name, (_, m_c) in corruptions.items():
-        check = sanity.gap_check(runs.m_clean - m_c, st, unit, name if len(corruptions) > 1 else None)
-        checks.append(check if name in read else sanity.not_applicable(check, "no claim normalises by this gap"))
+    checks = gap_checks(runs, st, unit, read)
     if len(corruptions) > 1:
         baseline["by_corruption"] = {name: {"corrupted": _mean_ci(m_c, st, seed),
                                             "gap": _mean_ci(runs.m_clean - m_c, st, seed)}
@@ -133,6 +130,14 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
         found.update(measured.results)
         rows += measured.weights_vs_use
     results = [found[i] for i in range(len(claims))]
+    undeclared = normalised_by_gap(claims, results, default) - read
+    notes = []
+    if undeclared:  # a kind that normalises by the gap without saying so: its check applies all the same
+        checks = gap_checks(runs, st, unit, read | undeclared) + checks[len(corruptions):]
+        silent = sorted({kind_of(c).name for c, r in zip(claims, results, strict=True)
+                         if _by_gap(r) and not kind_of(c).reads_gap(c)})
+        notes.append(f"claim kind(s) {', '.join(silent)} normalise by the clean-corrupted gap without declaring "
+                     "it (ClaimKind.reads_gap): the gap check was applied all the same")
 
     figs: dict[str, Any] = {}
     if figures:
@@ -147,11 +152,33 @@ def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: st
                                                       seed=seed, unit=unit, progress=progress, n_prompts=ds.n)
             spent(ledger, "figure data done", runs)
     stage(f"measured: {ledger.total:.2f} forward-equivalents of the {ds.n} prompts in all")
-    return Measurements(baseline, checks, results, rows, figs, st.warnings() + means_warnings(claims, ds),
+    return Measurements(baseline, checks, results, rows, figs, st.warnings() + means_warnings(claims, ds) + notes,
                         ladder.build(claims, results, rows))
 
 
 SHARED_MATERIAL = 0.05  # share of the prompts that are also reference prompts above which means are flagged
+
+
+def gap_checks(runs: Runs, st: Stats, unit: str, read: set[str]) -> list[SanityCheck]:
+    """The gap check of every corruption (sanity.gap_check); not applicable where no claim reads it."""
+    out = []
+    for name, (_, m_c) in runs.corruptions.items():
+        check = sanity.gap_check(runs.m_clean - m_c, st, unit, name if len(runs.corruptions) > 1 else None)
+        out.append(check if name in read else sanity.not_applicable(check, "no claim normalises by this gap"))
+    return out
+
+
+def _by_gap(result: ClaimResult) -> bool:
+    """Whether the claim's number is its effect divided by the clean-corrupted gap."""
+    d = result.details
+    return (isinstance(d, effects.NormalizedFields) and d.normalization == "corrupted"
+            and d.normalized is not None and result.value == d.normalized)
+
+
+def normalised_by_gap(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult], default: str) -> set[str]:
+    """The corruptions whose gap some result's number was divided by (what its details say,
+    whatever its kind declares): every one must have had its gap check."""
+    return {getattr(c, "corruption", None) or default for c, r in zip(claims, results, strict=True) if _by_gap(r)}
 
 
 def gap_readers(claims: Sequence[ClaimSpec], default: str) -> set[str]:

@@ -505,6 +505,12 @@ def test_report_folders_have_normal_permissions(tmp_path, evidence):
 
 # --- 5. Ctrl-C ----------------------------------------------------------------------------------------------------
 
+def _default_sigint() -> None:
+    """In the child: SIGINT as a terminal's Ctrl-C delivers it, whatever this process inherited (a
+    background job of a non-interactive shell starts with SIGINT ignored, and so would the child)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_a_run_is_one_line_and_leaves_nothing(tmp_path):
     """SIGINT to a real `harness run` while it measures: exit 130, `interrupted` alone on
     stderr (no traceback), nothing under the reports folder."""
@@ -516,7 +522,7 @@ def test_ctrl_c_during_a_run_is_one_line_and_leaves_nothing(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", HARNESS_DEVICE="cpu")
     proc = subprocess.Popen([str(Path(sys.executable).with_name("harness")), "run", str(long), "--reports",
                              str(reports)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_default_sigint)
     deadline = time.monotonic() + 120
     maps = Path(f"/proc/{proc.pid}/maps")
     while time.monotonic() < deadline and proc.poll() is None and "libtorch" not in maps.read_text():

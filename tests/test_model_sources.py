@@ -23,7 +23,8 @@ from harness.cli import main
 from harness.errors import DataError, ModelLoadError, SpecError, UserError
 from harness.evidence import document
 from harness.model import hub_cache
-from harness.model.loading import BRIDGE_HASH_PREFIX, bridge_hash, directory_hash, from_bridge
+from harness.model.loaded import BRIDGE_HASH_PREFIX, bridge_hash, from_bridge
+from harness.model.loading import directory_hash
 from harness.model.ref import ModelRef, load_model
 from harness.model.tokenizer import model_tokenizer
 

@@ -14,7 +14,7 @@ from ..hypothesis.loading import load_data_file
 from ..model import data, data_sources
 from ..model.data_sources import FolderSource
 from ..model.data_sources import Where as DataSource
-from ..model.loading import LoadedModel
+from ..model.loaded import LoadedModel
 from ..spec.settings import DataSettings, FileData, GeneratorData
 
 DataSpec = DataSettings  # the settings of a registered data source (model.data_sources)

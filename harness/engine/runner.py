@@ -21,7 +21,7 @@ from ..model.architecture import Architecture
 from ..model.cache import ModelCache
 from ..model.devices import of, resolve_device
 from ..model.examples import examples
-from ..model.loading import LoadedModel, from_bridge
+from ..model.loaded import LoadedModel, from_bridge
 from ..model.ref import ModelRef, load_model
 from ..model.tokenizer import bridge_tokenizer
 from ..progress import clock, stage

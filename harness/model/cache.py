@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .devices import resolve_device
-from .loading import LoadedModel
+from .loaded import LoadedModel
 from .ref import ModelRef
 
 

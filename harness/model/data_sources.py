@@ -31,7 +31,7 @@ from ..registry import Registry, RegistryError
 from ..spec.settings import DataSettings, FileData, GeneratorData
 from ..spec.text_data import PromptsData, TemplateData
 from . import data, templates, text_data
-from .loading import LoadedModel
+from .loaded import LoadedModel
 from .text_data import TextPrompt
 from .tokenizer import TextTokenizer, require_tokenizer, start_token
 

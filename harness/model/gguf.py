@@ -34,7 +34,9 @@ from typing import Any
 from ..errors import ModelLoadError
 from ..spec.names import Shape
 from .devices import resolve_device
-from .loading import CONFIG, LoadedModel, hash_file, load_transformers, offline
+from .hf_loader import load_transformers, offline
+from .loaded import LoadedModel
+from .model_dir import CONFIG, hash_file
 from .tensors import one_line, physical_memory
 
 SUFFIX = ".gguf"

@@ -33,8 +33,10 @@ from ..errors import HarnessError, UserError
 from ..registry import Registry
 from ..spec.names import Shape
 from . import gguf, hub_cache
-from .loading import LoadedModel, load_directory, load_hub, model_files
-from .loading import files_hash as loading_hash
+from .loaded import LoadedModel
+from .loading import load_directory, load_hub
+from .model_dir import files_hash as loading_hash
+from .model_dir import model_files
 from .shape import config_shape
 
 HF_PREFIX = hub_cache.HF_PREFIX

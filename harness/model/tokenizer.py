@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from .loading import TOKENIZER_FILES, LoadedModel, has_tokenizer_files, offline
+from .hf_loader import offline
+from .loaded import LoadedModel
+from .model_dir import TOKENIZER_FILES, has_tokenizer_files
 from .ref import ModelRef
 from .tensors import one_line
 

@@ -57,7 +57,7 @@ from ..mech.graph import Graph
 from ..mech.runs import Runs
 from ..model import metrics
 from ..model.devices import of, resolve_device
-from ..model.loading import LoadedModel
+from ..model.loaded import LoadedModel
 from ..model.ref import ModelRef, load_model
 from ..model.tokenizer import start_words
 from ..progress import progress, stage

@@ -50,7 +50,7 @@ from ..mech import batched_edges, roles
 from ..mech.base_runs import base_runs
 from ..model.data_sources import generated
 from ..model.devices import of
-from ..model.loading import LoadedModel
+from ..model.loaded import LoadedModel
 from ..model.tokenizer import start_words
 from ..progress import stage
 from ..report.figures import png, pyplot

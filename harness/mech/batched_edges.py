@@ -77,7 +77,7 @@ from ..spec import names
 from ..spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
 from ..spec.vocabulary import REPLACEMENTS, Replacement
 from . import torch_blocks as blocks
-from . import writes
+from . import torch_check, torch_weights, writes
 
 # At most this many query positions (prompts x positions) per chunk of patched variants:
 # larger chunks were no faster on the benchmark model (its products are large enough by
@@ -104,7 +104,7 @@ def cache_names(n_layers: int, edges: list[names.Edge] | None = None) -> list[st
     """Hooks the batched path reads from the base and source runs for `edges` (None: every edge of
     the model): every sender's activation, each receiver layer's residual, q, k, v, z and attention
     output, and the last residual.  With None, every layer's residual too, which the arithmetic is
-    checked against (torch_blocks.check); for some edges, batched_metrics takes that check's run
+    checked against (torch_check.check); for some edges, batched_metrics takes that check's run
     apart (`check`: a run of a few prompts that cached every layer's residual)."""
     out = [names.HOOK_EMBED, names.HOOK_POS_EMBED]
     if edges is None:
@@ -207,8 +207,8 @@ def checked_model(bridge: Any, check: dict) -> blocks.Model:
 
     ref = check[hook_resid_pre(0)]
     with torch.no_grad():
-        model, weights = blocks.build(bridge, ref.dtype, ref.device, check)
-        blocks.check(model, weights, check, blocks.tolerance(ref.dtype))
+        model, weights = torch_weights.build(bridge, ref.dtype, ref.device, check)
+        torch_check.check(model, weights, check, torch_check.tolerance(ref.dtype))
     return model
 
 
@@ -221,7 +221,7 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: di
     metric_fn(logits [N, k, vocab], positions [N, k]) -> [N] (the scored positions
     are already selected).  `base`/`source`: caches with `cache_names`; `clean`
     provides the reference set for the `mean` replacement; `check`: the run the torch
-    arithmetic is held to (torch_blocks.check: its first prompts, every layer's
+    arithmetic is held to (torch_check.check: its first prompts, every layer's
     residual cached; default `base`, which then needs them); `model`: that arithmetic already made
     and checked (`checked_model`), when the caller holds it.  Each row is the per-edge
     path's (patching.prepare + fast_logits) up to float rounding.  Working memory is

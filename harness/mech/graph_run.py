@@ -46,7 +46,7 @@ from ..model.shape import vocab_out
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_resid_post, hook_resid_pre, hook_z
 from . import torch_blocks as blocks
-from . import writes
+from . import torch_check, torch_weights, writes
 from .attention import rotate
 from .batched_edges import cache_names as block_cache_names
 from .graph import Graph
@@ -56,7 +56,7 @@ BUDGET = 256 * 2**20  # working memory of one chunk of rows (circuit x prompt)
 
 def cache_names(n_layers: int, has_mlp: bool) -> list[str]:
     """Hooks a base run caches for graph runs: every sender's activation (embed, z, MLP outputs)
-    and what mech.torch_blocks.check holds the arithmetic to."""
+    and what mech.torch_check.check holds the arithmetic to."""
     out = block_cache_names(n_layers)
     return out + ([hook_mlp_out(layer) for layer in range(n_layers)] if has_mlp else [])
 
@@ -138,10 +138,10 @@ def run_writes(bridge: Any, cache: dict[str, Any], s: int, dtype: Any, layers: s
     return Writes(embed, z, mlp)
 
 
-def _norm_of(ln: Any) -> blocks._Norm | None:
+def _norm_of(ln: Any) -> blocks.Norm | None:
     """The norm whose `standardize` a layer's ln1 is (None: the model's own module)."""
     owner = getattr(ln, "__self__", None)
-    return owner if isinstance(owner, blocks._Norm) and ln.__func__ is blocks._Norm.standardize else None
+    return owner if isinstance(owner, blocks.Norm) and ln.__func__ is blocks.Norm.standardize else None
 
 
 @dataclass
@@ -150,7 +150,7 @@ class _AfterNorm:
     inputs is the norm's VJP at x (its input) of the probe's gradient."""
 
     probe: Any  # [R, s, 3H, d]
-    norm: blocks._Norm
+    norm: blocks.Norm
     x: Any  # [R, s, d]
     y: Any  # standardize(x)
 
@@ -175,7 +175,7 @@ class GraphModel:
 
     @classmethod
     def build(cls, bridge: Any, base: dict[str, Any], positions: Any) -> GraphModel:
-        """The checked arithmetic for a batch whose base run cached `cache_names` (mech.torch_blocks.check);
+        """The checked arithmetic for a batch whose base run cached `cache_names` (mech.torch_check.check);
         UnsupportedError for a model whose heads' writes are not separable (norms after the attention)."""
         arch = architecture.of(bridge)
         if arch.post_norms:
@@ -192,8 +192,8 @@ class GraphModel:
         import torch
 
         with torch.no_grad():
-            model, w = blocks.build(bridge, ref.dtype, ref.device, trimmed)
-            blocks.check(model, w, trimmed, blocks.tolerance(ref.dtype))
+            model, w = torch_weights.build(bridge, ref.dtype, ref.device, trimmed)
+            torch_check.check(model, w, trimmed, torch_check.tolerance(ref.dtype))
         if hook_resid_post(L - 1) not in trimmed:
             raise UnsupportedError("edge graph: the base run did not cache the final residual")
         return cls(Graph.of(bridge), model, arch, s, vocab_out(bridge.cfg))

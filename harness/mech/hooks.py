@@ -35,7 +35,9 @@ from ..spec.names import (
     Head,
     Mlp,
     hook_attn_sum,
+    hook_layer,
     hook_mlp_out,
+    hook_resid_mid,
     hook_resid_pre,
     hook_z,
 )
@@ -206,16 +208,17 @@ def for_architecture(bridge: Any, wanted: list[str]) -> list[str]:
     arch = architecture.of(bridge)
     out: list[str] = []
     for name in dict.fromkeys(wanted):
+        L = hook_layer(name)
         if name == HOOK_POS_EMBED and arch.positions != "learned":
             continue
-        if not arch.has_mlp and name.endswith(".hook_mlp_out"):
+        if L is not None and not arch.has_mlp and name == hook_mlp_out(L):
             continue
-        if arch.parallel and name.endswith(".hook_resid_mid"):
-            out.append(name.replace(".hook_resid_mid", ".hook_resid_pre"))
+        if L is not None and arch.parallel and name == hook_resid_mid(L):
+            out.append(hook_resid_pre(L))
             continue
         out.append(name)
-        if arch.post_norms and name.endswith(".attn.hook_z"):
-            out.append(hook_attn_sum(int(name.split(".")[1])))
+        if L is not None and arch.post_norms and name == hook_z(L):
+            out.append(hook_attn_sum(L))
     if arch.rotary:
         out += [HOOK_ROT_COS, HOOK_ROT_SIN]
     return list(dict.fromkeys(out))

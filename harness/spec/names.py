@@ -22,9 +22,9 @@ nearest name that fits (`nearest`: `LOH7` -> `L0H7`), inside the model's range
 when a `Shape` is known.  `check_in_model` rejects names outside a model's range
 and names the range.
 
-This module is also the one place that spells TransformerLens hook names
-(`hook_z(1) == "blocks.1.attn.hook_z"`, ...): code elsewhere calls these
-functions instead of writing hook strings inline.
+The component types live in `spec.components` and the TransformerLens hook names in
+`spec.hook_names` (the one place that spells them: `hook_z(1) == "blocks.1.attn.hook_z"`);
+both are importable from here too, the names most code uses.
 """
 
 from __future__ import annotations
@@ -35,108 +35,56 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ComponentNameError
+from .components import (
+    Component,
+    Edge,
+    Embed,
+    Group,
+    Head,
+    HeadInput,
+    Logits,
+    Mlp,
+    Node,
+    Path,
+    Receiver,
+    Sender,
+    Unit,
+    layer_of,
+    members,
+)
+from .hook_names import (
+    HOOK_EMBED,
+    HOOK_POS_EMBED,
+    HOOK_ROT_COS,
+    HOOK_ROT_SIN,
+    QKV,
+    hook_attn_out,
+    hook_attn_sum,
+    hook_input,
+    hook_layer,
+    hook_mlp_out,
+    hook_pattern,
+    hook_resid_mid,
+    hook_resid_post,
+    hook_resid_pre,
+    hook_z,
+    unit_hook,
+)
+
+__all__ = [  # the component types and hook names are re-exported: most code imports them from here
+    "Component", "Edge", "Embed", "Group", "Head", "HeadInput", "Logits", "Mlp", "Node", "Path", "Receiver",
+    "Sender", "Unit", "layer_of", "members", "HOOK_EMBED", "HOOK_POS_EMBED", "HOOK_ROT_COS", "HOOK_ROT_SIN",
+    "QKV", "hook_attn_out", "hook_attn_sum", "hook_input", "hook_layer", "hook_mlp_out", "hook_pattern",
+    "hook_resid_mid", "hook_resid_post", "hook_resid_pre", "hook_z", "unit_hook", "EDGE_RULE", "MLP_NOTE",
+    "Shape", "Fits", "HEAD", "SENDER", "RECEIVER", "UNIT_NODE", "HOP", "ROUTE_SENDER", "ROUTE_RECEIVER",
+    "EdgeEnds", "EDGE", "HEAD_ROUTE", "parse_component", "parse_as", "parse_unit", "parse_head", "parse_edge",
+    "parse_sender", "parse_path", "nearest", "edge_end_unsupported", "is_head_route", "check_in_model",
+]
 
 _N = r"(0|[1-9]\d*)"  # no leading zeros: one spelling per component
 _HEAD = re.compile(rf"^L{_N}H{_N}$")
 _INPUT = re.compile(rf"^L{_N}H{_N}\.([qkv])$")
 _MLP = re.compile(rf"^L{_N}\.mlp$")
-
-
-@dataclass(frozen=True, order=True)
-class Head:
-    layer: int
-    head: int
-
-    def __str__(self) -> str:
-        return f"L{self.layer}H{self.head}"
-
-    @staticmethod
-    def every(n_layers: int, n_heads: int) -> list[Head]:
-        """All heads of a model, layer by layer."""
-        return [Head(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-
-
-@dataclass(frozen=True, order=True)
-class HeadInput:
-    """A head's query, key or value input (the receiving end of an edge)."""
-
-    head: Head
-    which: str  # "q" | "k" | "v"
-
-    def __str__(self) -> str:
-        return f"{self.head}.{self.which}"
-
-
-@dataclass(frozen=True, order=True)
-class Mlp:
-    layer: int
-
-    def __str__(self) -> str:
-        return f"L{self.layer}.mlp"
-
-
-@dataclass(frozen=True)
-class Embed:
-    def __str__(self) -> str:
-        return "embed"
-
-
-@dataclass(frozen=True)
-class Logits:
-    def __str__(self) -> str:
-        return "logits"
-
-
-Component = Head | HeadInput | Mlp | Embed | Logits
-Node = Head | Mlp | Embed  # what writes into the residual stream
-Unit = Head | Mlp  # what an ablation or a circuit keeps or knocks out
-
-
-@dataclass(frozen=True)
-class Group:
-    """Several senders patched together (`L0H1 + L0H3`): their output changes add up.
-    Members are distinct, at least two, in forward order (`layer_of`, then name)."""
-
-    members: tuple[Node, ...]
-
-    def __str__(self) -> str:
-        return " + ".join(str(m) for m in self.members)
-
-
-Sender = Head | Mlp | Embed | Group
-Receiver = HeadInput | Mlp | Logits
-
-
-@dataclass(frozen=True)
-class Edge:
-    sender: Sender
-    receiver: Receiver
-
-    def __str__(self) -> str:
-        return f"{self.sender} -> {self.receiver}"
-
-
-@dataclass(frozen=True)
-class Path:
-    """`sender -> hop -> ... -> receiver`: the sender's change reaches each hop only through
-    its listed input, and only the last hop's changed output enters the residual stream.
-    `hops` ends with the receiver; a path with one hop is an edge (`as_edge`)."""
-
-    sender: Sender
-    hops: tuple[Receiver, ...]
-
-    def __str__(self) -> str:
-        return " -> ".join(str(n) for n in (self.sender, *self.hops))
-
-    @property
-    def as_edge(self) -> Edge | None:
-        """The edge this path is when it has one hop, else None."""
-        return Edge(self.sender, self.hops[0]) if len(self.hops) == 1 else None
-
-
-def members(sender: Sender) -> tuple[Node, ...]:
-    """The nodes a sender consists of (a group's members, or the sender itself)."""
-    return sender.members if isinstance(sender, Group) else (sender,)
 
 
 _ALLOWED = "L<layer>H<head>, L<layer>H<head>.q/.k/.v, L<layer>.mlp, embed, logits"
@@ -440,22 +388,6 @@ def is_head_route(e: Edge) -> bool:
     return all(isinstance(m, Head) for m in members(e.sender)) and isinstance(e.receiver, HeadInput)
 
 
-def layer_of(c: Component | Group) -> float:
-    """Position of a component in the forward pass (embed -1, a layer's heads l, its MLP
-    l + 0.5, logits +inf; a group: its latest member)."""
-    if isinstance(c, Group):
-        return max(layer_of(m) for m in c.members)
-    if isinstance(c, Embed):
-        return -1
-    if isinstance(c, Logits):
-        return float("inf")
-    if isinstance(c, Head):
-        return c.layer
-    if isinstance(c, HeadInput):
-        return c.head.layer
-    return c.layer + 0.5  # an MLP reads after its layer's attention
-
-
 def check_in_model(c: Component | Group | Edge | Path, n_layers: int, n_heads: int, has_mlp: bool = False) -> None:
     """Raise ComponentNameError if `c` names something the model does not have."""
     if isinstance(c, (Edge, Path)):
@@ -476,59 +408,3 @@ def check_in_model(c: Component | Group | Edge | Path, n_layers: int, n_heads: i
             raise ComponentNameError(f"{c} is not in the model: it is attention-only")
         if not 0 <= c.layer < n_layers:
             raise ComponentNameError(f"{c} is not in the model: {rng}")
-
-
-# ---------------------------------------------------------------- hook names
-HOOK_EMBED = "hook_embed"
-HOOK_POS_EMBED = "hook_pos_embed"  # learned absolute positions only
-HOOK_ROT_COS = "rotary_emb.hook_cos"  # rotary models: cos / sin of every position's angles [1 or n, pos, rotary_dim]
-HOOK_ROT_SIN = "rotary_emb.hook_sin"
-QKV = ("q", "k", "v")
-
-
-def hook_z(layer: int) -> str:
-    """A layer's attention-weighted values, before W_O: [n, pos, head, d_head]."""
-    return f"blocks.{layer}.attn.hook_z"
-
-
-def hook_pattern(layer: int) -> str:
-    """A layer's attention patterns: [n, head, query, key]."""
-    return f"blocks.{layer}.attn.hook_pattern"
-
-
-def hook_input(layer: int, which: str) -> str:
-    """A layer's queries, keys or values (`which` in q, k, v): [n, pos, head, d_head]."""
-    return f"blocks.{layer}.attn.hook_{which}"
-
-
-def hook_resid_pre(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_pre"
-
-
-def hook_resid_post(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_post"
-
-
-def hook_attn_out(layer: int) -> str:
-    return f"blocks.{layer}.hook_attn_out"
-
-
-def hook_resid_mid(layer: int) -> str:
-    """The residual between a layer's attention and its MLP (what the MLP's LN2 reads)."""
-    return f"blocks.{layer}.hook_resid_mid"
-
-
-def hook_attn_sum(layer: int) -> str:
-    """A layer's attention output before any post-attention norm: sum_h z_h W_O[h] + b_O
-    (equal to hook_attn_out where the model has no such norm)."""
-    return f"blocks.{layer}.attn.hook_out"
-
-
-def hook_mlp_out(layer: int) -> str:
-    """A layer's MLP output, as written into the residual stream (its output bias included)."""
-    return f"blocks.{layer}.hook_mlp_out"
-
-
-def unit_hook(unit: Head | Mlp) -> str:
-    """Where an ablation of a head (its z) or an MLP (its output) acts."""
-    return hook_z(unit.layer) if isinstance(unit, Head) else hook_mlp_out(unit.layer)

@@ -28,7 +28,7 @@ LAYERS = [
     ("harness.engine",),
     ("harness.report",),
     ("harness.sweep", "harness.tools"),
-    ("harness.cli", "harness.pytest_plugin", "harness.__main__", "harness"),
+    ("harness.cli", "harness.cli_args", "harness.pytest_plugin", "harness.__main__", "harness"),
 ]
 
 

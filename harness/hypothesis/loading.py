@@ -23,24 +23,22 @@ models are its source of truth (defaults live there only).
 
 from __future__ import annotations
 
-import difflib
 import hashlib
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from .. import locations
-from ..claims import registry
 from ..errors import SpecError
 from ..model.ref import ModelRef
-from ..spec.fields import SHAPE, BoundedClaim, ClaimSpec
+from ..spec.fields import SHAPE
 from ..spec.names import Shape
 from ..textfile import utf8
-from .document import Hypothesis, data_document_model, document_model, tags
+from .document import Hypothesis, data_document_model, document_model
+from .problems import KeyPath, Source, claim_field, claim_ids, field_name, problems, record_lines, yaml_problem
 from .references import EdgeReference, ReferenceError, expand
 
 
@@ -104,157 +102,8 @@ class LoadedData:
 
 MAX_FILE_BYTES = 1 << 20  # 1 MiB: thousands of claims; larger files are refused before parsing
 MAX_DEPTH = 32  # nesting of mappings and lists (a hypothesis file needs 5)
-PATTERN_TEXT = {
-    "id": "a claim id is letters, digits and _ . - + = , @ >, starting with a letter or digit, "
-          "no spaces (ids name pytest items: file.yaml::ID)",
-    "name": "a name is letters, digits, '_', '.' and '-' (it names the report folder)",
-}
-
-
-_CLAIM_FIELD = re.compile(r"^claims\[(\d+)\]\.?(.*)$")
-
-
-def claim_field(key: str, ids: list[Any]) -> str:
-    """A field of a dict-given hypothesis as its problems name it: a claim's field with
-    the claim's id (`claims[2].head` -> `claims[2] (id: prev-token): head`), other fields
-    as they are."""
-    m = _CLAIM_FIELD.match(key)
-    if m is None:
-        return key
-    i, rest = int(m[1]), m[2]
-    claim_id = ids[i] if i < len(ids) else None
-    named = f"claims[{i}] (id: {claim_id})" if isinstance(claim_id, str) and claim_id else f"claims[{i}]"
-    return f"{named}: {rest}" if rest else named
-
-
-@dataclass(frozen=True)
-class _Source:
-    """Where a problem is: `file:line: field` in a file; in a dict (file None), the field,
-    with the claim's id for a claim's field (claim_field)."""
-
-    file: str | None
-    ids: list[Any] = field(default_factory=list)  # claim ids by index, for a dict
-
-    def at(self, line: int, key: str) -> str:
-        """The problem's prefix for field `key` found on `line`."""
-        return f"{self.file}:{line}: {key}" if self.file is not None else claim_field(key, self.ids)
-
-
-def _claim_ids(raw: Any) -> list[Any]:
-    """The `id` of each item of a raw document's `claims` (None where there is none)."""
-    claims = raw.get("claims") if isinstance(raw, dict) else None
-    return [c.get("id") if isinstance(c, dict) else None for c in claims] if isinstance(claims, list) else []
-
-
-def did_you_mean(got: Any, allowed: list[str]) -> str:
-    """` (did you mean X?)` for the allowed word closest to `got` (difflib, case
-    ignored), or "" when none is close."""
-    if not isinstance(got, str) or not allowed:
-        return ""
-    lower = {a.lower(): a for a in allowed}
-    close = difflib.get_close_matches(got.lower(), list(lower), n=1, cutoff=0.6)
-    return f" (did you mean {lower[close[0]]}?)" if close and lower[close[0]] != got else ""
-
-
-# ---------------------------------------------------------------- line tracking
-KeyPath = tuple[str | int, ...]
-
-
-def _lines(node: yaml.Node, path: KeyPath, out: dict[KeyPath, int], dups: list[tuple[int, KeyPath]]) -> None:
-    """Record the 1-based line of every key/item path; collect duplicate keys."""
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen = set()
-        for k, v in node.value:
-            key = k.value
-            if key in seen:
-                dups.append((k.start_mark.line + 1, path + (key,)))
-            seen.add(key)
-            out[path + (key,)] = k.start_mark.line + 1
-            _lines(v, path + (key,), out, dups)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out[path + (i,)] = item.start_mark.line + 1
-            _lines(item, path + (i,), out, dups)
-
-
-def _field(path: KeyPath) -> str:
-    s = ""
-    for p in path:
-        s += f"[{p}]" if isinstance(p, int) else (f".{p}" if s else str(p))
-    return s or "(top level)"
-
-
-def _clean_msg(msg: str) -> str:
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if msg.startswith(prefix):
-            msg = msg[len(prefix):]
-    return msg
-
-
-def _problems(exc: ValidationError, lines: dict[KeyPath, int], source: _Source) -> list[str]:
-    all_tags = tags()
-    out = []
-    for err in exc.errors():
-        loc = err["loc"]
-        path: KeyPath = ()
-        for part in loc:
-            if path + (part,) in lines:
-                path = path + (part,)
-        line = lines.get(path, 1)
-        msg = _clean_msg(err["msg"])
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            allowed = allowed_keys(_model_at(loc[:-1], all_tags))
-            msg = "unknown key; allowed keys: " + ", ".join(allowed) + did_you_mean(loc[-1], allowed)
-            if loc[-1] in ("at_least", "at_most") and "min_effect" in allowed:
-                msg += ("; an edge or path claim is decided by its use: expect: used with min_effect (the effect "
-                        "must be above it), or expect: unused with tolerance (within ±tolerance)")
-        elif kind == "string_pattern_mismatch":
-            msg = f"{PATTERN_TEXT.get(str(loc[-1]), msg)} (got {err.get('input')!r})"
-        elif kind in ("literal_error", "enum"):  # a word of the vocabulary (spec.vocabulary)
-            expected = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
-            msg = f"{msg} (got {err.get('input')!r})" + did_you_mean(err.get("input"), expected)
-        elif kind == "claim_kind":
-            got = err["input"].get("kind") if isinstance(err["input"], dict) else err["input"]
-            msg = f"unknown claim kind {got!r}; allowed: {', '.join(registry.names())}"
-            msg += did_you_mean(got, registry.names())
-            if isinstance(err["input"], dict) and "kind" in err["input"]:
-                path, line = path + ("kind",), lines.get(path + ("kind",), line)
-        elif kind == "missing":
-            msg = "required field is missing"
-            path = tuple(p for p in loc if p not in all_tags)
-        out.append((line, f"{source.at(line, _field(path))}: {msg}"))
-    return [text for _, text in sorted(set(out))]
-
-
-def allowed_keys(model: type[BaseModel]) -> list[str]:
-    """The keys of a mapping in the order users read them: for claims id and kind
-    first, the kind's own keys, the bound, description last."""
-    fields = [info.alias or name for name, info in model.model_fields.items()]  # as files spell them (`from`)
-    if not issubclass(model, ClaimSpec):
-        return fields
-    common = set(BoundedClaim.model_fields)  # id, kind, description and the bound
-    own = [f for f in fields if f not in common]
-    bounds = [f for f in ("at_least", "at_most") if f in fields]
-    return ["id", "kind"] + own + bounds + ["description"]
-
-
-def _model_at(loc: tuple[str | int, ...], all_tags: dict[str, type[BaseModel]]) -> type[BaseModel]:
-    """The pydantic model that validates the mapping at `loc`."""
-    model: type[BaseModel] = Hypothesis
-    for part in loc:
-        if isinstance(part, str) and part in all_tags:
-            model = all_tags[part]
-        elif isinstance(part, str) and part in model.model_fields:
-            ann = model.model_fields[part].annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                model = ann
-    return model
-
-
 # ---------------------------------------------------------------- entry points
-def _check_structure(text: str, source: _Source) -> None:
+def _check_structure(text: str, source: Source) -> None:
     """Refuse YAML aliases (`*name`: each expands to a copy of the anchored node, so a
     few hundred bytes can stand for billions of nodes) and nesting deeper than
     MAX_DEPTH, reading the event stream only (nothing is built)."""
@@ -275,28 +124,6 @@ def _check_structure(text: str, source: _Source) -> None:
             depth -= 1
 
 
-# PyYAML problems that a wrong indentation (or a tab) on this line or the one above causes
-INDENTATION_PROBLEMS = ("mapping values are not allowed", "could not find expected ':'", "did not find expected key",
-                        "did not find expected '-' indicator", "expected <block end>", "while scanning a simple key")
-INDENTATION_HINT = ("hint: check the indentation of this line and the one above "
-                    "(YAML nests by indentation; use spaces, not tabs)")
-TAB_HINT = "hint: this line has a tab character; indent with spaces (YAML nests by indentation and refuses tabs)"
-
-
-def yaml_problem(exc: yaml.YAMLError) -> tuple[int, str]:
-    """(line, message) of a YAML syntax error: PyYAML's problem, with a plain hint when
-    it is one that a wrong indentation or a tab causes."""
-    mark = getattr(exc, "problem_mark", None)
-    line = mark.line + 1 if mark else 1
-    problem = str(getattr(exc, "problem", None) or exc)
-    context = str(getattr(exc, "context", None) or "")
-    if "'\\t'" in problem or "tab" in problem:
-        return line, f"{problem}; {TAB_HINT}"
-    if any(p in problem or p in context for p in INDENTATION_PROBLEMS):
-        return line, f"{problem}; {INDENTATION_HINT}"
-    return line, problem
-
-
 def parse_text(text: str, where: str | None, base_dir: Path | None = None,
                check_model: bool = False) -> tuple[Hypothesis, str, dict[str, int], tuple[EdgeReference, ...]]:
     """Validate YAML text; return (spec, sha256 of the text, {field: line}, the edge files its
@@ -305,7 +132,7 @@ def parse_text(text: str, where: str | None, base_dir: Path | None = None,
     `check_model`, names are checked against the model directory's config.json (model_shape_of;
     `base_dir` resolves a relative `model` and every `edges_from`)."""
     digest = hashlib.sha256(text.encode()).hexdigest()
-    source = _Source(where)
+    source = Source(where)
     if len(text.encode()) > MAX_FILE_BYTES:
         raise SpecError([f"{source.at(1, '(file)')}: {len(text.encode()):,} bytes; hypothesis files are limited to "
                          f"{MAX_FILE_BYTES:,} bytes (split the claims over several files)"])
@@ -314,12 +141,12 @@ def parse_text(text: str, where: str | None, base_dir: Path | None = None,
         raise SpecError([f"{source.at(1, '(top level)')}: a hypothesis file is a YAML mapping with keys "
                          "harness, name, model, data, claims"])
     if where is None:
-        source = _Source(None, _claim_ids(raw))
+        source = Source(None, claim_ids(raw))
     lines: dict[KeyPath, int] = {}
     dups: list[tuple[int, KeyPath]] = []
-    _lines(node, (), lines, dups)
+    record_lines(node, (), lines, dups)
     if dups:
-        raise SpecError([f"{source.at(ln, _field(p))}: duplicate key" for ln, p in dups])
+        raise SpecError([f"{source.at(ln, field_name(p))}: duplicate key" for ln, p in dups])
     shape = model_shape_of(raw.get("model"), base_dir) if check_model else None
     refs = _read_references(raw, lines, source, base_dir or Path("."), shape)
     spec = _validate(raw, lines, source, shape)
@@ -336,10 +163,10 @@ def parse_text(text: str, where: str | None, base_dir: Path | None = None,
         raise SpecError([f"{source.at(lines.get(('claims', i, 'corruption'), 1), f'claims[{i}].corruption')}: "
                          f"{name!r} is not one of the data's corruptions: {', '.join(known or [])} "
                          "(add it to data.corruptions)" for i, name in bad])
-    return spec, digest, {_field(k): v for k, v in lines.items()}, refs
+    return spec, digest, {field_name(k): v for k, v in lines.items()}, refs
 
 
-def _read_references(raw: dict[str, Any], lines: dict[KeyPath, int], source: _Source, base_dir: Path,
+def _read_references(raw: dict[str, Any], lines: dict[KeyPath, int], source: Source, base_dir: Path,
                      shape: Shape | None) -> tuple[EdgeReference, ...]:
     """Each circuit claim's `edges_from` file read into its `edges` (hypothesis.references), in
     place in `raw`; a problem is one SpecError line at the claim's `edges_from`."""
@@ -355,13 +182,13 @@ def _read_references(raw: dict[str, Any], lines: dict[KeyPath, int], source: _So
             claims[i], ref = expand(c, base_dir, shape)
         except ReferenceError as exc:
             named = "" if source.file is None else f" ({c.get('id')})"
-            raise SpecError([f"{source.at(lines.get(key, 1), _field(key))}:{named} {exc}"]) from None
+            raise SpecError([f"{source.at(lines.get(key, 1), field_name(key))}:{named} {exc}"]) from None
         lines[("claims", i, "edges")] = lines.get(key, 1)
         out.append(ref)
     return tuple(out)
 
 
-def _parse_yaml(text: str, source: _Source) -> tuple[yaml.Node | None, Any]:
+def _parse_yaml(text: str, source: Source) -> tuple[yaml.Node | None, Any]:
     """(the node tree, the value) of YAML text; SpecError for aliases, deep nesting and syntax errors."""
     try:
         _check_structure(text, source)
@@ -379,21 +206,21 @@ def load_data_file(path: Path) -> LoadedData:
     resolve against the file's folder."""
     if not path.is_file():
         raise SpecError([f"{path}: no such data file"])
-    source = _Source(str(path))
+    source = Source(str(path))
     node, raw = _parse_yaml(read_text(path), source)
     if not isinstance(raw, dict) or node is None or "data" not in raw:
         raise SpecError([f"{source.at(1, '(top level)')}: a data file is a YAML mapping with a 'data' key holding a "
                          "data mapping as in a hypothesis file (data: {template: ..., ...})"])
     lines: dict[KeyPath, int] = {}
     dups: list[tuple[int, KeyPath]] = []
-    _lines(node, (), lines, dups)
+    record_lines(node, (), lines, dups)
     if dups:
-        raise SpecError([f"{source.at(ln, _field(p))}: duplicate key" for ln, p in dups])
+        raise SpecError([f"{source.at(ln, field_name(p))}: duplicate key" for ln, p in dups])
     try:
         doc = data_document_model().model_validate({"data": raw["data"]})
     except ValidationError as exc:
-        raise SpecError(_problems(exc, lines, source)) from None
-    return LoadedData(doc.data, str(path), str(path.resolve().parent), {_field(k): v for k, v in lines.items()})
+        raise SpecError(problems(exc, lines, source)) from None
+    return LoadedData(doc.data, str(path), str(path.resolve().parent), {field_name(k): v for k, v in lines.items()})
 
 
 def model_shape_of(model: Any, base_dir: Path | None) -> Shape | None:
@@ -406,11 +233,11 @@ def model_shape_of(model: Any, base_dir: Path | None) -> Shape | None:
     return ModelRef.parse(model, base_dir or Path(".")).shape()
 
 
-def _validate(raw: dict[str, Any], lines: dict[KeyPath, int], source: _Source, shape: Shape | None) -> Hypothesis:
+def _validate(raw: dict[str, Any], lines: dict[KeyPath, int], source: Source, shape: Shape | None) -> Hypothesis:
     try:
         return document_model().model_validate(raw, context={SHAPE: shape} if shape is not None else None)
     except ValidationError as exc:
-        raise SpecError(_problems(exc, lines, source)) from None
+        raise SpecError(problems(exc, lines, source)) from None
 
 
 def load_all(files: list[Path], check_model: bool = False) -> list[LoadedHypothesis]:

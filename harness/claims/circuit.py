@@ -127,7 +127,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             kept = gap >= st.min_prompt_gap
             random = None
             if c.at_least is not None and not effects.undefined_reason(gap, st, ctx.unit):  # F is defined
-                f_point = float((m_circuit - m_empty)[kept].sum() / gap[kept].sum())
+                f_point = float(stats.ratio_of_means((m_circuit - m_empty)[kept], gap[kept]))
                 random = random_faithfulness_test(plan, c, m_empty, gap, kept, f_point, seed, st)
             outside = plan.outside()
             change = effects.head_change(runs, outside, c.ablation, st) if outside else None
@@ -176,7 +176,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         norm = effects.normalized_effect(num, gap, st, seed, unit, gap_name="full-empty")
         if jack and norm.interval is not None:
             kept = norm.kept
-            thetas = [float((mc - me)[kept].sum() / (m_full - me)[kept].sum()) for mc, me in jack]
+            thetas = [float(stats.ratio_of_means((mc - me)[kept], (m_full - me)[kept])) for mc, me in jack]
             norm = replace(norm, interval=effects.widen(norm.interval, thetas, st.confidence))
         iv = norm.interval
         fields: dict[str, Any] = {

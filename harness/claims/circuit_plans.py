@@ -122,7 +122,7 @@ def random_faithfulness_test(plan: Plan, claim: CircuitClaim, m_empty: np.ndarra
 
     def draw(n: int) -> list[bool]:
         ms = plan.random(rng, n, claim.ablation)
-        fs = [float((m - m_empty)[kept].sum() / gap[kept].sum()) for m in ms]
+        fs = [float(stats.ratio_of_means((m - m_empty)[kept], gap[kept])) for m in ms]
         found.extend(fs)
         return [f < f_claimed for f in fs]
 

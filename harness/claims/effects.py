@@ -127,7 +127,7 @@ def normalized_effect(d: np.ndarray, gap: np.ndarray, st: Stats, seed: int, unit
         return NormalizedEffect(None, n_excluded, gap_mean, kept_mean, None, None, reason, keep)
     iv = stats.bootstrap_ci([d[keep], gap[keep]], stats.ratio_of_means, st.bootstrap, st.confidence, seed)
     if jack:
-        iv = widen(iv, [float(dk[keep].sum() / gap[keep].sum()) for dk in jack], st.confidence)
+        iv = widen(iv, [float(stats.ratio_of_means(dk[keep], gap[keep])) for dk in jack], st.confidence)
     ratios = d[keep] / gap[keep]
     return NormalizedEffect(iv, n_excluded, gap_mean, kept_mean, Summary(**stats.summary(ratios)),
                             ratios.tolist(), "", keep)

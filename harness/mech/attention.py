@@ -27,7 +27,7 @@ base run, recomputed from the cached residual, must equal the cached z.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import UnsupportedError
 from ..model import architecture
@@ -103,7 +103,7 @@ def head_input(bridge: Any, head: names.Head, which: str, resid: Any) -> Float[T
     """x = norm1(resid) W_x + b_x for query head `head` ([n, pos, d_head], float64, before any rotation)."""
     h = apply_norm(bridge.blocks[head.layer].ln1, resid, of(bridge))
     W, b = projection(bridge, head.layer, head.head, which)
-    return h @ W.to(h.device) + b.to(h.device)
+    return cast("Tensor", h @ W.to(h.device) + b.to(h.device))
 
 
 def rotate(x: Any, cos: Any, sin: Any) -> Any:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class Scores:
 
     @property
     def total(self) -> np.ndarray:
-        return self.per_position.sum(-1)
+        return cast(np.ndarray, self.per_position.sum(-1))
 
 
 def transformer_lens_nodes(edge: names.Edge, position: int, n_layers: int) -> tuple[Any, Any]:

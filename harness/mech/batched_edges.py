@@ -89,7 +89,7 @@ def all_edges(n_layers: int, n_heads: int, embed: bool = True, logits: bool = Tr
               inputs: str = "qkv") -> list[names.Edge]:
     """Every sender (embed, heads) -> every later head's q/k/v, and -> logits."""
     heads = names.Head.every(n_layers, n_heads)
-    senders: list = ([names.Embed()] if embed else []) + heads
+    senders: list[Any] = ([names.Embed()] if embed else []) + heads
     out = []
     for s in senders:
         for r in heads:
@@ -159,12 +159,12 @@ class _Sweep:
     the scored positions [n, k], masks, and where the metrics go."""
 
     model: blocks.Model
-    base: dict
+    base: dict[str, Any]
     positions: Any
-    metric_fn: Callable
+    metric_fn: Callable[..., Any]
     out: np.ndarray
     budget: int
-    delta: Callable  # senders -> [S, n, s, d]: the change of each sender's write
+    delta: Callable[..., Any]  # senders -> [S, n, s, d]: the change of each sender's write
     masks: list[Any]  # per layer [s, s] additive: causal, within the layer's sliding window
     scored_masks: list[Any]  # per layer [n, k, s] additive: the same for the scored queries
     d_mlp: int
@@ -197,7 +197,7 @@ def silent(items: Any, label: str) -> Any:
     return items
 
 
-def checked_model(bridge: Any, check: dict) -> blocks.Model:
+def checked_model(bridge: Any, check: dict[str, Any]) -> blocks.Model:
     """The torch arithmetic (mech.torch_blocks) built in the dtype and on the device of `check`'s
     activations and held to the model on its first prompts (`check` cached every layer's residual;
     UnsupportedError where it does not reproduce them).  Building copies the weights and checking
@@ -212,10 +212,11 @@ def checked_model(bridge: Any, check: dict) -> blocks.Model:
     return model
 
 
-def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict, source: dict, clean: dict,
-                    positions: Any, metric_fn: Callable, *, replacement: str = Replacement.RESAMPLE,
-                    budget_bytes: int = 32 * 2**20, progress: Callable = silent,
-                    check: dict | None = None, model: blocks.Model | None = None) -> np.ndarray:
+def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict[str, Any], source: dict[str, Any],
+                    clean: dict[str, Any],
+                    positions: Any, metric_fn: Callable[..., Any], *, replacement: str = Replacement.RESAMPLE,
+                    budget_bytes: int = 32 * 2**20, progress: Callable[..., Any] = silent,
+                    check: dict[str, Any] | None = None, model: blocks.Model | None = None) -> np.ndarray:
     """Per-edge, per-prompt metric of every patched variant: [len(edges), n_prompts].
 
     metric_fn(logits [N, k, vocab], positions [N, k]) -> [N] (the scored positions
@@ -258,8 +259,9 @@ def patch_cost(edge: names.Edge, n_layers: int) -> float:
 
 
 
-def _sweep(bridge: Any, base: dict, source: dict, clean: dict, positions: Any, metric_fn: Callable,
-           replacement: str, budget: int, out: np.ndarray, model: blocks.Model) -> _Sweep:
+def _sweep(bridge: Any, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any], positions: Any,
+           metric_fn: Callable[..., Any], replacement: str, budget: int, out: np.ndarray,
+           model: blocks.Model) -> _Sweep:
     """The checked torch arithmetic with these runs' rotation, the caches trimmed to the positions
     up to the last scored one (causal attention: nothing scored reads later ones), masks, the
     senders' deltas."""
@@ -295,7 +297,7 @@ def _groups(edges: list[names.Edge]) -> dict[Any, list[int]]:
     return groups
 
 
-def _trim(cache: dict, s: int, n_layers: int) -> dict:
+def _trim(cache: dict[str, Any], s: int, n_layers: int) -> dict[str, Any]:
     """The cache's activations the batched path reads ([n, pos, ...]) at positions < s (views;
     the rotation's cos and sin [1 or n, pos, r] likewise)."""
     names_ = [*cache_names(n_layers), "logits", names.HOOK_ROT_COS, names.HOOK_ROT_SIN,
@@ -303,7 +305,8 @@ def _trim(cache: dict, s: int, n_layers: int) -> dict:
     return {name: cache[name][:, :s] for name in names_ if name in cache}
 
 
-def _deltas(bridge: Any, base: dict, source: dict, clean: dict, replacement: str) -> Callable:
+def _deltas(bridge: Any, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any],
+            replacement: str) -> Callable[..., Any]:
     """senders -> [S, n, s, d]: D_A, the change of the sender's write (mech.writes), computed in
     float64 once per sender.  resample: the source run's activation; mean: its mean over
     `clean`'s prompts; zero: 0."""

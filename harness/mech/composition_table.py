@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -94,7 +94,7 @@ def _c_max(comp: Composition, mode: str) -> np.ndarray:
             return np.where(n > 0, s[..., 0] / np.where(n > 0, n, 1.0), np.nan)
 
     x, y = top_share(comp.spectrum("x")), top_share(comp.spectrum(mode))
-    return np.minimum(x[:, :, None, None], y[None, None, :, :])
+    return cast(np.ndarray, np.minimum(x[:, :, None, None], y[None, None, :, :]))
 
 
 def composition_data(bridge: Any, *, processing: str, n_draws: int, alpha: float, seed: int,

@@ -83,7 +83,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -185,7 +185,7 @@ def principal_angles(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     sin = np.clip(np.linalg.svd(rest, compute_uv=False), 0.0, 1.0)[::-1]  # smallest first
     k = min(A.shape[1], B.shape[1])
     cos, sin = cos[:k], sin[:k]
-    return np.where(cos ** 2 >= 0.5, np.arcsin(sin), np.arccos(cos))
+    return cast(np.ndarray, np.where(cos ** 2 >= 0.5, np.arcsin(sin), np.arccos(cos)))
 
 
 @dataclass

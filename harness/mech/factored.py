@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -160,7 +160,7 @@ class Composition:
         for s in senders:
             column[s.layer, s.head] = np.nan
         out = column.ravel()
-        return out[~np.isnan(out)]
+        return cast(np.ndarray, out[~np.isnan(out)])
 
     def peer_numbers(self, senders: tuple[Head, ...], receiver: HeadInput, c: float) -> dict[str, Any]:
         """The peer fields of a CompositionResult: the peers' median, C over it, C's rank among the
@@ -202,7 +202,7 @@ class Composition:
         """Null draws start..stop-1 of one pair."""
         a = self.weights_of("x")[sender.layer, sender.head][None]
         b = self.weights_of(receiver.which)[receiver.head.layer, receiver.head.head][None]
-        return self.null.pair_samples(a, b, stop, start)[0]
+        return cast(np.ndarray, self.null.pair_samples(a, b, stop, start)[0])
 
     def null_grid(self, mode: str, sender_layer: int, n_draws: int) -> Any:
         """Null draws of every head of `sender_layer` with every head input `mode` of the later

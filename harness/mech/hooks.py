@@ -21,7 +21,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import cost, memory
 from ..errors import SanityCheckError
@@ -54,9 +54,9 @@ Cache = dict[str, "Tensor"]  # hook name -> activations of one run (and "logits"
 class Plan:
     """A list of (hook name, function) pairs to apply during one forward."""
 
-    hooks: list[tuple[str, Callable]] = field(default_factory=list)
+    hooks: list[tuple[str, Callable[..., Any]]] = field(default_factory=list)
 
-    def add(self, name: str, fn: Callable) -> None:
+    def add(self, name: str, fn: Callable[..., Any]) -> None:
         self.hooks.append((name, fn))
 
 
@@ -75,18 +75,18 @@ def run_plan(bridge: Any, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Ten
         raise
     _check_fired(plan, fired)
     cost.spend(tokens.shape[0])
-    return logits
+    return cast("Tensor", logits)
 
 
-def _counted(bridge: Any, plan: Plan) -> tuple[list[tuple[str, Callable]], list[int]]:
+def _counted(bridge: Any, plan: Plan) -> tuple[list[tuple[str, Callable[..., Any]]], list[int]]:
     """The plan's hooks wrapped to count their calls, and the counts; unknown hook names are an error."""
     unknown = [name for name, _ in plan.hooks if name not in bridge.hook_dict]
     if unknown:
         raise SanityCheckError(f"the model has no hook named {', '.join(unknown)}")
     fired = [0] * len(plan.hooks)
 
-    def counting(i: int, fn: Callable) -> Callable:
-        def wrapped(x, hook):
+    def counting(i: int, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(x: Any, hook: Any) -> Any:
             fired[i] += 1
             return fn(x, hook)
         return wrapped
@@ -185,7 +185,7 @@ def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], pla
         logits = output_transform(bridge, bridge.unembed(bridge.ln_final(x.gather(1, idx))))
     _check_fired(plan, fired)
     cost.spend(resid.shape[0], cost.layers_from(layer, int(bridge.cfg.n_layers)))
-    return logits
+    return cast("Tensor", logits)
 
 
 def _additive_mask(s: int, window: int | None, ref: Any) -> Any:
@@ -335,7 +335,7 @@ def ablation_plan(heads: list[Head], kind: str, corrupted_z: dict[int, Float[Ten
         else:
             source = corrupted_z[layer]
 
-        def fn(z, hook, idx=idx, source=source):
+        def fn(z: Any, hook: Any, idx: Any = idx, source: Any = source) -> Any:
             z = z.clone()
             if source is None:
                 z[:, :, idx, :] = 0.0
@@ -358,7 +358,7 @@ def mlp_ablation_plan(mlps: list[Mlp], kind: str, corrupted_out: dict[int, Float
     for m in sorted(set(mlps)):
         source = None if kind == Ablation.ZERO else (mean_out if kind == Ablation.MEAN else corrupted_out)[m.layer]
 
-        def fn(out, hook, source=source):
+        def fn(out: Any, hook: Any, source: Any = source) -> Any:
             if source is None:
                 return out * 0.0
             return source.to(out.dtype).to(out.device).expand(out.shape[0], -1, -1).clone()

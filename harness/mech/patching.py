@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import UnsupportedError
 from ..model import architecture
@@ -88,7 +88,7 @@ def receiver_residual(bridge: Any, base: Cache, receiver: names.Receiver) -> Res
     resid_pre, `logits` the last layer's resid_post."""
     key = (hook_resid_pre(receiver.head.layer) if isinstance(receiver, names.HeadInput)
            else hook_resid_post(bridge.cfg.n_layers - 1))
-    return wide(base[key])
+    return cast("Tensor", wide(base[key]))
 
 
 def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
@@ -149,7 +149,7 @@ def fast_plan(bridge: Any, patch: EdgePatch, base: Cache | None = None) -> Plan:
     if isinstance(r, names.Logits):
         resid = patch.resid
 
-        def final(x, hook):
+        def final(x: Any, hook: Any) -> Any:
             return like(resid, x)
 
         plan.add(hook_resid_post(bridge.cfg.n_layers - 1), final)
@@ -161,7 +161,7 @@ def fast_plan(bridge: Any, patch: EdgePatch, base: Cache | None = None) -> Plan:
         new = receiver_input(bridge, r.head, r.which, patch.resid)
         idx = r.head.head if r.which == "q" else arch.kv_head(r.head.head)
 
-        def swap(x, hook):
+        def swap(x: Any, hook: Any) -> Any:
             x = x.clone()
             x[:, :, idx, :] = like(new, x)
             return x
@@ -187,7 +187,7 @@ def z_plan(bridge: Any, head: names.Head, z: Any) -> Plan:
     """Hooks that set one head's z (its other heads untouched)."""
     plan = Plan()
 
-    def set_z(x, hook):
+    def set_z(x: Any, hook: Any) -> Any:
         x = x.clone()
         x[:, :, head.head, :] = like(z, x)
         return x
@@ -215,10 +215,11 @@ def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: Cache) -> Floa
     """
     r = patch.edge.receiver
     if isinstance(r, names.Logits):
-        return wide(final_logits(bridge, patch.resid))
+        return cast("Tensor", wide(final_logits(bridge, patch.resid)))
     if not isinstance(r, names.HeadInput):
         raise UnsupportedError(names.edge_end_unsupported(r, "into"))
-    return wide(run_plan(bridge, tokens, z_plan(bridge, r.head, patched_z(bridge, r, patch.resid, base))))
+    z = patched_z(bridge, r, patch.resid, base)
+    return cast("Tensor", wide(run_plan(bridge, tokens, z_plan(bridge, r.head, z))))
 
 
 def freeze_patterns_plan(patterns: dict[int, Float[Tensor, "n head query key"]]) -> Plan:

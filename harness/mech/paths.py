@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import UnsupportedError
 from ..model import architecture
@@ -171,7 +171,7 @@ def mlp_output(bridge: Any, layer: int, resid: Residual) -> Residual:
     device = of(bridge)
     out = patching.apply_module(block.mlp, patching.apply_module(block.ln2, resid, device), device)
     post = getattr(block, "ln2_post", None)
-    return patching.apply_module(post, out, device) if post is not None else out
+    return cast("Tensor", patching.apply_module(post, out, device) if post is not None else out)
 
 
 def head_z(bridge: Any, receiver: names.HeadInput, resid_pre: Residual, changed: Residual, base: Cache) -> Any:
@@ -258,7 +258,7 @@ def all_routes_change(bridge: Any, route: AllRoutes, base: Cache, source: Cache 
     run = sender_plan(bridge, base, source, route.sender, replacement, means)
     run.add(read, grab)
     forward(run)
-    return wide(got[read]) - wide(base[read]).to(got[read].device)
+    return cast("Tensor", wide(got[read]) - wide(base[read]).to(got[read].device))
 
 
 def plan(bridge: Any, route: Route, base: Cache, source: Cache | None, replacement: str,
@@ -297,7 +297,8 @@ def patch_path(bridge: Any, route: Route, base_tokens: Any, source_tokens: Any, 
     def forward(p: Plan) -> object:
         return run_plan(bridge, base_tokens, p)
 
-    return wide(run_plan(bridge, base_tokens, plan(bridge, route, base, source, replacement, means, forward)))
+    patched = plan(bridge, route, base, source, replacement, means, forward)
+    return cast("Tensor", wide(run_plan(bridge, base_tokens, patched)))
 
 
 def check_route(bridge: Any, path: names.Path) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -167,7 +167,7 @@ class Runs:
         ref = self.reference_source.get()
         if ref is None:
             raise ValueError("these runs have no reference prompts for means")
-        return ref
+        return cast("Reference", ref)
 
     def z(self, run: Cache) -> dict[int, Float[Tensor, "n pos head d_head"]]:
         """{layer: hook_z activations} of the layers cached in `run`."""
@@ -382,7 +382,7 @@ class Runs:
         gm = self.graph_source.get()
         if gm is None:
             raise ValueError("these runs were not built for edge circuits")
-        return gm
+        return cast(graph_run.GraphModel, gm)
 
     def has_writes(self, run: Cache) -> bool:
         """Whether `run` cached every sender's write (what whole-graph forwards read)."""

@@ -50,11 +50,11 @@ def tracked(x: Any) -> bool:
     return torch.is_grad_enabled() and bool(x.requires_grad)
 
 
-def activation(name: str | None) -> tuple[Callable, tuple[str, str]] | None:
+def activation(name: str | None) -> tuple[Callable[..., Any], tuple[str, str]] | None:
     """(torch function, oneDNN post-op (attr, algorithm)) of a TransformerLens act_fn name."""
     import torch.nn.functional as F
 
-    table: dict[str, tuple[Callable, tuple[str, str]]] = {
+    table: dict[str, tuple[Callable[..., Any], tuple[str, str]]] = {
         "gelu_new": (gelu_tanh, ("gelu", "tanh")), "gelu_fast": (gelu_tanh, ("gelu", "tanh")),
         "gelu_pytorch_tanh": (gelu_tanh, ("gelu", "tanh")), "gelu": (F.gelu, ("gelu", "none")),
         "relu": (F.relu, ("relu", "")), "silu": (F.silu, ("swish", "")), "swish": (F.silu, ("swish", ""))}
@@ -113,7 +113,7 @@ class Dense:
     linear with the activation fused (W kept only as oneDNN's layout W^T [out, in]), which
     on some CPUs runs faster kernels than torch's own float32 matmul (docs/performance.md)."""
 
-    def __init__(self, W: Any, b: Any, dnn: bool, act: tuple[Callable, tuple[str, str]] | None = None):
+    def __init__(self, W: Any, b: Any, dnn: bool, act: tuple[Callable[..., Any], tuple[str, str]] | None = None):
         self.b, self.act = b, act
         self.Wt = W.t().contiguous() if dnn and dnn_ok(W.dtype, act) else None  # no copy if W^T is contiguous
         self.W = None if self.Wt is not None else W
@@ -143,7 +143,7 @@ class Dense:
 
 
 @functools.cache
-def dnn_ok(dtype: Any, act: tuple[Callable, tuple[str, str]] | None) -> bool:
+def dnn_ok(dtype: Any, act: tuple[Callable[..., Any], tuple[str, str]] | None) -> bool:
     """Whether oneDNN's linear (with this activation fused) runs here and agrees with torch on a trial
     (once per dtype and activation)."""
     import torch
@@ -182,12 +182,12 @@ class Layer:
     the attention (None: none); mlp(x): what the MLP adds given the residual it reads
     (norm2, MLP, post2; None: no MLP); parallel: the MLP reads the block's input."""
 
-    ln1: Callable
+    ln1: Callable[..., Any]
     proj: dict[str, Dense]
     W_O: Any
     out: Dense
-    post1: Callable | None
-    mlp: Callable | None
+    post1: Callable[..., Any] | None
+    mlp: Callable[..., Any] | None
     parallel: bool
     n_kv: int
     cap: float | None  # soft cap on the scores
@@ -211,7 +211,7 @@ class Layer:
 @dataclass
 class Model:
     layers: list[Layer]
-    logits: Callable  # final residual -> the model's output transform of unembed(ln_final(.))
+    logits: Callable[..., Any]  # final residual -> the model's output transform of unembed(ln_final(.))
     n_heads: int
     d_head: int
     rotation: tuple[Any, Any] | None = None  # (cos, sin) [1 or n, s, r] of the run (rotary models)

@@ -41,7 +41,7 @@ def _require(diff: float | None, what: str, arch: architecture.Architecture) -> 
                                f"the model's by {diff:.3g} ({arch.name}: {feats})")
 
 
-def check(model: Model, w: Weights, base: dict, tol: float) -> None:
+def check(model: Model, w: Weights, base: dict[str, Any], tol: float) -> None:
     """Hold the torch arithmetic to the model on the first prompts of the base run.
 
     norm1, the MLP (with norm2 and post2) and ln_final + unembed are compared with the model's
@@ -87,7 +87,7 @@ def check(model: Model, w: Weights, base: dict, tol: float) -> None:
         _require(_off(model.logits(final), base["logits"][:m], tol), "the logits (ln_final, unembed)", arch)
 
 
-def _check_attention(model: Model, lay: Layer, L: int, pre: Any, base: dict, tol: float,
+def _check_attention(model: Model, lay: Layer, L: int, pre: Any, base: dict[str, Any], tol: float,
                      arch: architecture.Architecture) -> Any:
     """q/k/v and z of layer L recomputed from resid_pre [m, s, d] and compared with the cache;
     returns z [m, s, H, dh]."""

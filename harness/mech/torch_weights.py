@@ -21,7 +21,7 @@ from .hooks import output_transform
 from .torch_blocks import Dense, Layer, Model, Norm, activation, dnn_ok, fold, tracked
 
 
-def through(module: Any) -> Callable:
+def through(module: Any) -> Callable[..., Any]:
     """A position-wise module (norm, MLP, unembedding) called on [..., d] as one [1, N, d] batch."""
     def call(x: Any) -> Any:
         y = module(x.reshape(1, -1, x.shape[-1]))
@@ -37,7 +37,7 @@ def _stacked(bridge: Any, name: str) -> Any:
         return None
 
 
-def _norm_of(module: Any, cfg: Any, cast: Callable) -> Norm | None:
+def _norm_of(module: Any, cfg: Any, cast: Callable[..., Any]) -> Norm | None:
     """The arithmetic a TransformerLens NormalizationBridge does (None if not recognised)."""
     import torch
 
@@ -66,7 +66,7 @@ class Weights:
     arch: architecture.Architecture
     st: dict[str, Any]  # the unembedding: W_U, b_U
     norms: dict[str, Norm | None]  # "ln1.L", "ln2.L", "ln1_post.L", "ln2_post.L", "ln_final"
-    act: tuple[Callable, tuple[str, str]] | None
+    act: tuple[Callable[..., Any], tuple[str, str]] | None
     dnn: bool
     cast: Callable[[Any], Any]
 
@@ -116,7 +116,7 @@ def _bias(w: Weights, name: str, L: int, shape: tuple[int, ...], like: Any) -> A
     return b.reshape(shape) if b is not None else like.new_zeros(shape)
 
 
-def _post(w: Weights, name: str, L: int, block: Any, in_torch: bool) -> Callable | None:
+def _post(w: Weights, name: str, L: int, block: Any, in_torch: bool) -> Callable[..., Any] | None:
     """The norm after a sublayer (Gemma 2), in torch or the model's module; None without one."""
     if f"{name}.{L}" not in w.norms:
         return None
@@ -142,14 +142,14 @@ def build_layer(w: Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = Tr
     proj = {"qkv": qkv, "q": qkv.outputs(0, hq), "k": qkv.outputs(hq, hq + hk),
             "v": qkv.outputs(hq + hk, hq + 2 * hk), "kv": qkv.outputs(hq, hq + 2 * hk)}
     ln1 = norm1.standardize if norm1 is not None else through(block.ln1)
-    mlp: Callable | None = None
+    mlp: Callable[..., Any] | None = None
     post2 = _post(w, "ln2_post", L, block, torch_mlp)
     if w.has_mlp(L):
         norm2 = w.norms[f"ln2.{L}"]
         if torch_mlp and norm2 is not None and w.mlp_in_torch(L):
             fc_out = Dense(w.of(L, "W_out"), w.of(L, "b_out"), w.dnn)
             b_in = w.of(L, "b_in")
-            inner: Callable
+            inner: Callable[..., Any]
             if arch.gated_mlp:
                 gate = Dense(*fold(norm2, w.of(L, "W_gate"), w.of(L, "b_gate")), w.dnn, w.act)
                 up = Dense(*fold(norm2, w.of(L, "W_in"), b_in), w.dnn)
@@ -165,13 +165,15 @@ def build_layer(w: Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = Tr
                     return fc_out(fc_in(h))
                 inner = plain
 
-            def mlp(x: Any, norm2: Norm = norm2, inner: Callable = inner, post2: Callable | None = post2) -> Any:
+            def mlp(x: Any, norm2: Norm = norm2, inner: Callable[..., Any] = inner,
+                    post2: Callable[..., Any] | None = post2) -> Any:
                 y = inner(norm2.standardize(x))
                 return y if post2 is None else post2(y)
         else:
             ln2, module = through(block.ln2), through(block.mlp)
 
-            def mlp(x: Any, ln2: Callable = ln2, module: Callable = module, post2: Callable | None = post2) -> Any:
+            def mlp(x: Any, ln2: Callable[..., Any] = ln2, module: Callable[..., Any] = module,
+                    post2: Callable[..., Any] | None = post2) -> Any:
                 y = module(ln2(x))
                 return y if post2 is None else post2(y)
     W_O = w.of(L, "W_O")
@@ -180,7 +182,7 @@ def build_layer(w: Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = Tr
                  arch.attn_softcap, arch.windows[L])
 
 
-def unembedding(w: Weights, in_torch: bool = True) -> Callable:
+def unembedding(w: Weights, in_torch: bool = True) -> Callable[..., Any]:
     """Final residual -> logits: ln_final, the unembedding, the output transform; in torch, or the
     model's modules."""
     norm = w.norms["ln_final"]
@@ -192,7 +194,7 @@ def unembedding(w: Weights, in_torch: bool = True) -> Callable:
     return lambda x: output_transform(bridge, unembed_module(ln_final(x)))
 
 
-def build(bridge: Any, dtype: Any, device: Any, base: dict | None = None) -> tuple[Model, Weights]:
+def build(bridge: Any, dtype: Any, device: Any, base: dict[str, Any] | None = None) -> tuple[Model, Weights]:
     """The torch arithmetic of every block, ln_final and the unembedding, in the activations'
     dtype and device (unchecked: see check); the rotation of a rotary model from `base`'s
     cached cos and sin."""

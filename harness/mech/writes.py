@@ -31,7 +31,7 @@ activations' device.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..model import architecture
 from ..model.devices import of, wide
@@ -118,7 +118,7 @@ def change(bridge: Any, base: Cache, sender: names.Sender, new: dict[Member, Any
         P = wide(base[hook_attn_sum(layer)]).to(dw.device)
         device = of(bridge)
         add(apply_norm(post, P + dw, device) - apply_norm(post, P, device))
-    return total
+    return cast("Tensor", total)
 
 
 def output(bridge: Any, base: Cache, sender: names.Sender) -> Residual:

@@ -132,7 +132,7 @@ def _bridge_fields() -> set[str]:
     return fields - {"kwargs", "args"}
 
 
-def check_native_config(cfg: dict, file: Path) -> None:
+def check_native_config(cfg: dict[str, Any], file: Path) -> None:
     """Raise ModelLoadError (`FILE: KEY: ...`) unless `cfg` (the parsed config.json of a
     native directory) holds the six required keys and only supported keys with
     valid values.  Guarantees, when it returns: the six sizes are positive ints,
@@ -155,7 +155,7 @@ def check_native_config(cfg: dict, file: Path) -> None:
             raise ModelLoadError(f"{file}: {key}: {problem}, got {_shown(value)}")
 
 
-def native_weight_count(cfg: dict) -> tuple[int, str]:
+def native_weight_count(cfg: dict[str, Any]) -> tuple[int, str]:
     """(entries of the weight matrices the native config implies, the largest term
     described).  Biases and norm weights are left out, so a safetensors file
     matching the config holds at least this many elements.  `cfg` must have passed
@@ -178,12 +178,12 @@ def native_weight_count(cfg: dict) -> tuple[int, str]:
     return sum(terms.values()), largest
 
 
-def native_buffer_bytes(cfg: dict) -> int:
+def native_buffer_bytes(cfg: dict[str, Any]) -> int:
     """Bytes of the native model's non-weight buffers: one n_ctx x n_ctx causal mask per layer."""
     return int(cfg["n_layers"]) * int(cfg["n_ctx"]) ** 2
 
 
-def check_hf_sizes(cfg: dict, file: Path) -> None:
+def check_hf_sizes(cfg: dict[str, Any], file: Path) -> None:
     """Raise ModelLoadError (`FILE: KEY: ...`) when a size key transformers reads
     (HF_SIZE_KEYS) is present but not a positive integer (null is left to
     transformers, which fills in its default)."""

@@ -114,7 +114,7 @@ def drop_duplicates(ds: Dataset, source: str, labels: list[str] | None = None) -
     tensors = [ds.clean, *ds.corruptions.values(), ds.positions, ds.answers]
     if ds.wrong is not None:
         tensors.append(ds.wrong)
-    seen: dict[tuple, int] = {}
+    seen: dict[tuple[Any, ...], int] = {}
     keep, repeats = [], []
     for i in range(ds.n):
         key = tuple(tuple(t[i].tolist()) for t in tensors)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import DataError
 from ..registry import Registry
@@ -147,7 +147,7 @@ def _kl_none(V: int, clean: Any) -> float:
     for i in range(0, n, size):
         part = wide(clean[i:i + size])
         total += float((-(part.exp() * part).sum(-1)).sum())
-    return -(math.log(V) - total / (n * k))
+    return float(-(math.log(V) - total / (n * k)))
 
 
 _BUILTIN = (
@@ -198,7 +198,7 @@ def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k
     answers = answers.to(at.device)
     wrong = None if wrong is None else wrong.to(at.device)
     ref = None if clean is None else wide(clean).to(at.device)
-    return m.fn(at, answers, wrong, ref)
+    return cast("Tensor", m.fn(at, answers, wrong, ref))
 
 
 def no_information(metric: str, d_vocab_out: int, clean: Any = None) -> float | None:

@@ -46,7 +46,7 @@ class ModelFiles:
 
     folder: Path  # absolute
     kind: str  # "native" | "transformers"
-    config: dict  # parsed config.json
+    config: dict[str, Any]  # parsed config.json
     config_bytes: bytes  # config.json as read
     weights: tuple[Path, ...]  # the safetensors files whose tensors are loaded, in name order
     index: Path | None = None  # model.safetensors.index.json when the weights are its shards
@@ -107,7 +107,7 @@ def _index_shards(folder: Path, index: Path, root: Path | None = None) -> tuple[
     return tuple(sorted(shards, key=lambda f: f.relative_to(folder).as_posix()))
 
 
-def _hf_extra_files(folder: Path, cfg: dict, root: Path | None = None) -> list[Path]:
+def _hf_extra_files(folder: Path, cfg: dict[str, Any], root: Path | None = None) -> list[Path]:
     """Safetensors files transformers loads besides the checkpoint for some
     architectures (their config class's `extra_files`), when present."""
     model_type = cfg.get("model_type")

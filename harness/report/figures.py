@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ..claims.edge_test import OPPOSITE, UNTESTED, USED, UseRule
 from ..evidence.result import ClaimResult, Evidence
 from . import views
 from .style import VERDICT_COLOURS
@@ -314,13 +315,9 @@ def use_of(p: dict[str, Any], min_effect: float, tolerance: float) -> str:
     if p.get("use"):
         return str(p["use"])
     if p.get("untested"):
-        return "untested"
+        return UNTESTED
     lo, hi = p["effect_ci"]
-    if lo > min_effect:
-        return "used"
-    if hi < -min_effect:
-        return "used (opposite sign)"
-    return "unused" if -tolerance <= lo and hi <= tolerance else "undetermined"
+    return UseRule(min_effect=min_effect, tolerance=tolerance, alpha=1.0).status(lo, hi, p_adj=0.0)  # the bands alone
 
 
 def _place_labels(ax: Any, fig: Any, items: list[tuple[float, float, str]]) -> None:
@@ -398,7 +395,7 @@ def draw_signature(data: dict[str, Any]) -> Any | None:
     fig.legend(handles=handles, loc="outside right upper", fontsize=7.5, title="use (colour), weights (fill)",
                title_fontsize=8, frameon=False)
     shown = [(p["composition"], p["effect"], label(p["edge"], 32)) for p in pts
-             if p["claimed"] or use_of(p, min_effect, tol) in ("used", "used (opposite sign)")]
+             if p["claimed"] or use_of(p, min_effect, tol) in (USED, OPPOSITE)]
     _place_labels(ax, fig, shown)
     return fig
 

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.mech import batched_edges
+from harness.mech import batched_edges, edge_sets
 from harness.mech import patching as P
 from harness.mech.hooks import cache_hooks
 from harness.model import data, metrics
@@ -63,12 +63,12 @@ def build_model(folder: Path, n_layers: int = 2) -> Any:
 def setup(folder: Path, n_prompts: int, n_layers: int = 2) -> tuple[Any, Any, Any, Any]:
     bridge = build_model(folder, n_layers)
     ds = data.repeated_tokens(n_prompts, 20, VOCAB, seed=0)
-    hooks = batched_edges.cache_names(n_layers)
+    hooks = edge_sets.cache_names(n_layers)
     return bridge, ds, cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
 
 
 def edges(n_layers: int = 2) -> list:
-    return batched_edges.all_edges(n_layers, N_HEADS, embed=False, logits=False)
+    return edge_sets.all_edges(n_layers, N_HEADS, embed=False, logits=False)
 
 
 def probe_edges(n_layers: int) -> list:

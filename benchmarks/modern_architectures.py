@@ -90,7 +90,7 @@ def sweep(root: Path) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from harness.mech import batched_edges
+    from harness.mech import batched_edges, edge_sets
     from harness.mech import patching as P
     from harness.mech.hooks import cache_hooks
     from harness.model import data, metrics
@@ -99,9 +99,9 @@ def sweep(root: Path) -> dict[str, Any]:
     torch.set_num_threads(1)
     bridge = load_model(build("llama-2l", root / "llama-2l"), device="cpu").bridge
     ds = data.repeated_tokens(N_PROMPTS, SEGMENT, 128, seed=0)
-    hooks = batched_edges.cache_names(2)
+    hooks = edge_sets.cache_names(2)
     clean, corrupt = cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
-    edges = batched_edges.all_edges(2, 8, embed=False, logits=False)
+    edges = edge_sets.all_edges(2, 8, embed=False, logits=False)
     _print(f"sweep model: 2-layer Llama shape (rotary, RMSNorm, gated MLP, 8 query heads / 2 key-value heads), "
            f"{N_PROMPTS} prompts x {ds.seq_len} tokens, {len(edges)} edges, 1 thread")
 

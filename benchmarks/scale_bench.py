@@ -44,7 +44,7 @@ Rows of the results table, per model size (the hypothesis files are written by
 * `edge sweep, s per edge`: in-process seconds per edge of
   `mech.batched_edges.batched_metrics` (denoising: base = the corrupted run,
   source = the clean run, resample, its default chunk budget, logprob metric;
-  caches from `mech.hooks.cache_hooks` with `batched_edges.cache_names`; after a
+  caches from `mech.hooks.cache_hooks` with `edge_sets.cache_names`; after a
   one-edge warm-up) on a fixed subset of 91 edges (with 12 heads): embed and every
   head of layer L/2-1 -> L{L/2}H1 .q/.k/.v (39 edges), embed and every head of
   layer L-2 -> L{L-1}H2 .q/.k/.v (39), and embed and every head of the last layer

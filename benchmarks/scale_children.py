@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UserError
-from harness.mech import batched_edges, weights
+from harness.mech import batched_edges, edge_sets, weights
 from harness.mech.factored import Composition
 from harness.mech.hooks import cache_hooks
 from harness.model import data, metrics
@@ -128,7 +128,7 @@ def child_edges(model: str, n_prompts: int, segment: int) -> dict[str, Any]:
 
     m = _load(model)
     bridge, ds = m.bridge, _prompts(m, n_prompts, segment)
-    hooks = batched_edges.cache_names(m.n_layers)
+    hooks = edge_sets.cache_names(m.n_layers)
     clean, corrupt = cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
 
     def per_prompt(logits: Any, pos: Any) -> Any:

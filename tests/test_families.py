@@ -232,15 +232,15 @@ def test_batched_sweep_equals_the_per_edge_path(fam, replacement, budget):
     keys, gated and parallel MLPs, post norms, soft caps, windows) equals the per-edge path."""
     import numpy as np
 
-    from harness.mech import batched_edges
+    from harness.mech import batched_edges, edge_sets
     from harness.model import metrics
 
     arch = fam.arch
-    edges = batched_edges.all_edges(arch.n_layers, arch.n_heads)
+    edges = edge_sets.all_edges(arch.n_layers, arch.n_heads)
     n, s = BASE.shape
     positions = torch.arange(4, s - 1).expand(n, -1).contiguous()
     answers = BASE.gather(1, positions + 1)
-    wanted = batched_edges.cache_names(arch.n_layers)
+    wanted = edge_sets.cache_names(arch.n_layers)
     base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
 
     def mf(logits, pos):

@@ -34,9 +34,9 @@ import numpy as np
 from ..claims.composition import route_evidence
 from ..claims.edge_test import EdgeTestSpec, edge_tests
 from ..claims.registry import kind_of
-from ..mech import batched_edges, weights
+from ..mech import edge_sets, weights
 from ..mech.base_runs import base_runs
-from ..mech.batched_edges import patch_cost
+from ..mech.edge_sets import patch_cost
 from ..mech.factored import Composition
 from ..mech.runs import Runs
 from ..spec import names
@@ -100,14 +100,14 @@ def runs_for(runs: Runs, claims: Sequence[ClaimSpec], metric: str) -> Runs:
 def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int) -> list[str]:
     """What the signature plot reads: every candidate sender's output, the receiver's residual,
     and for a key or value receiver its attention pattern (where it reads: mech.change); and
-    what the batched edge patching of its candidates reads (mech.batched_edges.cache_names)."""
+    what the batched edge patching of its candidates reads (mech.edge_sets.cache_names)."""
     out = []
     candidates = []
     for r in receivers(claims):
         out += [hook_z(layer) for layer in range(r.head.layer)] + [hook_resid_pre(r.head.layer)]
         out += [hook_pattern(r.head.layer)] if r.which in "kv" else []
         candidates += [names.Edge(names.Head(layer, 0), r) for layer in range(r.head.layer)]  # each sender layer
-    return out + batched_edges.cache_names(n_layers, candidates) if out else out
+    return out + edge_sets.cache_names(n_layers, candidates) if out else out
 
 
 def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], ds: Any,

@@ -48,7 +48,7 @@ from ..spec.names import hook_mlp_out, hook_resid_post, hook_resid_pre, hook_z
 from . import torch_blocks as blocks
 from . import torch_check, torch_weights, writes
 from .attention import rotate
-from .batched_edges import cache_names as block_cache_names
+from .edge_sets import cache_names as block_cache_names
 from .graph import Graph
 
 BUDGET = 256 * 2**20  # working memory of one chunk of rows (circuit x prompt)

@@ -36,7 +36,18 @@ from ..model import architecture, shape
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
-from . import attribution, batched_ablation, batched_edges, graph_patches, graph_run, hooks, patching, paths, writes
+from . import (
+    attribution,
+    batched_ablation,
+    batched_edges,
+    edge_sets,
+    graph_patches,
+    graph_run,
+    hooks,
+    patching,
+    paths,
+    writes,
+)
 from .hooks import Cache
 from .reference import Lazy, Reference
 
@@ -315,7 +326,7 @@ class Runs:
             todo = []
         noising = direction == Direction.NOISING
         base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
-        wanted = hooks.for_architecture(self.bridge, batched_edges.cache_names(self.n_layers, todo))
+        wanted = hooks.for_architecture(self.bridge, edge_sets.cache_names(self.n_layers, todo))
         if (len(todo) > 1 and replacement in (Replacement.RESAMPLE, Replacement.ZERO) and self.metric_at is not None
                 and all(n in base and n in source for n in wanted)):
             metric_at = self.metric_at

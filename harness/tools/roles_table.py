@@ -46,7 +46,7 @@ from ..claims.attention import attention_scores, queries
 from ..engine.data_source import DataSource, DataSpec, build_dataset
 from ..errors import UserError
 from ..evidence.document import to_json
-from ..mech import batched_edges, roles
+from ..mech import edge_sets, roles
 from ..mech.base_runs import base_runs
 from ..model.data_sources import generated
 from ..model.devices import of
@@ -118,7 +118,7 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     heads = list(names.Head.every(m.n_layers, m.n_heads))
     metric = metric or ("logit_diff" if ds.wrong is not None else "logprob")
     direct = direct and bool(ds.corruptions)
-    edge_hooks = batched_edges.cache_names(m.n_layers) if direct else []  # what the head -> logits patches read
+    edge_hooks = edge_sets.cache_names(m.n_layers) if direct else []  # what the head -> logits patches read
     hooks = [hook_pattern(layer) for layer in range(m.n_layers)] + edge_hooks
     stage(f"head table: {ds.n} prompts ({start_words(m, ds)}), {len(heads)} heads")
     one = ds.keep_corruptions(list(ds.corruptions)[:1]) if ds.corruptions else ds

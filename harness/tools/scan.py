@@ -43,7 +43,7 @@ from ..errors import UserError
 from ..evidence.document import to_json
 from ..evidence.format import fmt_p
 from ..hypothesis.loading import load
-from ..mech import batched_edges, graph_run, weights
+from ..mech import edge_sets, graph_run, weights
 from ..mech.base_runs import base_runs
 from ..mech.factored import Composition
 from ..mech.graph import Graph
@@ -108,7 +108,7 @@ def scan_hooks(n_layers: int, has_mlp: bool) -> list[str]:
     """What exact patching of every edge reads from the base runs: the batched sweep's hooks
     (mech.batched_edges), the last layer's pattern (non-vacuity of its keys and values) and the
     edge graph's (mech.graph_run: edges with an MLP end)."""
-    return list(dict.fromkeys(batched_edges.cache_names(n_layers) + [hook_pattern(n_layers - 1)]
+    return list(dict.fromkeys(edge_sets.cache_names(n_layers) + [hook_pattern(n_layers - 1)]
                               + graph_run.cache_names(n_layers, has_mlp)))
 
 
@@ -138,7 +138,7 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
     ds, chosen = explore_dataset(m, cfg, given)
     ds = ds.to(of(bridge))
     graph = Graph.of(bridge)
-    head_edges = batched_edges.all_edges(L, H)  # first, in the order that keys their seeds
+    head_edges = edge_sets.all_edges(L, H)  # first, in the order that keys their seeds
     listed = set(head_edges)
     edges = head_edges + [e for e in graph.edges() if e not in listed]
     hooks = scan_hooks(L, m.has_mlp)

@@ -33,18 +33,13 @@ What one patched variant (edge) pays for, and what is shared:
 * positions after the last scored one are never computed (causal attention:
   nothing scored reads them).
 
-The arithmetic is written out in torch.  LN1 and LN2 are each followed by a
-linear map, so their affine parts are folded into it:
-    norm(x) W + b = standardize(x) (diag(w_norm) W) + (b_norm W + b)
-(LN1 into the fused [W_Q/scale | W_K | W_V], LN2 into W_in; not ln_final, so that
-W_U, often the tied embedding, is used without a copy).  On the CPU in float32
-the matrix products use oneDNN's linear, with the MLP's activation fused.  Before
-the sweep the arithmetic (mech.torch_blocks) is checked on two prompts of the base run: a norm, MLP
-or unembedding that does not reproduce the model's own module (an unfamiliar
-activation, a norm computed in another precision) falls back to
-calling that module; attention or a block that does not reproduce the cached
-activations raises UnsupportedError instead of giving wrong numbers (the per-edge
-path then runs instead).
+The arithmetic is mech.torch_blocks' (norm affines folded into the linear map after them;
+ln_final's not, so that W_U, often the tied embedding, is used without a copy; oneDNN's linear
+with the MLP's activation fused on the CPU in float32), read from the bridge by
+mech.torch_weights and held to the model on two prompts of the base run before the sweep
+(mech.torch_check): a norm, MLP or unembedding that does not reproduce the model's module
+falls back to calling it; attention or a block that does not reproduce the cache raises
+UnsupportedError instead of giving wrong numbers (the per-edge path then runs instead).
 
 Edges are stacked along the batch dimension in chunks whose size follows a
 memory budget (bytes per edge estimated from the shapes, `bytes_per_edge`, and
@@ -63,7 +58,7 @@ the per-edge metrics come back to the CPU as numpy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -75,9 +70,9 @@ from ..model import architecture
 from ..model.devices import like
 from ..spec import names
 from ..spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
-from ..spec.vocabulary import REPLACEMENTS, Replacement
+from ..spec.vocabulary import REPLACEMENTS, Direction, Replacement
+from . import hooks, torch_check, torch_weights, writes
 from . import torch_blocks as blocks
-from . import torch_check, torch_weights, writes
 from .edge_sets import bytes_per_edge, cache_names, chunk_size, patch_cost
 
 # At most this many query positions (prompts x positions) per chunk of patched variants:
@@ -420,3 +415,32 @@ def _downstream(sw: _Sweep, L: int, post: Any) -> Any:
         x = blocks.block(m, m.layers[l], x, sw.masks[l])
     last = len(m.layers) - 1
     return blocks.block_at(m, m.layers[-1], x.view(E, n, s, d), sw.positions, sw.scored_masks[last])
+
+
+def patch_into(runs: Any, todo: Sequence[names.Edge], direction: str, replacement: str, budget: int,
+               progress: Callable[..., Any] | None = None) -> None:
+    """Runs.patched_many's batched path: `todo` patched by `batched_metrics` from the base runs of
+    `runs` (mech.runs.Runs) into runs.memo, when those runs cached what it reads, the replacement
+    is resample or zero and the runs score the metric at the scored positions; nothing otherwise,
+    or where the arithmetic does not reproduce the model (UnsupportedError: one by one then)."""
+    noising = direction == Direction.NOISING
+    base, source = (runs.clean, runs.corrupt) if noising else (runs.corrupt, runs.clean)
+    wanted = hooks.for_architecture(runs.bridge, cache_names(runs.n_layers, list(todo)))
+    if (len(todo) > 1 and replacement in (Replacement.RESAMPLE, Replacement.ZERO) and runs.metric_at is not None
+            and all(n in base and n in source for n in wanted)):
+        metric_at = runs.metric_at
+
+        def metric_fn(logits: Any, positions: Any) -> Any:
+            import torch
+
+            return torch.as_tensor(metric_at(logits))
+
+        try:
+            got = batched_metrics(runs.bridge, list(todo), base, source, runs.clean, runs.ds.positions, metric_fn,
+                                  replacement=replacement, budget_bytes=budget, model=runs.edge_blocks(),
+                                  progress=progress or silent)
+        except UnsupportedError:
+            got = None  # an architecture the batched arithmetic does not reproduce: one by one
+        if got is not None:
+            for e, m in zip(todo, got, strict=True):
+                runs.memo[runs.edge_key(e, direction, replacement, False, None)] = m

@@ -1,6 +1,6 @@
-"""Edges with an MLP end, patched many at a time through the edge graph (mech.graph_run) instead
-of one forward each: what Runs.patched_many does for the edges the batched head path
-(mech.batched_edges) does not take."""
+"""Through the edge graph (mech.graph_run), many at a time: edges with an MLP end, patched
+together instead of one forward each (what Runs.patched_many does for the edges the batched
+head path, mech.batched_edges, does not take), and edge circuits (Runs.edge_circuits)."""
 
 from __future__ import annotations
 
@@ -53,3 +53,29 @@ def patch_mlp_ends(runs: Any, edges: Sequence[names.Edge], direction: str, repla
             got = gm.circuits(base, rep, masks, runs.ds.positions, runs.metric_rows)
     for e, m in zip(todo, got, strict=True):
         runs.memo[runs.edge_key(e, direction, replacement, False, None)] = m
+
+
+def circuit_metrics(runs: Any, masks: Sequence[np.ndarray], kind: str, drop: int | None = None) -> list[np.ndarray]:
+    """Runs.edge_circuits: the metric of the clean prompts keeping only each mask's edges, many
+    circuits per whole-graph pass (mech.graph_run.GraphModel.circuits), each distinct circuit
+    (by corruption, replacement, left-out group and the mask's bits) computed once per run and
+    memoised in runs.memo."""
+    import hashlib
+
+    keys = [("circuit", runs.corruption if kind == Replacement.RESAMPLE else "", str(kind), drop,
+             hashlib.sha1(np.packbits(m).tobytes()).hexdigest()) for m in masks]
+    todo: list[int] = []
+    pending: set[tuple[Any, ...]] = set()
+    for i, k in enumerate(keys):
+        if k not in runs.memo and k not in pending:
+            pending.add(k)
+            todo.append(i)
+    if todo:
+        gm = runs.graph_model()
+        clean = runs.writes(runs.clean)
+        rep = (runs.writes(runs.corrupt) if kind == Replacement.RESAMPLE else runs.mean_writes(drop)
+               if kind == Replacement.MEAN else clean.zeros())
+        got = gm.circuits(clean, rep, np.stack([masks[i] for i in todo]), runs.ds.positions, runs.rows_metric)
+        for i, m in zip(todo, got, strict=True):
+            runs.memo[keys[i]] = m
+    return [runs.memo[k] for k in keys]

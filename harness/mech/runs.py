@@ -40,7 +40,6 @@ from . import (
     attribution,
     batched_ablation,
     batched_edges,
-    edge_sets,
     graph_patches,
     graph_run,
     hooks,
@@ -61,6 +60,8 @@ PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) pr
 def part_key(metric: str) -> str:
     """Where a base run keeps another metric's values per prompt (mech.base_runs `parts`)."""
     return f"metric:{metric}"
+
+
 BATCH_BUDGET = 64 * 2**20  # working memory of one chunk of batched edge patching
 CHUNK_BUDGET = 256 * 2**20  # working memory of one prompt chunk of an intervention (Runs.chunk)
 
@@ -324,29 +325,9 @@ class Runs:
             for e, m in zip(todo, chunked, strict=True):
                 self.memo[self.edge_key(e, direction, replacement, False, None)] = m
             todo = []
-        noising = direction == Direction.NOISING
-        base, source = (self.clean, self.corrupt) if noising else (self.corrupt, self.clean)
-        wanted = hooks.for_architecture(self.bridge, edge_sets.cache_names(self.n_layers, todo))
-        if (len(todo) > 1 and replacement in (Replacement.RESAMPLE, Replacement.ZERO) and self.metric_at is not None
-                and all(n in base and n in source for n in wanted)):
-            metric_at = self.metric_at
-
-            def metric_fn(logits: Any, positions: Any) -> Any:
-                import torch
-
-                return torch.as_tensor(metric_at(logits))
-
-            try:
-                got = batched_edges.batched_metrics(self.bridge, todo, base, source, self.clean, self.ds.positions,
-                                                    metric_fn, replacement=replacement,
-                                                    budget_bytes=memory.working(BATCH_BUDGET) if budget is None
-                                                    else budget, model=self.edge_blocks(),
-                                                    progress=progress or batched_edges.silent)
-            except UnsupportedError:
-                got = None  # an architecture the batched arithmetic does not reproduce: one by one
-            if got is not None:
-                for e, m in zip(todo, got, strict=True):
-                    self.memo[self.edge_key(e, direction, replacement, False, None)] = m
+        if len(todo) > 1:
+            batched_edges.patch_into(self, todo, direction, replacement,
+                                     memory.working(BATCH_BUDGET) if budget is None else budget, progress)
         graph_patches.patch_mlp_ends(self, edges, direction, replacement)
         return [self.patched(e, direction, replacement) for e in edges]
 
@@ -453,25 +434,7 @@ class Runs:
         """Metric of the clean prompts keeping only each mask's edges ([senders, receivers] bool, mech.graph),
         every other edge carrying `kind`'s replacement (resample: this corruption's run; mean: the
         reference means, group `drop` left out; zero); each distinct circuit computed once per run."""
-        import hashlib
-
-        keys = [("circuit", self.corruption if kind == Replacement.RESAMPLE else "", str(kind), drop,
-                 hashlib.sha1(np.packbits(m).tobytes()).hexdigest()) for m in masks]
-        todo: list[int] = []
-        pending: set[tuple[Any, ...]] = set()
-        for i, k in enumerate(keys):
-            if k not in self.memo and k not in pending:
-                pending.add(k)
-                todo.append(i)
-        if todo:
-            gm = self.graph_model()
-            clean = self.writes(self.clean)
-            rep = (self.writes(self.corrupt) if kind == Replacement.RESAMPLE else self.mean_writes(drop)
-                   if kind == Replacement.MEAN else clean.zeros())
-            got = gm.circuits(clean, rep, np.stack([masks[i] for i in todo]), self.ds.positions, self.rows_metric)
-            for i, m in zip(todo, got, strict=True):
-                self.memo[keys[i]] = m
-        return [self.memo[k] for k in keys]
+        return graph_patches.circuit_metrics(self, masks, kind, drop)
 
 
 def _heads(units: Sequence[names.Unit]) -> list[names.Head]:

@@ -28,7 +28,9 @@ from ..evidence.result import ClaimResult
 from ..mech.base_runs import base_runs
 from ..mech.runs import Runs
 from ..model import metrics
+from ..model.data import Dataset
 from ..model.devices import of
+from ..model.loaded import LoadedModel
 from ..model.tokenizer import shown_tokenizer, start_words
 from ..progress import progress, stage
 from ..spec.fields import ClaimSpec
@@ -70,9 +72,9 @@ def by_kind(claims: Sequence[ClaimSpec]) -> dict[ClaimKind[Any, Any], list[tuple
     return out
 
 
-def measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str, st: Stats, processing: str,
-                seed: int, figures: bool = True) -> Measurements:
-    """Run every claim on `model` (model.loading.LoadedModel) and `ds` (model.data.Dataset)."""
+def measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *, metric: str, st: Stats,
+                processing: str, seed: int, figures: bool = True) -> Measurements:
+    """Run every claim on `model` and `ds`."""
 
     with cost.counting(ds.n) as ledger:
         return _measure_all(model, ds, claims, metric=metric, st=st, processing=processing, seed=seed,
@@ -90,8 +92,8 @@ def spent(ledger: cost.Ledger, what: str, runs: Runs | None = None) -> None:
     stage(f"{what}: {ledger.lap():.2f} forward-equivalents" + (f"; peak memory {memory.gb(peak)}" if peak else ""))
 
 
-def _measure_all(model: Any, ds: Any, claims: Sequence[ClaimSpec], *, metric: str, st: Stats, processing: str,
-                 seed: int, figures: bool, ledger: cost.Ledger) -> Measurements:
+def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *, metric: str, st: Stats,
+                 processing: str, seed: int, figures: bool, ledger: cost.Ledger) -> Measurements:
     bridge = model.bridge
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads

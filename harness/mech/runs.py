@@ -33,6 +33,7 @@ import numpy as np
 from .. import memory
 from ..errors import UnsupportedError
 from ..model import architecture, shape
+from ..model.data import Dataset
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
@@ -69,7 +70,7 @@ CHUNK_BUDGET = 256 * 2**20  # working memory of one prompt chunk of an intervent
 @dataclass
 class Runs:
     bridge: Any  # the TransformerBridge
-    ds: Any  # model.data.Dataset, on the model's device
+    ds: Dataset  # on the model's device
     clean: Cache  # cached activations of the clean run (+ "logits")
     corrupt: Cache  # the same for the corrupted run of `corruption`
     metric: Callable[[Float[Tensor, "n pos vocab"]], PerPrompt]  # logits -> metric per prompt

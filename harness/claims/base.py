@@ -220,7 +220,7 @@ class ClaimKind(ABC, Generic[S, D]):
     name: ClassVar[str]  # the `kind:` value in files and evidence.json
     spec: type[S]  # the schema of one claim
     details: type[D]  # the typed details of one result
-    evidence: ClassVar[EvidenceType]  # weights, observational or causal
+    evidence: ClassVar[EvidenceType]  # weights, observational, attribution (an estimate) or causal
     summary: ClassVar[str] = ""  # one line for docs and `--help` texts
 
     def matches(self, raw: dict[str, Any]) -> bool:

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-quick test-kernels test-real lint validate clean-venv
+.PHONY: demo test test-quick test-for test-kernels test-real lint validate clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ test-quick: $(STAMP)
 # compute like others (PyTorch's portable kernels; MKL's reproducible code path and a
 # different reduction order), so a stored-number comparison that holds for one kernel only
 # fails here before it fails on someone else's machine (tests/committed.py has the rule)
+# the tests of one file or folder, from tests/package_map.txt: make test-for P=harness/model/loading.py
+test-for: $(STAMP)
+	@test -n "$(P)" || { echo "usage: make test-for P=harness/PATH"; exit 2; }
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile $$(awk -F: -v p="$(P)" '!/^#/ && NF > 1 && index(p, $$1) == 1 \
+	    { n = split($$2, f, " "); for (i = 1; i <= n; i++) print "tests/" f[i] ".py" }' tests/package_map.txt | sort -u)
+
 test-kernels: $(STAMP)
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -q -m stored_numbers
 	MKL_CBWR=COMPATIBLE HARNESS_THREADS=2 $(BIN)/python -m pytest -q -m stored_numbers

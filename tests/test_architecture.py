@@ -146,3 +146,25 @@ def test_no_reference_to_documents_outside_the_repository():
     for path in [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "docs").glob("*.md"),
                  ROOT / "README.md"]:
         assert outside not in path.read_text(), path
+
+
+def package_map() -> list[tuple[str, list[str]]]:
+    """tests/package_map.txt: (path prefix, test files) per line."""
+    out = []
+    for line in (ROOT / "tests" / "package_map.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            prefix, files = line.split(":", 1)
+            out.append((prefix.strip(), files.split()))
+    return out
+
+
+def test_the_package_map_lists_every_test_file_and_covers_every_module():
+    rows = package_map()
+    listed = {f for _, files in rows for f in files}
+    tests = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+    assert tests - listed == set(), "test files missing from tests/package_map.txt"
+    assert listed - tests == set(), "tests/package_map.txt names test files that do not exist"
+    prefixes = [p for p, _ in rows]
+    unmapped = [m for m in (p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py"))
+                if not any(m.startswith(prefix) for prefix in prefixes)]
+    assert unmapped == []

@@ -3,11 +3,12 @@ head -> head-input edges a model uses?
 
     .venv/bin/python benchmarks/composition_auc.py MODEL [--receivers 16,17,18] [--modes k]
                                                   [--n-prompts 20] [--segment-length 10] [--seed 0]
-                                                  [--save rows.json]
+                                                  [--data FILE.yaml] [--metric logprob] [--save rows.json]
 
 Every edge from an earlier head into the q/k/v inputs (`--modes`) of every head of the
 `--receiver` layers (default: all layers) is patched exactly (noising, resample, the
-repeated-tokens generator's explore split, first_half corruption; claims.edge_test: BH over
+repeated-tokens generator's explore split, first_half corruption, or `--data`: a YAML file's
+data mapping on its explore split, with `--metric`; claims.edge_test: BH over
 the edges, `used` as an edge claim decides it with the default stats).  Beside each edge's
 use, its composition statistics (mech.factored on folded weights): the score C, the rotation
 null's p-value (uncorrected, 1,000 draws; the tail bound below the Monte Carlo floor) and the
@@ -25,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from scipy.stats import rankdata, spearmanr
@@ -53,11 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-prompts", type=int, default=20)
     ap.add_argument("--segment-length", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", default="", help="the prompts of a YAML file's data mapping (a hypothesis or data "
+                                               "file; its explore split) instead of the repeated-tokens generator")
+    ap.add_argument("--metric", default="logprob")
     ap.add_argument("--show", type=int, default=10, help="list the top edges by C and the used ones (stderr)")
     ap.add_argument("--save", default="", help="write every edge's row (statistics, effect, use) to this JSON file")
     args = ap.parse_args(argv)
 
     from harness.claims.edge_test import USED, EdgeTestSpec, edge_tests
+    from harness.engine.data_source import build_dataset, from_data_file
     from harness.mech import weights
     from harness.mech.base_runs import base_runs
     from harness.mech.factored import Composition
@@ -78,13 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     edges = [names.Edge(names.Head(l1, h1), names.HeadInput(names.Head(l2, h2), w))
              for l2 in layers for h2 in range(H) for w in args.modes for l1 in range(l2) for h1 in range(H)]
     print(f"{args.model}: {len(edges)} edges into layers {layers} ({args.modes})", file=sys.stderr)
-    ds = generated(m, args.n_prompts, args.segment_length, "composition_auc", seed=args.seed, split="explore",
-                   corruptions=("first_half",), n_ctx=m.n_ctx, vocab_max=min(m.d_vocab, m.d_vocab_out))
+    if args.data:
+        spec, source = from_data_file(Path(args.data), "explore")
+        ds = build_dataset(spec, source, m)
+    else:
+        ds = generated(m, args.n_prompts, args.segment_length, "composition_auc", seed=args.seed, split="explore",
+                       corruptions=("first_half",), n_ctx=m.n_ctx, vocab_max=min(m.d_vocab, m.d_vocab_out))
     ds = ds.to(of(m.bridge))
-    runs = base_runs(m.bridge, ds, scan_hooks(L, m.has_mlp), "logprob")
+    runs = base_runs(m.bridge, ds, scan_hooks(L, m.has_mlp), args.metric)
     runs.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE, progress=progress)
     st = Stats(bootstrap=500, permutations=2000)  # as harness scan: use status, not publication intervals
-    tests = edge_tests(runs, [EdgeTestSpec(e, seed=i) for i, e in enumerate(edges)], st, metrics.get("logprob").unit,
+    tests = edge_tests(runs, [EdgeTestSpec(e, seed=i) for i, e in enumerate(edges)], st, metrics.get(args.metric).unit,
                        progress=progress)
     used = np.array([t.use == USED for t in tests])
     print(f"patched in {time.perf_counter() - t0:.0f} s; {int(used.sum())} of {len(edges)} edges used", file=sys.stderr)

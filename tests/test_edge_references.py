@@ -12,18 +12,17 @@ import yaml
 from harness.errors import SpecError
 from harness.hypothesis.loading import load
 
+from .documents import hypothesis as document
+from .documents import write
 from .graph_helpers import ROOT
 
 EDGES = ["embed -> L0H7.v", "L0H7 -> L1H5.k", "L1H5 -> logits"]
 
 
 def hypothesis(folder, claim: dict) -> str:
-    f = folder / "h.yaml"
-    f.write_text(yaml.safe_dump({
-        "harness": 1, "name": "refs", "model": str(ROOT / "fixtures" / "induction-2l"),
-        "data": {"generator": "repeated_tokens", "n_prompts": 8, "segment_length": 6},
-        "claims": [{"id": "c", "kind": "circuit", "at_least": 0.5, **claim}]}, sort_keys=False))
-    return str(f)
+    doc = document(ROOT / "fixtures" / "induction-2l", [{"id": "c", "kind": "circuit", "at_least": 0.5, **claim}],
+                   name="refs", data={"generator": "repeated_tokens", "n_prompts": 8, "segment_length": 6})
+    return str(write(folder, doc, "h"))
 
 
 def test_a_text_file_and_a_discovery_json_give_the_listed_edges(tmp_path):

@@ -24,6 +24,7 @@ from harness.model import ref as model_ref
 
 from . import toy_data_source, toy_model_source
 from .conftest import FIXTURE, ROOT
+from .documents import hypothesis as document
 
 
 @pytest.fixture
@@ -45,10 +46,9 @@ def toy_models():
 
 
 def doc(model: str, data: dict) -> dict:
-    return {"harness": 1, "name": "plugin", "model": model, "data": data, "stats": {"bootstrap": 300},
-            "claims": [{"id": "prev", "kind": "role", "head": "L0H7", "role": "previous_token", "at_least": 0.8},
-                       {"id": "needed", "kind": "ablation", "heads": ["L0H7"], "ablation": "resample",
-                        "at_least": 0.3}]}
+    return document(model, [{"id": "prev", "kind": "role", "head": "L0H7", "role": "previous_token", "at_least": 0.8},
+                            {"id": "needed", "kind": "ablation", "heads": ["L0H7"], "ablation": "resample",
+                             "at_least": 0.3}], name="plugin", data=data, stats={"bootstrap": 300})
 
 
 def test_a_data_source_registered_from_outside(reversed_half, tmp_path):

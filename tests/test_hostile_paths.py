@@ -12,6 +12,8 @@ import pytest
 from harness.cli import main
 
 from .conftest import FIXTURE
+from .documents import hypothesis as document
+from .documents import write
 
 
 def errors(capsys) -> list[str]:
@@ -28,11 +30,9 @@ def loop(tmp_path) -> Path:
 
 
 def hypothesis(tmp_path: Path, model: str) -> Path:
-    f = tmp_path / "h.yaml"
-    f.write_text(f"harness: 1\nname: h\nmodel: {model}\ndata: {{generator: repeated_tokens, n_prompts: 10, "
-                 "segment_length: 5}\nclaims:\n  - {id: r, kind: role, head: L0H0, role: previous_token, "
-                 "at_least: 0.5}\n")
-    return f
+    claims = [{"id": "r", "kind": "role", "head": "L0H0", "role": "previous_token", "at_least": 0.5}]
+    return write(tmp_path, document(model, claims, data={"generator": "repeated_tokens", "n_prompts": 10,
+                                                         "segment_length": 5}))
 
 
 @pytest.mark.parametrize("command", ["run", "roles", "explain", "scan", "weights"])

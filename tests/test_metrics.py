@@ -8,12 +8,13 @@ import math
 import numpy as np
 import pytest
 import torch
-import yaml
 
 import harness
 from harness.model import metrics
 
 from .conftest import FIXTURE
+from .documents import hypothesis as document
+from .documents import write
 
 
 def logits_case():
@@ -100,12 +101,9 @@ def hypothesis(tmp_path, metric):
     st = {"bootstrap": 500, "permutations": 1000, "null_draws": 200}
     if metric == "prob":  # the gap thresholds are in the metric's own units: a probability here
         st.update(min_gap=0.1, min_prompt_gap=0.02)
-    doc = {"harness": 1, "name": f"metric-{metric}", "model": str(FIXTURE), "metric": metric,
-           "data": {"generator": "repeated_tokens", "n_prompts": 40, "segment_length": 10},
-           "stats": st, "claims": CLAIMS}
-    path = tmp_path / f"{metric}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    doc = document(FIXTURE, CLAIMS, name=f"metric-{metric}", metric=metric, stats=st,
+                   data={"generator": "repeated_tokens", "n_prompts": 40, "segment_length": 10})
+    return write(tmp_path, doc, metric)
 
 
 @pytest.mark.slow

@@ -26,9 +26,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from tests import path_oracle as oracle
+
+from .documents import hypothesis as document
+from .documents import write
 
 N_LAYER, N_HEAD, D_MODEL, VOCAB, SEQ, N = 3, 2, 8, 20, 6, 12
 TOL = 1e-6
@@ -225,11 +227,8 @@ def write_data(folder: Path, data) -> Path:
 
 
 def hypothesis(folder: Path, name: str, model: Path | str, claim_list: list[dict], data_file="prompts.jsonl") -> Path:
-    doc = {"harness": 1, "name": name, "model": str(model), "data": {"file": data_file}, "metric": "logit_diff",
-           "seed": 0, "stats": STATS, "claims": claim_list}
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    return write(folder, document(model, claim_list, name=name, data={"file": data_file}, metric="logit_diff",
+                                  seed=0, stats=STATS))
 
 
 @pytest.fixture(scope="module")

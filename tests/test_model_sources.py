@@ -29,6 +29,7 @@ from harness.model.ref import ModelRef, load_model
 from harness.model.tokenizer import model_tokenizer
 
 from .conftest import boot_random_native, save_native, tiny_config
+from .documents import hypothesis as hypothesis_doc
 
 transformers = pytest.importorskip("transformers")
 from transformer_lens.model_bridge import TransformerBridge  # noqa: E402
@@ -112,11 +113,10 @@ def one_error(capsys, argv: list) -> str:
 
 
 def hypothesis(model: str, data: dict | None = None, head: str = "L1H0") -> dict:
-    return {"harness": 1, "name": "src", "model": model,
-            "data": data or {"generator": "repeated_tokens", "n_prompts": 20, "segment_length": 5},
-            "stats": {"bootstrap": 200, "permutations": 200},
-            "claims": [{"id": "r", "kind": "role", "head": head, "role": "previous_token", "at_least": 0.0},
-                       {"id": "a", "kind": "ablation", "heads": ["L0H1"], "ablation": "zero", "at_least": -10.0}]}
+    claims = [{"id": "r", "kind": "role", "head": head, "role": "previous_token", "at_least": 0.0},
+              {"id": "a", "kind": "ablation", "heads": ["L0H1"], "ablation": "zero", "at_least": -10.0}]
+    return hypothesis_doc(model, claims, name="src", stats={"bootstrap": 200, "permutations": 200},
+                          data=data or {"generator": "repeated_tokens", "n_prompts": 20, "segment_length": 5})
 
 
 # ---------------------------------------------------------------- 1. no tokenizer files

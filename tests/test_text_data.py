@@ -28,6 +28,7 @@ from harness.model.examples import examples
 from harness.model.tokenizer import model_tokenizer
 
 from .conftest import FIXTURE
+from .documents import hypothesis as document
 
 NAMES = ["Mary", "John", "Alice", "Bob", "Eve", "Dan"]
 WORDS = ["[BOS]", "[UNK]", "When", "and", "went", "to", "the", ",", "gave", "a", *NAMES, "store", "park", "drink",
@@ -110,9 +111,8 @@ def dump(doc: dict) -> str:
 
 
 def hypothesis(folder, data_: dict, **over) -> dict:
-    doc = {"harness": 1, "name": "text", "model": str(folder), "data": data_,
-           "claims": [{"id": "e", "kind": "edge", "edge": "L0H1 -> L1H0.v", "expect": "used"}]}
-    return doc | over
+    return document(folder, [{"id": "e", "kind": "edge", "edge": "L0H1 -> L1H0.v", "expect": "used"}], name="text",
+                    data=data_) | over
 
 
 def dataset(word_model, data_: dict):

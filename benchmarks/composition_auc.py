@@ -63,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from harness.claims.edge_test import USED, EdgeTestSpec, edge_tests
+    from harness.data.sources import generated
     from harness.engine.data_source import build_dataset, from_data_file
     from harness.mech import weights
     from harness.mech.base_runs import base_runs
     from harness.mech.factored import Composition
     from harness.model import metrics
-    from harness.model.data_sources import generated
     from harness.model.devices import of
     from harness.model.ref import load_model
     from harness.progress import progress

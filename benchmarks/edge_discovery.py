@@ -49,11 +49,11 @@ from typing import Any
 import numpy as np
 from scale_files import build_model, gpt2_shape  # benchmarks/ is on sys.path when run as a script
 
+from harness.data import dataset as data
 from harness.mech import attribution, graph_run
 from harness.mech.base_runs import base_runs
 from harness.mech.graph import Graph
 from harness.mech.runs import Runs
-from harness.model import data
 from harness.model.ref import ModelRef
 from harness.spec.settings import Stats
 from harness.spec.vocabulary import Direction

@@ -39,10 +39,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.data import dataset as data
 from harness.mech import batched_edges, edge_sets
 from harness.mech import patching as P
 from harness.mech.hooks import cache_hooks
-from harness.model import data, metrics
+from harness.model import metrics
 from harness.model.ref import load_model
 
 N_HEADS, D_MODEL, VOCAB, CTX = 8, 64, 128, 64

@@ -90,10 +90,11 @@ def sweep(root: Path) -> dict[str, Any]:
     import numpy as np
     import torch
 
+    from harness.data import dataset as data
     from harness.mech import batched_edges, edge_sets
     from harness.mech import patching as P
     from harness.mech.hooks import cache_hooks
-    from harness.model import data, metrics
+    from harness.model import metrics
     from harness.model.ref import load_model
 
     torch.set_num_threads(1)

@@ -309,7 +309,7 @@ def prompt_args(m: Any) -> dict[str, int]:
 
 def _prompts(args: dict[str, int], n: int, device: str) -> Any:
     """The prompts every contender runs: `n` repeated-token prompts (seed 0, test split)."""
-    from harness.model import data
+    from harness.data import dataset as data
 
     ds = data.repeated_tokens(n, SEGMENT, args["d_vocab"], seed=0, bos_token=args["bos_token"], n_ctx=args["n_ctx"])
     return ds.to(device)

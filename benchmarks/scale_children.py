@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.data import dataset as data
 from harness.errors import UserError
 from harness.mech import batched_edges, edge_sets, weights
 from harness.mech.factored import Composition
 from harness.mech.hooks import cache_hooks
-from harness.model import data, metrics
+from harness.model import metrics
 from harness.model.ref import load_model
 from harness.model.tokenizer import model_bos
 from harness.spec import names

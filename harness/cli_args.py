@@ -11,9 +11,9 @@ from importlib import metadata
 from pathlib import Path
 
 from . import __version__
+from .data.settings import MAX_PROMPTS
 from .mech.composition_table import MAX_DRAWS
 from .model import metrics
-from .spec.settings import MAX_PROMPTS
 from .spec.vocabulary import WEIGHT_PROCESSING
 from .sweep.executors import EXECUTORS
 from .tools.discover import METHODS as DISCOVER_METHODS

@@ -55,7 +55,7 @@ def build(redundant: bool = False, gain: float = 8.0):
 def dataset(n: int = 40, seq: int = 10, seed: int = 0):
     """Clean prompts repeat one token often; corrupted prompts replace the early half.
     The scored position is the last one; the answer is the clean prompt's majority token."""
-    from harness.model.data import Dataset
+    from harness.data.dataset import Dataset
 
     g = torch.Generator().manual_seed(seed)
     major = torch.randint(0, V, (n,), generator=g)

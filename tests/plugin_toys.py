@@ -9,7 +9,8 @@ from __future__ import annotations
 
 def register() -> None:
     from harness.claims import registry
-    from harness.model import data_sources, metrics
+    from harness.data import sources as data_sources
+    from harness.model import metrics
     from harness.model import ref as model_ref
     from harness.report import views
 

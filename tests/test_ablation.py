@@ -4,9 +4,9 @@ and zero-ablating every head against a closed form."""
 import pytest
 import torch
 
+from harness.data import dataset as data
 from harness.errors import SanityCheckError
 from harness.mech import hooks as iv
-from harness.model import data
 from harness.spec.names import Head, hook_z
 
 from . import oracle

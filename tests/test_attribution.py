@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
+from harness.data import dataset as data
 from harness.mech import attribution, graph_run
 from harness.mech.base_runs import base_runs
 from harness.mech.graph import Graph
 from harness.mech.runs import Runs
-from harness.model import data
 from harness.model.ref import ModelRef
 from harness.spec import names
 from harness.spec.vocabulary import Direction, Replacement

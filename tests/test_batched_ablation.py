@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from harness.data import dataset as data
 from harness.mech import hooks
 from harness.mech.reference import Lazy, Reference
 from harness.mech.runs import Runs
-from harness.model import data, metrics
+from harness.model import metrics
 from harness.model.ref import load_model
 from harness.spec.names import Head, hook_pattern, hook_resid_pre, hook_z
 

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from harness.data import dataset as data
 from harness.mech import batched_edges, edge_sets, torch_blocks, writes
 from harness.mech import patching as P
 from harness.mech.hooks import cache_hooks
-from harness.model import data, metrics
+from harness.model import metrics
 
 from .conftest import boot_random_native, tiny_config
 

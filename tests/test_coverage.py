@@ -11,7 +11,7 @@ import json
 import pytest
 
 import harness
-from harness.model import data
+from harness.data import dataset as data
 
 from .conftest import FIXTURE
 

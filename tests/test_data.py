@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
+from harness.data import dataset as data
 from harness.errors import DataError
-from harness.model import data
 
 
 def test_repeated_tokens_structure():

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from harness.cli import main
+from harness.data import dataset as data
 from harness.errors import DeviceError, UserError
-from harness.model import data
 from harness.model.devices import ENV, resolve_device
 
 from .conftest import FIXTURE, HYPOTHESES

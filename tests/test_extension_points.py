@@ -18,8 +18,8 @@ import yaml
 
 import harness
 from harness.cli import main
+from harness.data import sources as data_sources
 from harness.errors import SpecError
-from harness.model import data_sources
 from harness.model import ref as model_ref
 
 from . import toy_data_source, toy_model_source
@@ -81,8 +81,8 @@ def test_an_unregistered_data_source_is_named_in_the_error(reversed_half, tmp_pa
 def test_a_registered_source_with_splits_is_explored_on_explore(reversed_half, fixture_model):
     """scan, discover and roles read `explore` of any source that has splits (one rule:
     data_sources.on_split), and their starter files point back at `test`."""
+    from harness.data.sources import FolderSource, has_splits
     from harness.engine.data_source import for_exploring
-    from harness.model.data_sources import FolderSource, has_splits
     from harness.tools.scan import held_out_mapping
 
     d = toy_data_source.ReversedHalf(reversed_half=8)

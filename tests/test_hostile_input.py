@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
+from harness.data import dataset as data
+from harness.data.settings import MAX_PROMPTS
 from harness.errors import DataError
 from harness.hypothesis.loading import MAX_FILE_BYTES
-from harness.model import data
-from harness.spec.settings import MAX_PROMPTS
 
 from .conftest import FIXTURE, HYPOTHESES
 

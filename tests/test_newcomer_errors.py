@@ -55,7 +55,7 @@ def messages(err: str) -> list[str]:
 
 def write_gap_files(folder: Path) -> Path:
     """A hypothesis on the fixture whose prompt file's corrupted prompts equal the clean ones."""
-    from harness.model import data
+    from harness.data import dataset as data
 
     ds = data.repeated_tokens(8, 6, 128, seed=3)
     folder.mkdir(parents=True, exist_ok=True)

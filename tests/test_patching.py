@@ -5,10 +5,11 @@ parity where it supports the model."""
 import pytest
 import torch
 
+from harness.data import dataset as data
 from harness.mech import patching as P
 from harness.mech import writes
 from harness.mech.hooks import cache_hooks
-from harness.model import data, metrics
+from harness.model import metrics
 from harness.spec import names
 
 from . import oracle

@@ -176,7 +176,7 @@ def test_gguf_file_loads_as_the_converted_directory(model_dir):
     gguf = model_dir.parent / real_models.GGUF
     if not gguf.is_file():
         pytest.skip(f"no {gguf} (the fetch step leaves it beside hf/)")
-    from harness.model import data
+    from harness.data import dataset as data
 
     ds = data.repeated_tokens(4, 20, 49152, seed=0, bos_token=1)
     with torch.no_grad():

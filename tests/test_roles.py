@@ -78,7 +78,7 @@ def test_undefined_score_is_nan():
 
 
 def test_fixture_heads_match_model_card(fixture_model):
-    from harness.model import data
+    from harness.data import dataset as data
 
     ds = data.repeated_tokens(50, 20, fixture_model.d_vocab, seed=5)
     _, cache = fixture_model.bridge.run_with_cache(ds.clean)

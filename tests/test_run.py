@@ -86,7 +86,7 @@ def test_undefined_normalised_effect_is_inconclusive():
 def test_jsonl_data_and_logit_diff(tmp_path):
     import json
 
-    from harness.model import data
+    from harness.data import dataset as data
 
     ds = data.repeated_tokens(12, 10, 128, seed=9)
     with open(tmp_path / "p.jsonl", "w") as f:

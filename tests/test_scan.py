@@ -66,7 +66,7 @@ def test_scan_under_two_corruptions_finds_the_query_route(tmp_path):
 
 @pytest.mark.slow
 def test_scan_reads_a_prompt_file_and_its_named_corruptions(tmp_path):
-    from harness.model import data
+    from harness.data import dataset as data
 
     ds = data.repeated_tokens(30, 10, 64, seed=9, corruptions=("first_half", "second_half"))
     f = tmp_path / "p.jsonl"

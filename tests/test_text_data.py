@@ -20,11 +20,11 @@ import yaml
 
 import harness
 from harness.cli import main
+from harness.data import dataset as data
+from harness.data.examples import examples
 from harness.engine.runner import build_dataset, load_model_cached
 from harness.errors import DataError, SpecError
 from harness.hypothesis.loading import load
-from harness.model import data
-from harness.model.examples import examples
 from harness.model.tokenizer import model_tokenizer
 
 from .conftest import FIXTURE

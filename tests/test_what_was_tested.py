@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import harness
-from harness.model import data as datasets
+from harness.data import dataset as datasets
 from harness.report import markdown
 from harness.tools import constructed
 

@@ -15,11 +15,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from harness.model import data
-from harness.model.data_sources import DataSourceKind, Where
+from harness.data import dataset as data
+from harness.data.settings import DataSettings
+from harness.data.sources import DataSourceKind, Where
 from harness.model.loading import LoadedModel
 from harness.model.tokenizer import model_bos
-from harness.spec.settings import DataSettings
 
 
 class ReversedHalf(DataSettings):

@@ -24,6 +24,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from .. import stats
+from ..data.settings import DataSettings
+from ..data.text_settings import TemplateData, occurrences, parse_template
 from ..errors import DataError
 from ..evidence.details import Details, Num, optional
 from ..evidence.format import fmt
@@ -32,8 +34,7 @@ from ..evidence.verdicts import threshold_verdict
 from ..spec import names
 from ..spec.fields import BoundedClaim, HeadName
 from ..spec.names import hook_pattern
-from ..spec.settings import DataSettings, Strict
-from ..spec.text_data import TemplateData, occurrences, parse_template
+from ..spec.settings import Strict
 from ..spec.vocabulary import Rung
 from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
 

@@ -1,5 +1,5 @@
 """A `data:` mapping made into the Dataset a model runs on, through its data source
-(model.data_sources: generator, token-id or text file, template, list of text prompts, or
+(data.sources: generator, token-id or text file, template, list of text prompts, or
 a registered one).  `harness run` gives it the hypothesis file's mapping; `harness scan` and
 `harness roles` a data file's (hypothesis.loading.load_data_file) or a prompt file's.
 Problems name the field through the source's `where` (`h.yaml:5: data.template: ...`)."""
@@ -9,21 +9,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import locations
+from ..data import dataset as data
+from ..data import sources as data_sources
+from ..data.settings import DataSettings, FileData, GeneratorData
+from ..data.sources import FolderSource
+from ..data.sources import Where as DataSource
 from ..errors import DataError, SpecError
 from ..hypothesis.loading import load_data_file
-from ..model import data, data_sources
-from ..model.data_sources import FolderSource
-from ..model.data_sources import Where as DataSource
 from ..model.loaded import LoadedModel
-from ..spec.settings import DataSettings, FileData, GeneratorData
 
-DataSpec = DataSettings  # the settings of a registered data source (model.data_sources)
+DataSpec = DataSettings  # the settings of a registered data source (data.sources)
 __all__ = ["DataSource", "DataSpec", "FolderSource", "build_dataset", "check_output_vocab", "for_exploring",
            "from_data_file", "mean_reference"]
 
 
 def build_dataset(d: DataSpec, source: DataSource, model: LoadedModel) -> data.Dataset:
-    """The prompts of data mapping `d` for `model` (model.data.Dataset), with every answer and
+    """The prompts of data mapping `d` for `model` (data.dataset.Dataset), with every answer and
     wrong token inside the model's output vocabulary."""
     ds = data_sources.of(d).build(d, source, model)
     check_output_vocab(ds, model.d_vocab_out, source.where("data"), isinstance(d, GeneratorData))
@@ -54,7 +55,7 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def for_exploring(d: DataSpec, split: str | None = None) -> DataSpec:
-    """`d` as `harness scan`, `discover` and `roles` use it (model.data_sources.on_split: any
+    """`d` as `harness scan`, `discover` and `roles` use it (data.sources.on_split: any
     source with splits on `explore` unless told otherwise)."""
     return data_sources.on_split(d, split)
 

@@ -23,12 +23,12 @@ from .. import cost, memory, stats
 from ..claims import effects, metric_parts
 from ..claims.base import ClaimKind, Context, InterventionPath
 from ..claims.registry import kind_of
+from ..data.dataset import Dataset
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
 from ..evidence.result import ClaimResult
 from ..mech.base_runs import base_runs
 from ..mech.runs import Runs
 from ..model import metrics
-from ..model.data import Dataset
 from ..model.devices import of
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import shown_tokenizer, start_words

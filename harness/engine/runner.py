@@ -13,14 +13,15 @@ from typing import Any
 
 from .. import memory, threads
 from ..claims.base import component_names
+from ..data import dataset as data
+from ..data.examples import examples
 from ..errors import ComponentNameError, SpecError
 from ..evidence.result import Evidence
 from ..hypothesis.loading import LoadedHypothesis, load
-from ..model import architecture, data, metrics
+from ..model import architecture, metrics
 from ..model.architecture import Architecture
 from ..model.cache import ModelCache
 from ..model.devices import of, resolve_device
-from ..model.examples import examples
 from ..model.loaded import LoadedModel, from_bridge
 from ..model.ref import ModelRef, load_model
 from ..model.tokenizer import bridge_tokenizer
@@ -38,7 +39,7 @@ def load_model_cached(source: str, device: str | None = None) -> LoadedModel:
 
 
 def build_dataset(h: LoadedHypothesis, model: LoadedModel) -> data.Dataset:
-    """The file's prompts for this model (model.data.Dataset; engine.data_source)."""
+    """The file's prompts for this model (data.dataset.Dataset; engine.data_source)."""
     return data_source.build_dataset(h.spec.data, h, model)
 
 

@@ -14,7 +14,8 @@ from pydantic import BaseModel, Discriminator, Field, Tag, create_model, field_v
 
 from ..claims import registry
 from ..claims.base import ClaimKind
-from ..model import data_sources, metrics
+from ..data import sources as data_sources
+from ..model import metrics
 from ..spec.fields import ClaimSpec
 from ..spec.settings import Stats, Strict
 from ..spec.vocabulary import Processing
@@ -42,7 +43,7 @@ def _data_tag(v: Any) -> str | None:
 
 def data_union(keys: tuple[str, ...]) -> Any:
     """The schema of a `data:` mapping: a union of the registered data sources' settings, told
-    apart by the key each mapping holds (model.data_sources)."""
+    apart by the key each mapping holds (data.sources)."""
     sources = data_sources.kinds()
     members = tuple(Annotated[sources[k].settings, Tag(data_tag(k))] for k in keys)
     union: Any = Union[members]  # noqa: UP007 (a Union built at run time from the registered sources)
@@ -95,7 +96,7 @@ class Hypothesis(Strict):
 
 
 def check_data_kind(v: Any) -> Any:
-    """`v` when it is a data mapping with exactly one source key (model.data_sources); ValueError otherwise."""
+    """`v` when it is a data mapping with exactly one source key (data.sources); ValueError otherwise."""
     if isinstance(v, dict) and sum(k in v for k in data_sources.kinds()) != 1:
         raise ValueError(f"give exactly one of {data_sources.allowed()}")
     if v is not None and not isinstance(v, (dict, BaseModel)):

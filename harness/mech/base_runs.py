@@ -27,7 +27,7 @@ REFERENCE_BUDGET = 128 * 2**20  # the caches of one chunk of reference prompts, 
 
 
 def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str, parts: Sequence[str] = ()) -> Runs:
-    """The clean run and one run per corruption of `ds` (model.data.Dataset, on the model's
+    """The clean run and one run per corruption of `ds` (data.dataset.Dataset, on the model's
     device), each caching the `wanted` hooks and the logits at the scored positions, with the
     metric per prompt (model.metrics.per_prompt) on each; the reference prompts for means run
     on first use, caching activations only (z, MLP outputs, the embedding).  The one way base

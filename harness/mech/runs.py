@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .. import memory
+from ..data.dataset import Dataset
 from ..errors import UnsupportedError
 from ..model import architecture, shape
-from ..model.data import Dataset
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement

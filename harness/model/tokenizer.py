@@ -253,7 +253,7 @@ def _start_tokenizer(m: LoadedModel, where: str) -> TextTokenizer | None:
 
 
 def start_words(m: LoadedModel, ds: Any) -> str:
-    """Which start token the prompts of `ds` (model.data.Dataset) begin with, in words for the stage
+    """Which start token the prompts of `ds` (data.dataset.Dataset) begin with, in words for the stage
     lines: `BOS '<s>' (id 1) in front` or `no BOS token in front`."""
     token = ds.start_token()
     if token is None:

@@ -158,7 +158,7 @@ class ClaimSpec(Strict):
         return []
 
     def check_data(self, data: Any) -> str | None:
-        """A problem with this claim under the file's `data` mapping (a spec.settings.DataSettings),
+        """A problem with this claim under the file's `data` mapping (a data.settings.DataSettings),
         or None.  Override when the claim names something of the data (e.g. a template's slot)."""
         return None
 

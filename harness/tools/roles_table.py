@@ -43,12 +43,12 @@ from scipy import stats as sps
 from tabulate import tabulate
 
 from ..claims.attention import attention_scores, queries
+from ..data.sources import generated
 from ..engine.data_source import DataSource, DataSpec, build_dataset
 from ..errors import UserError
 from ..evidence.document import to_json
 from ..mech import edge_sets, roles
 from ..mech.base_runs import base_runs
-from ..model.data_sources import generated
 from ..model.devices import of
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import start_words

@@ -38,6 +38,9 @@ import yaml
 
 from .. import threads
 from ..claims.edge_test import UNTESTED, USED, EdgeTestResult, EdgeTestSpec, classify, edge_tests
+from ..data import sources as data_sources
+from ..data.settings import DEFAULT_CORRUPTIONS, FileData
+from ..data.sources import generated
 from ..engine.data_source import DataSource, DataSpec, build_dataset, from_data_file
 from ..errors import UserError
 from ..evidence.document import to_json
@@ -47,8 +50,7 @@ from ..mech import edge_sets, graph_run, weights
 from ..mech.base_runs import base_runs
 from ..mech.factored import Composition
 from ..mech.graph import Graph
-from ..model import data_sources, metrics
-from ..model.data_sources import generated
+from ..model import metrics
 from ..model.devices import of, resolve_device
 from ..model.ref import ModelRef, load_model
 from ..progress import progress
@@ -57,7 +59,7 @@ from ..report.views import edge_classes_text
 from ..report.writer import write_folder
 from ..spec import names
 from ..spec.names import hook_pattern
-from ..spec.settings import DEFAULT_CORRUPTIONS, FileData, Stats
+from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Replacement
 from ..streams import Stream, derive_seed
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .data import Dataset
-from .tokenizer import TextTokenizer
+from ..model.tokenizer import TextTokenizer
+from .dataset import Dataset
 
 N_EXAMPLES = 3
 

@@ -1,6 +1,6 @@
 """Text data mappings of a hypothesis file (pydantic): a template with slots, or a
 list of text prompts.  Both are tokenised at run time with the model's own tokenizer
-(model.text_data); here only their shape is checked, so `harness validate` stays
+(data.text); here only their shape is checked, so `harness validate` stays
 free of torch and tokenizers.  docs/data-format.md documents every key.
 
 A template is text with slots `{NAME}`, at most one scored-position marker `{@}`,
@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
-from .settings import MAX_PROMPTS, DataSettings, Strict
+from ..data.settings import MAX_PROMPTS, DataSettings
+from ..spec.settings import Strict
 
 SLOT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CORRUPTION_NAME = re.compile(r"^[A-Za-z0-9_]+$")
@@ -113,7 +114,7 @@ def default_different(slots: dict[str, list[str]]) -> list[list[str]]:
 
 
 class TemplateData(DataSettings):
-    """Prompts made by filling a template's slots (model.templates); corrupted prompts
+    """Prompts made by filling a template's slots (data.templates); corrupted prompts
     replace slot values."""
 
     template: str = Field(min_length=1)

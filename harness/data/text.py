@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from . import data
-from .data import Dataset, drop_duplicates, parse_line, read_lines, read_rows
-from .tokenizer import TextTokenizer
+from ..model.tokenizer import TextTokenizer
+from . import dataset as data
+from .dataset import Dataset, drop_duplicates, parse_line, read_lines, read_rows
 
 DEFAULT = data.DEFAULT
 
@@ -34,7 +34,7 @@ class TextPrompt:
                     token is scored
     where_answer, where_wrong: name the answer and wrong strings in messages
     filling:        the slot values, shown in messages (templates)
-    slots:          each slot occurrence's surrounding text (spec.text_data.slot_spans), for the
+    slots:          each slot occurrence's surrounding text (data.text_settings.slot_spans), for the
                     token spans of named positions
     """
 

@@ -2,15 +2,15 @@
 named by the one key its mapping must have, and how each becomes the Dataset a model runs on.
 
 A source is one registered object (`DataSourceKind`): its key, its settings schema (a
-spec.settings.DataSettings, torch-free: a field named by the key, and the names of its
+data.settings.DataSettings, torch-free: a field named by the key, and the names of its
 corruptions when they are known before the prompts are built), a one-line description for
-messages, `build(settings, where, model)` -> model.data.Dataset, and `mean_reference(settings)`,
+messages, `build(settings, where, model)` -> data.dataset.Dataset, and `mean_reference(settings)`,
 where mean ablation takes its per-position means, in words.  Built in:
 
-    generator   repeated random tokens (spec.settings.GeneratorData; model.data.repeated_tokens)
-    file        a JSONL file of token ids or of text (spec.settings.FileData)
-    template    text with slots (spec.text_data.TemplateData; model.templates)
-    prompts     a list of text prompts (spec.text_data.PromptsData)
+    generator   repeated random tokens (data.settings.GeneratorData; data.dataset.repeated_tokens)
+    file        a JSONL file of token ids or of text (data.settings.FileData)
+    template    text with slots (data.text_settings.TemplateData; data.templates)
+    prompts     a list of text prompts (data.text_settings.PromptsData)
 
 `register(DataSourceKind(...))` adds another (tests/toy_data_source.py registers one from
 outside the package): the hypothesis schema (hypothesis.document), `harness run`, `harness
@@ -26,14 +26,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import locations
+from ..data.settings import DataSettings, FileData, GeneratorData
+from ..data.text_settings import PromptsData, TemplateData
 from ..errors import SpecError
+from ..model.loaded import LoadedModel
+from ..model.tokenizer import TextTokenizer, require_tokenizer, start_token
 from ..registry import Registry, RegistryError
-from ..spec.settings import DataSettings, FileData, GeneratorData
-from ..spec.text_data import PromptsData, TemplateData
-from . import data, templates, text_data
-from .loaded import LoadedModel
-from .text_data import TextPrompt
-from .tokenizer import TextTokenizer, require_tokenizer, start_token
+from . import dataset as data
+from . import templates
+from . import text as text_data
+from .text import TextPrompt
 
 
 class Where(Protocol):

@@ -1,4 +1,4 @@
-"""Filling a template's slots (spec.text_data.TemplateData) into text prompts.
+"""Filling a template's slots (data.text_settings.TemplateData) into text prompts.
 
 The clean prompts are `n_prompts` distinct fillings (one value per slot, the slots of a
 `different` group taking different values), drawn without replacement with a
@@ -10,7 +10,7 @@ slot name takes that slot's clean value.  A corruption may change one occurrence
 (`S#2`: the second S in reading order) and leave the others clean (Wang et al.'s S2
 corruption of IOI).  Reference prompts for means are
 `n_reference` distinct fillings from the independent `reference` stream.  The prompts
-are tokenised by model.text_data.
+are tokenised by data.text.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..data.text_settings import NEW, TemplateData, parse_template, render, slot_spans, split_occurrence
 from ..errors import DataError
-from ..spec.text_data import NEW, TemplateData, parse_template, render, slot_spans, split_occurrence
-from .data import split_seed
-from .text_data import TextPrompt
+from .dataset import split_seed
+from .text import TextPrompt
 
 ENUMERATE_AT_MOST = 200_000  # fillings listed in full below this many combinations; sampled above
 Filling = tuple[int, ...]  # an index into each slot's value list, in the order of `slots`

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.claims.circuit import KIND
+from harness.claims.circuit import KIND, CircuitMetrics
 from harness.claims.effects import intervention_change
 from harness.evidence.verdicts import Verdict
 from harness.spec.settings import Stats
@@ -34,7 +34,7 @@ def _evaluate(f: float, joint: float, per_head: dict[str, float]):
     change = intervention_change(np.full(N, joint), ST, "every position up to the last scored one",
                                  {h: np.full(N, v) for h, v in per_head.items()})
     full, circuit, empty = _runs(f)
-    return KIND.evaluate(_claim(), full, circuit, empty, None, ST, 0, "nats", change=change, compare=False)
+    return KIND.evaluate(_claim(), CircuitMetrics(full, circuit, empty, change), None, ST, 0, "nats", compare=False)
 
 
 def test_no_op_members_are_listed_and_do_not_block_a_pass():

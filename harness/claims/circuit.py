@@ -31,7 +31,7 @@ PASS with such a head is INCONCLUSIVE, naming the heads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -140,15 +140,15 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
                 jack = [(mc, me) for mc, me in jackknife.replicates(runs, measure, np.stack([m_circuit, m_empty]))]
             extra = self.edge_fields(plan) if isinstance(plan, EdgeCircuit) else {}
-            result = self.evaluate(c, m_full, m_circuit, m_empty, random, st, seed, ctx.unit, change=change,
-                                   corruption=runs.corruption, jack=jack, extra=extra)
+            result = self.evaluate(c, CircuitMetrics(m_full, m_circuit, m_empty, change, runs.corruption, jack, extra),
+                                   random, st, seed, ctx.unit)
             if c.sensitivity:
                 def variant(kind: str, c: CircuitClaim = c, runs: Runs = runs, plan: Plan = plan, seed: int = seed,
                             extra: dict[str, Any] = extra) -> ClaimResult:
                     v = c.model_copy(update={"ablation": kind})
                     ch = effects.head_change(runs, plan.outside(), kind, st) if plan.outside() else None
-                    return self.evaluate(v, *plan.base(kind), None, st, seed, ctx.unit, change=ch,
-                                         corruption=runs.corruption, compare=False, extra=extra)
+                    return self.evaluate(v, CircuitMetrics(*plan.base(kind), ch, runs.corruption, None, extra), None,
+                                         st, seed, ctx.unit, compare=False)
                 result = with_details(result, sensitivity=effects.sensitivity(variant, result))
             out[i] = result
         return Measured(out)
@@ -159,33 +159,29 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         return {"edges": [str(e) for e in edges], "graph_edges": plan.graph.n_edges,
                 "edge_classes": plan.graph.counts(plan.mask), "heads": nodes_of(edges)}
 
-    def evaluate(self, claim: CircuitClaim, m_full: np.ndarray, m_circuit: np.ndarray, m_empty: np.ndarray,
-                 random: RandomComparison | None, st: Stats, seed: int, unit: str, *,
-                 change: effects.InterventionChange | None = None, corruption: str | None = None,
-                 compare: bool = True, jack: list[tuple[np.ndarray, np.ndarray]] | None = None,
-                 extra: dict[str, Any] | None = None) -> ClaimResult:
-        """random: the random circuits of the same size and the sequential test (None when no other
-        circuit of that size exists).  The random comparison applies to at_least claims only.
-        jack: (m_C, m_empty) with each reference group left out of the mean (mean ablation),
-        widening F's CI.  extra: an edge circuit's own details."""
+    def evaluate(self, claim: CircuitClaim, m: CircuitMetrics, random: RandomComparison | None, st: Stats,
+                 seed: int, unit: str, compare: bool = True) -> ClaimResult:
+        """The claim's result from its metrics per prompt (`m`).  random: the random circuits of the
+        same size and the sequential test (None when no other circuit of that size exists); the random
+        comparison applies to at_least claims only (and not with compare=False: sensitivity variants)."""
         compare = compare and claim.at_least is not None
         expectation = f"keep {self.members(claim)}: faithfulness {claim.bound_text()}" + (
             f", beats random circuits (rate > {claim.beat_rate:g})" if compare else "")
-        num, gap = m_circuit - m_empty, m_full - m_empty
+        num, gap = m.circuit - m.empty, m.full - m.empty
         # the "gap" of a circuit is full minus empty: same rules as a normalised effect
         norm = effects.normalized_effect(num, gap, st, seed, unit, gap_name="full-empty")
-        if jack and norm.interval is not None:
+        if m.jack and norm.interval is not None:
             kept = norm.kept
-            thetas = [float(stats.ratio_of_means((mc - me)[kept], (m_full - me)[kept])) for mc, me in jack]
+            thetas = [float(stats.ratio_of_means((mc - me)[kept], (m.full - me)[kept])) for mc, me in m.jack]
             norm = replace(norm, interval=effects.widen(norm.interval, thetas, st.confidence))
         iv = norm.interval
         fields: dict[str, Any] = {
             "heads": [str(h) for h in claim.heads or []], "ablation": claim.ablation,
-            "full_metric_mean": float(m_full.mean()), "circuit_metric_mean": float(m_circuit.mean()),
-            "empty_metric_mean": float(m_empty.mean()), "n_prompts": int(len(num)),
+            "full_metric_mean": float(m.full.mean()), "circuit_metric_mean": float(m.circuit.mean()),
+            "empty_metric_mean": float(m.empty.mean()), "n_prompts": int(len(num)),
             "random_circuits": 0 if random is None else int(random.test.drawn), "beat_rate": claim.beat_rate,
-            "confidence": st.confidence, **effects.effect_fields(norm, "faithfulness"), "corruption": corruption,
-            "intervention_change": change, **(extra or {})}
+            "confidence": st.confidence, **effects.effect_fields(norm, "faithfulness"), "corruption": m.corruption,
+            "intervention_change": m.change, **m.extra}
         if random is not None and compare and iv is not None:
             t = random.test
             fields.update(random_faithfulness_summary=Summary(**stats.summary(random.faithfulness)),
@@ -197,39 +193,18 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE, value=None, ci=None, unit=UNIT,
                                details=details, rule=f"faithfulness undefined: {norm.reason}")
         f_verdict, f_rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
-
-        def done(verdict: Verdict, rule: str, reason: str = "") -> ClaimResult:
-            # non-vacuity is judged on what is ablated as a whole: the complement's joint change of what
-            # the circuit's readers read; members that do not change on their own are listed, not blocking
-            noop = (change.vacuous_heads or []) if change is not None else []
-            if verdict == PASS and change is not None and change.vacuous:
-                verdict = INCONCLUSIVE
-                reason = (f"untested: {claim.ablation}-ablating the rest leaves what the circuit reads as it was "
-                          f"(relative change {change.relative_change:.3f} < min_change {st.min_change:g})")
-                rule = (f"{reason}, so the circuit's faithfulness does not show it works without the rest ({rule}); "
-                        "use ablation: zero, or a corruption that changes the rest's output")
-            elif noop and change is not None:
-                rule += (f"; {len(noop)} of the ablated do not change on their own (relative change < min_change "
-                         f"{st.min_change:g}: {', '.join(noop[:10])}{', ...' if len(noop) > 10 else ''}), so the "
-                         f"circuit is tested without the others; the rest as a whole changes by "
-                         f"{change.relative_change:.3f}")
-            if iv.estimate > 1:
-                q1, med, q3 = np.nanpercentile(np.asarray(norm.per_prompt, dtype=float), [25, 50, 75])
-                rule += (f"; faithfulness above 1: the circuit alone moves the metric further than the whole model, "
-                         f"so the ablated rest works against the metric on average (per prompt: median {med:.3f}, "
-                         f"quartiles {q1:.3f} and {q3:.3f})")
-            return self.result(claim, expectation=expectation, verdict=verdict, value=iv.estimate,
-                               ci=[iv.low, iv.high], unit=UNIT, rule=rule, details=details,
-                               per_prompt=norm.per_prompt, reason=reason)
-
         if not compare:
-            return done(f_verdict, f"faithfulness {f_rule}")
-        if random is None:
-            return done(FAIL if f_verdict == FAIL else INCONCLUSIVE,
-                        f"faithfulness {f_rule}; no other circuit of {claim.size} "
-                        f"{'edges' if claim.edges is not None else 'heads'} exists, so the random-circuit comparison "
-                        "is undefined")
-        return done(*random_comparison(f_verdict, f_rule, random.test))
+            verdict, rule, reason = f_verdict, f"faithfulness {f_rule}", ""
+        elif random is None:
+            verdict, reason = (FAIL if f_verdict == FAIL else INCONCLUSIVE), ""
+            rule = (f"faithfulness {f_rule}; no other circuit of {claim.size} "
+                    f"{'edges' if claim.edges is not None else 'heads'} exists, so the random-circuit comparison "
+                    "is undefined")
+        else:
+            verdict, rule, reason = random_comparison(f_verdict, f_rule, random.test)
+        verdict, rule, reason = qualified(claim, verdict, rule, reason, m.change, norm, st)
+        return self.result(claim, expectation=expectation, verdict=verdict, value=iv.estimate, ci=[iv.low, iv.high],
+                           unit=UNIT, rule=rule, details=details, per_prompt=norm.per_prompt, reason=reason)
 
     @staticmethod
     def members(claim: CircuitClaim) -> str:
@@ -245,6 +220,50 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
 
 KIND = CircuitKind()
+
+
+@dataclass(frozen=True)
+class CircuitMetrics:
+    """A circuit claim's metric per prompt with everything kept (`full`), the circuit kept
+    (`circuit`) and nothing kept (`empty`), and what goes with them: how much ablating the rest
+    changed what the circuit reads (`change`), the corruption, (m_C, m_empty) with each reference
+    group left out of the mean (`jack`: mean ablation, widening F's CI), an edge circuit's own
+    details (`extra`)."""
+
+    full: np.ndarray
+    circuit: np.ndarray
+    empty: np.ndarray
+    change: effects.InterventionChange | None = None
+    corruption: str | None = None
+    jack: list[tuple[np.ndarray, np.ndarray]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def qualified(claim: CircuitClaim, verdict: Verdict, rule: str, reason: str,
+              change: effects.InterventionChange | None, norm: effects.NormalizedEffect,
+              st: Stats) -> tuple[Verdict, str, str]:
+    """The verdict with what qualifies it: non-vacuity judged on what is ablated as a whole (the
+    complement's joint change of what the circuit's readers read: a PASS whose rest changes nothing
+    is INCONCLUSIVE, untested), members that do not change on their own listed, not blocking, and a
+    faithfulness above 1 explained."""
+    noop = (change.vacuous_heads or []) if change is not None else []
+    if verdict == PASS and change is not None and change.vacuous:
+        verdict = INCONCLUSIVE
+        reason = (f"untested: {claim.ablation}-ablating the rest leaves what the circuit reads as it was "
+                  f"(relative change {change.relative_change:.3f} < min_change {st.min_change:g})")
+        rule = (f"{reason}, so the circuit's faithfulness does not show it works without the rest ({rule}); "
+                "use ablation: zero, or a corruption that changes the rest's output")
+    elif noop and change is not None:
+        rule += (f"; {len(noop)} of the ablated do not change on their own (relative change < min_change "
+                 f"{st.min_change:g}: {', '.join(noop[:10])}{', ...' if len(noop) > 10 else ''}), so the "
+                 f"circuit is tested without the others; the rest as a whole changes by "
+                 f"{change.relative_change:.3f}")
+    if norm.interval is not None and norm.interval.estimate > 1:
+        q1, med, q3 = np.nanpercentile(np.asarray(norm.per_prompt, dtype=float), [25, 50, 75])
+        rule += (f"; faithfulness above 1: the circuit alone moves the metric further than the whole model, "
+                 f"so the ablated rest works against the metric on average (per prompt: median {med:.3f}, "
+                 f"quartiles {q1:.3f} and {q3:.3f})")
+    return verdict, rule, reason
 
 
 def random_comparison(f_verdict: Verdict, f_rule: str, test: stats.BeatTest) -> tuple[Verdict, str, str]:

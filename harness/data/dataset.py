@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import locations
-from ..data.text_settings import CORRUPTED_KEY
 from ..errors import DataError
 from ..spec.vocabulary import CORRUPTIONS
 from ..textfile import utf8
 from . import settings
+from .text_settings import CORRUPTED_KEY
 
 BOS_TOKEN = 0
 DEFAULT = "default"  # the name of a prompt file's own `corrupted` prompts

@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import locations
-from ..data.settings import DataSettings, FileData, GeneratorData
-from ..data.text_settings import PromptsData, TemplateData
 from ..errors import SpecError
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import TextTokenizer, require_tokenizer, start_token
@@ -35,7 +33,9 @@ from ..registry import Registry, RegistryError
 from . import dataset as data
 from . import templates
 from . import text as text_data
+from .settings import DataSettings, FileData, GeneratorData
 from .text import TextPrompt
+from .text_settings import PromptsData, TemplateData
 
 
 class Where(Protocol):

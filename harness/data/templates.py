@@ -20,10 +20,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..data.text_settings import NEW, TemplateData, parse_template, render, slot_spans, split_occurrence
 from ..errors import DataError
 from .dataset import split_seed
 from .text import TextPrompt
+from .text_settings import NEW, TemplateData, parse_template, render, slot_spans, split_occurrence
 
 ENUMERATE_AT_MOST = 200_000  # fillings listed in full below this many combinations; sampled above
 Filling = tuple[int, ...]  # an index into each slot's value list, in the order of `slots`

@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
-from ..data.settings import MAX_PROMPTS, DataSettings
 from ..spec.settings import Strict
+from .settings import MAX_PROMPTS, DataSettings
 
 SLOT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CORRUPTION_NAME = re.compile(r"^[A-Za-z0-9_]+$")

@@ -109,14 +109,14 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
     baseline = {"metric": metric, "unit": unit, "clean": _mean_ci(runs.m_clean, st, seed),
                 "corrupted": _mean_ci(runs.m_corrupt, st, seed), "gap": _mean_ci(gap, st, seed),
                 "corruption": default, "no_information": m_base}
-    read = gap_readers(claims, default)
-    checks = gap_checks(runs, st, unit, read)
+    gaps = {name: sanity.gap_check(runs.m_clean - m_c, st, unit, name if len(corruptions) > 1 else None)
+            for name, (_, m_c) in corruptions.items()}  # a non-finite metric stops the run here
     if len(corruptions) > 1:
         baseline["by_corruption"] = {name: {"corrupted": _mean_ci(m_c, st, seed),
                                             "gap": _mean_ci(runs.m_clean - m_c, st, seed)}
                                      for name, (_, m_c) in corruptions.items()}
     stage("sanity checks: identity interventions")
-    checks += sanity.identity_checks(runs, interventions(claims, n_layers, n_heads))
+    identity = sanity.identity_checks(runs, interventions(claims, n_layers, n_heads))
     spent(ledger, "sanity checks done", runs)
 
     ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing, baseline=m_base, metric=metric)
@@ -132,14 +132,14 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
         found.update(measured.results)
         rows += measured.weights_vs_use
     results = [found[i] for i in range(len(claims))]
-    undeclared = normalised_by_gap(claims, results, default) - read
-    notes = []
-    if undeclared:  # a kind that normalises by the gap without saying so: its check applies all the same
-        checks = gap_checks(runs, st, unit, read | undeclared) + checks[len(corruptions):]
-        silent = sorted({kind_of(c).name for c, r in zip(claims, results, strict=True)
-                         if _by_gap(r) and not kind_of(c).reads_gap(c)})
-        notes.append(f"claim kind(s) {', '.join(silent)} normalise by the clean-corrupted gap without declaring "
-                     "it (ClaimKind.reads_gap): the gap check was applied all the same")
+    # a gap check applies where a claim declares it reads the gap, or its result shows it divided by it
+    read = gap_readers(claims, default) | normalised_by_gap(claims, results, default)
+    checks = [gaps[n] if n in read else sanity.not_applicable(gaps[n], "no claim normalises by this gap")
+              for n in gaps] + identity
+    silent = sorted({kind_of(c).name for c, r in zip(claims, results, strict=True)
+                     if _by_gap(r) and not kind_of(c).reads_gap(c)})
+    notes = [f"claim kind(s) {', '.join(silent)} normalise by the clean-corrupted gap without declaring it "
+             "(ClaimKind.reads_gap): the gap check was applied all the same"] if silent else []
 
     figs: dict[str, Any] = {}
     if figures:
@@ -159,15 +159,6 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
 
 
 SHARED_MATERIAL = 0.05  # share of the prompts that are also reference prompts above which means are flagged
-
-
-def gap_checks(runs: Runs, st: Stats, unit: str, read: set[str]) -> list[SanityCheck]:
-    """The gap check of every corruption (sanity.gap_check); not applicable where no claim reads it."""
-    out = []
-    for name, (_, m_c) in runs.corruptions.items():
-        check = sanity.gap_check(runs.m_clean - m_c, st, unit, name if len(runs.corruptions) > 1 else None)
-        out.append(check if name in read else sanity.not_applicable(check, "no claim normalises by this gap"))
-    return out
 
 
 def _by_gap(result: ClaimResult) -> bool:

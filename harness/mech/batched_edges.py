@@ -426,7 +426,7 @@ def patch_into(runs: Any, todo: Sequence[names.Edge], direction: str, replacemen
     noising = direction == Direction.NOISING
     base, source = (runs.clean, runs.corrupt) if noising else (runs.corrupt, runs.clean)
     wanted = hooks.for_architecture(runs.bridge, cache_names(runs.n_layers, list(todo)))
-    if (len(todo) > 1 and replacement in (Replacement.RESAMPLE, Replacement.ZERO) and runs.metric_at is not None
+    if (replacement in (Replacement.RESAMPLE, Replacement.ZERO) and runs.metric_at is not None
             and all(n in base and n in source for n in wanted)):
         metric_at = runs.metric_at
 

@@ -17,7 +17,8 @@ PACKAGE = ROOT / "harness"
 # bottom to top: a module may import from its own layer and the layers below it
 LAYERS = [
     ("harness.errors", "harness.registry",
-     "harness.progress", "harness.streams", "harness.stats", "harness.textfile", "harness.threads",
+     "harness.progress", "harness.streams", "harness.stats", "harness.criteria_stats", "harness.textfile",
+     "harness.threads",
      "harness.cost", "harness.memory", "harness.locations"),
     ("harness.spec", "harness.data.settings", "harness.data.text_settings"),
     ("harness.evidence",),

@@ -47,7 +47,7 @@ from ..spec import names
 from ..spec.names import hook_mlp_out, hook_resid_pre, hook_z
 from ..spec.settings import Stats
 from ..spec.vocabulary import Ablation, LadderStatus, Rung
-from . import effects
+from . import circuit_criteria, effects
 from .base import (
     ClaimKind,
     Context,
@@ -72,7 +72,7 @@ from .circuit_plans import (
     random_faithfulness_test,
     with_mlps,
 )
-from .circuit_spec import CircuitClaim, CircuitDetails
+from .circuit_spec import CircuitClaim, CircuitDetails, CriterionResult
 
 UNIT = "faithfulness"
 LADDER_EDGES = 60  # an edge circuit of more edges is one ladder row, not a row per edge
@@ -101,20 +101,27 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
     def ladder(self, claim: CircuitClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
-        status = verdict_status(result)
+        status = verdict_status(result) if d.bound_verdict is None else STATUS[d.bound_verdict]
         if d.intervention_change is not None and d.intervention_change.vacuous:
             status = LadderStatus.UNTESTED if status == LadderStatus.INCONCLUSIVE else status
         if claim.edges is not None and claim.size <= LADDER_EDGES:  # the sufficiency rung of every edge
             note = f"kept in an edge circuit of {claim.size} edges: faithfulness {fmt(result.value)}"
-            return [LadderEntry(str(e), "edge" if names.is_head_route(e) else "route", Rung.SUFFICIENCY, status, note,
-                                d.corruption) for e in claim.edges]
+            out = [LadderEntry(str(e), "edge" if names.is_head_route(e) else "route", Rung.SUFFICIENCY, status, note,
+                               d.corruption) for e in claim.edges]
+            if not d.criteria:
+                return out
+            mechanism = f"edge circuit {claim.id} ({claim.size} edges)"
+            return out + [LadderEntry(mechanism, "heads", Rung.SUFFICIENCY, status, f"faithfulness {fmt(result.value)}",
+                                      d.corruption)] + criteria_entries(mechanism, d, member_rows=True)
         if claim.edges is not None:  # a large circuit: one row, not one per edge
-            return [LadderEntry(f"edge circuit {claim.id} ({claim.size} edges)", "heads", Rung.SUFFICIENCY, status,
-                                f"faithfulness {fmt(result.value)}, every other edge {claim.ablation}", d.corruption)]
+            mechanism = f"edge circuit {claim.id} ({claim.size} edges)"
+            return ([LadderEntry(mechanism, "heads", Rung.SUFFICIENCY, status,
+                                 f"faithfulness {fmt(result.value)}, every other edge {claim.ablation}", d.corruption)]
+                    + criteria_entries(mechanism, d, member_rows=False))
         mechanism = f"circuit {heads_mechanism(claim.heads or [])[0]}"
         return ([LadderEntry(mechanism, "heads", Rung.SUFFICIENCY, status,
                              f"faithfulness {fmt(result.value)} with the rest {claim.ablation}-ablated", d.corruption)]
-                + sensitivity_entry(mechanism, "heads", d.sensitivity))
+                + sensitivity_entry(mechanism, "heads", d.sensitivity) + criteria_entries(mechanism, d, member_rows=True))
 
     def measure(self, claims: Sequence[Indexed[CircuitClaim]], ctx: Context) -> Measured:
         st = ctx.stats
@@ -140,6 +147,10 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
                 jack = [(mc, me) for mc, me in jackknife.replicates(runs, measure, np.stack([m_circuit, m_empty]))]
             extra = self.edge_fields(plan) if isinstance(plan, EdgeCircuit) else {}
+            if c.criteria is not None:
+                defined = not effects.undefined_reason(gap, st, ctx.unit)
+                scores = circuit_criteria.Scores(plan, c.ablation, m_full, m_circuit, m_empty, st, seed, defined)
+                extra["criteria"] = circuit_criteria.evaluate(plan, dict(c.criteria), scores, c.id)
             result = self.evaluate(c, CircuitMetrics(m_full, m_circuit, m_empty, change, runs.corruption, jack, extra),
                                    random, st, seed, ctx.unit)
             if c.sensitivity:
@@ -203,6 +214,9 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         else:
             verdict, rule, reason = random_comparison(f_verdict, f_rule, random.test)
         verdict, rule, reason = qualified(claim, verdict, rule, reason, m.change, norm, st)
+        if compare and details.criteria:
+            details = details.model_copy(update={"bound_verdict": str(verdict)})
+            verdict, rule, reason = with_criteria(verdict, rule, reason, details.criteria)
         return self.result(claim, expectation=expectation, verdict=verdict, value=iv.estimate, ci=[iv.low, iv.high],
                            unit=UNIT, rule=rule, details=details, per_prompt=norm.per_prompt, reason=reason)
 
@@ -264,6 +278,44 @@ def qualified(claim: CircuitClaim, verdict: Verdict, rule: str, reason: str,
                  f"so the ablated rest works against the metric on average (per prompt: median {med:.3f}, "
                  f"quartiles {q1:.3f} and {q3:.3f})")
     return verdict, rule, reason
+
+
+STATUS = {PASS: LadderStatus.SUPPORTS, FAIL: LadderStatus.AGAINST, INCONCLUSIVE: LadderStatus.INCONCLUSIVE}
+MEMBER_STATUS = {"needed": LadderStatus.SUPPORTS, "unneeded": LadderStatus.AGAINST,
+                 "undetermined": LadderStatus.INCONCLUSIVE}
+RUNG_OF = {"equivalence": Rung.EQUIVALENCE, "independence": Rung.INDEPENDENCE, "completeness": Rung.COMPLETENESS,
+           "minimality": Rung.MINIMALITY}
+
+
+def criteria_entries(mechanism: str, d: CircuitDetails, member_rows: bool) -> list[LadderEntry]:
+    """A step per stated criterion on the circuit's row, and (member_rows) a minimality step on each
+    member's row: supports when it is needed, against when it is not."""
+    out = [LadderEntry(mechanism, "heads", RUNG_OF[name], STATUS[Verdict(r.verdict)], f"{name} {r.verdict}",
+                       d.corruption) for name, r in (d.criteria or {}).items()]
+    minimality = (d.criteria or {}).get("minimality")
+    if member_rows and minimality is not None:
+        for m in minimality.members or []:
+            edge = "->" in m.member
+            type_ = ("edge" if names.is_head_route(names.parse_edge(m.member)) else "route") if edge else "head"
+            out.append(LadderEntry(m.member, type_, Rung.MINIMALITY, MEMBER_STATUS[m.status],
+                                   f"knockout {m.knockout:+.3f}, beats {m.beaten} fillers", d.corruption))
+    return out
+
+
+def with_criteria(verdict: Verdict, rule: str, reason: str,
+                  criteria: dict[str, CriterionResult]) -> tuple[Verdict, str, str]:
+    """The verdict with the stated criteria's: FAIL when the faithfulness part or any criterion
+    FAILs, PASS when it and every criterion PASS, else INCONCLUSIVE; the rule lists each."""
+    verdicts = [verdict, *(r.verdict for r in criteria.values())]
+    combined = FAIL if FAIL in verdicts else PASS if all(v == PASS for v in verdicts) else INCONCLUSIVE
+    listed = ", ".join(f"{name} {r.verdict}" for name, r in criteria.items())
+    failed = [name for name, r in criteria.items() if r.verdict == FAIL]
+    if combined == FAIL and verdict != FAIL:
+        reason = f"not {' and not '.join(failed)} ({'; '.join(criteria[n].rule for n in failed)})"
+    elif combined == INCONCLUSIVE and verdict == PASS:
+        open_ = [name for name, r in criteria.items() if r.verdict != PASS]
+        reason = f"{', '.join(open_)} not decided ({'; '.join(criteria[n].rule for n in open_)})"
+    return Verdict(combined), f"{rule}; criteria: {listed} (each test's rule in the details)", reason
 
 
 def random_comparison(f_verdict: Verdict, f_rule: str, test: stats.BeatTest) -> tuple[Verdict, str, str]:

@@ -5,9 +5,10 @@ random circuits of the same size, and the sequential test of the claimed circuit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from math import comb, prod
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,7 +19,17 @@ from ..mech.runs import Runs
 from ..progress import stage
 from ..spec import names
 from ..spec.settings import Stats
-from .circuit_spec import CircuitClaim
+from .circuit_spec import CircuitClaim, edge_set, unit_of
+
+
+class Variant(NamedTuple):
+    """A circuit derived from the claim's: the model's (`from_model`) or the circuit's members,
+    less `removed`, plus `added` (members: units of a node circuit, (sender, receiver) indices of
+    an edge circuit)."""
+
+    from_model: bool
+    removed: frozenset[Hashable]
+    added: frozenset[Hashable]
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,30 @@ class NodeCircuit:
 
     def outside(self) -> list[names.Unit]:
         return self.rest
+
+    def items(self) -> list[Hashable]:
+        return list(self.claim.heads or [])
+
+    def label(self, item: Hashable) -> str:
+        return str(item)
+
+    def fillers(self) -> list[Hashable]:
+        return list(self.rest)
+
+    def search_units(self) -> list[tuple[str, frozenset[Hashable]]]:
+        return [(str(h), frozenset([h])) for h in self.claim.heads or []]
+
+    def named_set(self, entries: Sequence[str]) -> frozenset[Hashable]:
+        return frozenset(unit_of(self.claim, name) for name in entries)
+
+    def variants(self, specs: Sequence[Variant], kind: str) -> list[np.ndarray]:
+        """The metric of each variant: every unit of the pool outside it ablated."""
+        members = set(self.claim.heads or [])
+        ablated = []
+        for v in specs:
+            kept = ((set(self.every) if v.from_model else members) - v.removed) | v.added
+            ablated.append([h for h in self.every if h not in kept])
+        return self.runs.ablated_many(ablated, kind)
 
 
 class EdgeCircuit:
@@ -107,6 +142,48 @@ class EdgeCircuit:
         removed = (self.graph.adjacency & ~self.mask).any(1)
         return [u for u, r in zip(self.graph.senders, removed) if r and isinstance(u, (names.Head, names.Mlp))]
 
+    def items(self) -> list[Hashable]:
+        return [(int(i), int(j)) for i, j in zip(*np.nonzero(self.mask.T)[::-1])]  # receiver-major
+
+    def label(self, item: Hashable) -> str:
+        i, j = item  # type: ignore[misc]
+        return str(names.Edge(self.graph.senders[i], self.graph.receivers[j]))
+
+    def fillers(self) -> list[Hashable]:
+        """Edges outside the circuit from a live sender (embed, or a node some circuit edge enters)
+        into a receiver the circuit reads (the logits, or an input of a node some circuit edge leaves)."""
+        g = self.graph
+        fed = {owner(g.receivers[j]) for j in np.nonzero(self.mask.any(0))[0]}
+        sending = {g.senders[i] for i in np.nonzero(self.mask.any(1))[0]}
+        live = np.array([isinstance(u, names.Embed) or u in fed for u in g.senders])
+        read = np.array([isinstance(r, names.Logits) or owner(r) in sending for r in g.receivers])
+        pool = g.adjacency & ~self.mask & live[:, None] & read[None, :]
+        return [(int(i), int(j)) for i, j in zip(*np.nonzero(pool.T)[::-1])]
+
+    def search_units(self) -> list[tuple[str, frozenset[Hashable]]]:
+        """The circuit's edges grouped by sender."""
+        groups: dict[int, set[Hashable]] = {}
+        for i, j in self.items():  # type: ignore[misc]
+            groups.setdefault(i, set()).add((i, j))
+        return [(str(self.graph.senders[i]), frozenset(groups[i])) for i in sorted(groups)]
+
+    def named_set(self, entries: Sequence[str]) -> frozenset[Hashable]:
+        g = self.graph
+        return frozenset((g.sender_index(e.sender), g.receiver_index(e.receiver))  # type: ignore[arg-type]
+                         for name in entries for e in edge_set(self.claim, name))
+
+    def variants(self, specs: Sequence[Variant], kind: str) -> list[np.ndarray]:
+        """The metric of each variant's edge mask (every other edge carrying its replacement)."""
+        masks = []
+        for v in specs:
+            m = (self.graph.adjacency if v.from_model else self.mask).copy()
+            for i, j in v.removed:  # type: ignore[misc]
+                m[i, j] = False
+            for i, j in v.added:  # type: ignore[misc]
+                m[i, j] = True
+            masks.append(m)
+        return self.runs.edge_circuits(masks, kind)
+
 
 Plan = NodeCircuit | EdgeCircuit
 
@@ -130,6 +207,11 @@ def random_faithfulness_test(plan: Plan, claim: CircuitClaim, m_empty: np.ndarra
     stage(f"random circuits ({claim.id}): {test.drawn} of at most {claim.random_circuits} drawn (sequential test: "
           f"{test.decision})")
     return RandomComparison(np.asarray(found), test, plan.how)
+
+
+def owner(r: names.Receiver) -> names.Node | names.Receiver:
+    """The node a receiver is an input of (a head's q/k/v: the head)."""
+    return r.head if isinstance(r, names.HeadInput) else r
 
 
 def with_mlps(claim: CircuitClaim) -> bool:

@@ -38,7 +38,7 @@ from ..evidence.details import LadderRow, LadderStep, WeightsVsUseRow
 from ..evidence.format import fmt_p
 from ..evidence.result import ClaimResult
 from ..spec.fields import ClaimSpec
-from ..spec.vocabulary import LadderStatus, Rung
+from ..spec.vocabulary import CIRCUIT_RUNGS, LadderStatus, Rung
 
 SUPPORTS, AGAINST = LadderStatus.SUPPORTS, LadderStatus.AGAINST
 APPLIES = {"head": (Rung.WEIGHTS, Rung.OBSERVATION, Rung.NECESSITY, Rung.ROBUSTNESS),
@@ -103,6 +103,8 @@ def contradictions(rungs: dict[Rung, list[LadderStep]]) -> list[str]:
     order = [r for r in Rung if r in rungs and r != Rung.ROBUSTNESS]
     for i, low in enumerate(order):
         for high in order[i + 1:]:
+            if low in CIRCUIT_RUNGS and high in CIRCUIT_RUNGS:
+                continue  # separate properties of a circuit, not levels of one another
             low_s = {s.status for s in rungs[low]}
             high_s = {s.status for s in rungs[high]}
             if SUPPORTS in low_s and AGAINST in high_s:

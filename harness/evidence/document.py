@@ -116,10 +116,14 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
             and the `attribution` rung: only added keys.
     5 -> 6: a ladder step reads its claim's verdict (a FAIL is against the mechanism whatever the
             claim's direction); an older ladder read the direction (a FAILed `at_most` claim was
-            support), so it is not read: the document reads with no ladder."""
+            support), so it is not read: the document reads with no ladder.
+    6 -> 7: circuit claims may state criteria (`details.criteria`, `details.bound_verdict`, the
+            rungs equivalence, completeness, independence, minimality): only added keys."""
     version = doc.get("schema_version")
     if version == SCHEMA_VERSION:
         return doc
+    if version == 6:
+        return dict(doc, schema_version=SCHEMA_VERSION)
     if version in (3, 4, 5):  # 3 -> 4 -> 5 only added keys that may be absent
         return dict(doc, schema_version=SCHEMA_VERSION, ladder=[])
     out = dict(doc, schema_version=SCHEMA_VERSION, ladder=[])

@@ -10,7 +10,7 @@ from ..evidence.details import Explained, LadderRow, WeightsVsUseRow
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
-from ..spec.vocabulary import Rung
+from ..spec.vocabulary import CIRCUIT_RUNGS, Rung
 from . import explain_text, views
 from .prompts import prompt_lines
 from .text import literal_result, md_block, md_cell, md_code, md_link_text, md_text, plain
@@ -104,7 +104,8 @@ def ladder_table(rows: list[LadderRow]) -> list[str]:
     if not rows:
         return []
     body = []
-    shown = [r for r in Rung if r != Rung.ATTRIBUTION or any(Rung.ATTRIBUTION in row.rungs for row in rows)]
+    optional = (Rung.ATTRIBUTION, *CIRCUIT_RUNGS)  # columns shown only when some row has them
+    shown = [r for r in Rung if r not in optional or any(r in row.rungs for row in rows)]
     for r in rows:
         cells = []
         for rung in shown:

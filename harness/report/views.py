@@ -275,6 +275,15 @@ class CircuitView(ClaimView):
                                    if d.edges is None else "the output of the senders whose edges are removed"))
         if d.sensitivity is not None:
             out.append(sensitivity_line(d.sensitivity, "ablation type (faithfulness bound only)"))
+        if d.criteria:
+            out.append(f"- faithfulness bound and random circuits alone: {d.bound_verdict}")
+            out += [f"- {name}: **{r.verdict}** ({r.circuits} circuits): {r.rule}" for name, r in d.criteria.items()]
+            minimality = d.criteria.get("minimality")
+            failing = [m for m in (minimality.members or []) if m.status != "needed"] if minimality else []
+            if failing:
+                out.append("- members not shown needed: " + ", ".join(
+                    f"{m.member} {m.status} (knockout {m.knockout:+.3f}, beats {m.beaten} fillers)"
+                    for m in failing[:20]) + (f", and {len(failing) - 20} more" if len(failing) > 20 else ""))
         return out
 
     def claimed_edges(self, result: ClaimResult) -> list[str]:

@@ -130,7 +130,14 @@ class Rung(StrEnum):
     NECESSITY = "necessity"
     EDGE_NECESSITY = "edge necessity"
     SUFFICIENCY = "sufficiency"
+    EQUIVALENCE = "equivalence"  # a circuit scores as the model prompt by prompt (circuit criteria)
+    COMPLETENESS = "completeness"  # removing its parts hurts it as it hurts the model
+    INDEPENDENCE = "independence"  # the rest carries nothing of the model's score
+    MINIMALITY = "minimality"  # every member is needed (a member's row: that it is)
     ROBUSTNESS = "robustness"
+
+
+CIRCUIT_RUNGS = (Rung.EQUIVALENCE, Rung.COMPLETENESS, Rung.INDEPENDENCE, Rung.MINIMALITY)  # stated, not applied
 
 
 ATTENTION_ROLES = tuple(r.value for r in AttentionRole)

@@ -1,0 +1,114 @@
+"""The statistics of the circuit criteria (claims.circuit_criteria), all seeded, numpy and scipy.
+
+* `sign_equivalence`: the sign test of equivalence.  With k of the n untied prompts where the
+  circuit beats the model and the share p = P(circuit beats model):
+
+      p_equivalent = max(P(X >= k | n, 1/2 - eps), P(X <= k | n, 1/2 + eps))   (two one-sided tests)
+      p_different  = min(1, 2 * P(X at least as far from n/2 as k | n, the nearer of 1/2 +- eps))
+
+  P(p_equivalent <= alpha) <= alpha when |p - 1/2| >= eps, and P(p_different <= alpha) <= alpha
+  when |p - 1/2| <= eps.
+* `hsic_test`: the HSIC permutation test of independence of two per-prompt scores (Gretton et
+  al. 2007), with Gaussian kernels of median-heuristic widths approximated by D random Fourier
+  features each (Rahimi and Recht 2007), so it costs O(n D^2) per permutation, not O(n^2):
+
+      HSIC = || Phi_c^T Psi_c ||_F^2 / (n - 1)^2,   Phi_c, Psi_c the centred feature matrices
+      p    = (1 + #{HSIC of a permutation of y >= HSIC}) / (1 + B)
+
+  The permutation p-value is exact (P(p <= alpha) <= alpha under independence) whatever the
+  approximation of the kernel.
+* `binomial_sides`: the two one-sided binomial tests of a share k / n against a rate q.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FEATURES = 32  # random Fourier features per variable
+PERMUTATION_FLOATS = 4_000_000  # permuted features held at once (32 MB)
+
+
+@dataclass(frozen=True)
+class SignEquivalence:
+    beats: int  # prompts on which the circuit beats the model
+    untied: int  # prompts on which they differ
+    share: float  # beats / untied (nan when every prompt is tied)
+    ci: tuple[float, float]  # Clopper-Pearson interval of the share at 1 - 2 alpha
+    p_equivalent: float
+    p_different: float
+
+
+def sign_equivalence(delta: np.ndarray, tie: float, tolerance: float, alpha: float) -> SignEquivalence:
+    """The sign test of equivalence of `delta` = circuit - model per prompt (module docstring);
+    |delta| <= tie counts as a tie and is left out."""
+    from scipy.stats import binom
+
+    from .stats import clopper_pearson
+
+    d = np.asarray(delta, dtype=np.float64)
+    untied = d[np.abs(d) > tie]
+    n, k = int(len(untied)), int(np.sum(untied > 0))
+    if n == 0:
+        return SignEquivalence(0, 0, float("nan"), (float("nan"), float("nan")), 0.0, 1.0)
+    lo, hi = 0.5 - tolerance, 0.5 + tolerance
+    p_eq = max(float(binom.sf(k - 1, n, lo)), float(binom.cdf(k, n, hi)))
+    if k / n >= 0.5:  # above: how surprising k is at the upper edge of the tolerance
+        tail = float(binom.sf(k - 1, n, hi))
+    else:
+        tail = float(binom.cdf(k, n, lo))
+    ci = clopper_pearson(k, n, 1 - 2 * alpha)
+    return SignEquivalence(k, n, k / n, ci, min(1.0, p_eq), min(1.0, 2 * tail))
+
+
+@dataclass(frozen=True)
+class Hsic:
+    statistic: float
+    p_value: float
+    permutations: int
+
+
+def _features(x: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
+    """Centred random Fourier features of a Gaussian kernel of width the median pairwise
+    distance (estimated from up to 1,000 values); None when x is constant."""
+    sample = x if len(x) <= 1000 else rng.choice(x, 1000, replace=False)
+    gaps = np.abs(sample[:, None] - sample[None, :])
+    positive = gaps[gaps > 0]
+    if positive.size == 0:
+        return None
+    width = float(np.median(positive))
+    w = rng.normal(0.0, 1.0 / width, FEATURES)
+    b = rng.uniform(0.0, 2 * np.pi, FEATURES)
+    phi = np.sqrt(2.0 / FEATURES) * np.cos(np.outer(x, w) + b)
+    centred: np.ndarray = phi - phi.mean(0)
+    return centred
+
+
+def hsic_test(x: np.ndarray, y: np.ndarray, permutations: int, seed: int) -> Hsic:
+    """The HSIC permutation test of x independent of y (module docstring).  A constant x or y is
+    independent of anything: statistic 0, p = 1."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    phi, psi = _features(x, rng), _features(y, rng)
+    n = len(x)
+    if phi is None or psi is None or n < 3:
+        return Hsic(0.0, 1.0, 0)
+    scale = float((n - 1) ** 2)
+    observed = float(np.sum((phi.T @ psi) ** 2)) / scale
+    exceed, done = 0, 0
+    while done < permutations:
+        m = max(1, min(permutations - done, PERMUTATION_FLOATS // (n * FEATURES)))
+        order = np.argsort(rng.random((m, n)), axis=1)  # m independent permutations
+        cross = np.einsum("nd,mne->mde", phi, psi[order])
+        exceed += int(np.sum(np.sum(cross ** 2, axis=(1, 2)) / scale >= observed * (1 - 1e-12)))
+        done += m
+    return Hsic(observed, (1 + exceed) / (1 + permutations), permutations)
+
+
+def binomial_sides(k: int, n: int, rate: float) -> tuple[float, float]:
+    """(P(X <= k | n, rate), P(X >= k | n, rate)): the p-values of "the share is below rate" and of
+    "the share is above rate"."""
+    from scipy.stats import binom
+
+    return float(binom.cdf(k, n, rate)), float(binom.sf(k - 1, n, rate))

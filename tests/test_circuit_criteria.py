@@ -103,7 +103,8 @@ def test_criteria_by_name_or_with_keys():
     with pytest.raises(ValueError, match="unknown criterion 'minimal'"):
         CircuitClaim(id="c", kind="circuit", heads=["L0H0"], at_least=0.5, criteria=["minimal"])
     with pytest.raises(ValueError, match="not in the circuit's heads"):
-        CircuitClaim(id="c", kind="circuit", heads=["L0H0"], at_least=0.5, criteria={"completeness": {"sets": [["L1H0"]]}})
+        CircuitClaim(id="c", kind="circuit", heads=["L0H0"], at_least=0.5,
+                     criteria={"completeness": {"sets": [["L1H0"]]}})
     edges = ["embed -> L0H0.v", "L0H0 -> L1H0.k", "L1H0 -> logits"]
     c = CircuitClaim(id="c", kind="circuit", edges=edges, at_least=0.5,
                      criteria={"completeness": {"sets": [["L0H0"], ["L1H0 -> logits"]]}})

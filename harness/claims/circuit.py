@@ -101,7 +101,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
     def ladder(self, claim: CircuitClaim, result: ClaimResult) -> list[LadderEntry]:
         d = self.details_of(result)
-        status = verdict_status(result) if d.bound_verdict is None else STATUS[d.bound_verdict]
+        status = verdict_status(result) if d.bound_verdict is None else STATUS[Verdict(d.bound_verdict)]
         if d.intervention_change is not None and d.intervention_change.vacuous:
             status = LadderStatus.UNTESTED if status == LadderStatus.INCONCLUSIVE else status
         if claim.edges is not None and claim.size <= LADDER_EDGES:  # the sufficiency rung of every edge
@@ -121,7 +121,8 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         mechanism = f"circuit {heads_mechanism(claim.heads or [])[0]}"
         return ([LadderEntry(mechanism, "heads", Rung.SUFFICIENCY, status,
                              f"faithfulness {fmt(result.value)} with the rest {claim.ablation}-ablated", d.corruption)]
-                + sensitivity_entry(mechanism, "heads", d.sensitivity) + criteria_entries(mechanism, d, member_rows=True))
+                + sensitivity_entry(mechanism, "heads", d.sensitivity)
+                + criteria_entries(mechanism, d, member_rows=True))
 
     def measure(self, claims: Sequence[Indexed[CircuitClaim]], ctx: Context) -> Measured:
         st = ctx.stats
@@ -214,9 +215,9 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         else:
             verdict, rule, reason = random_comparison(f_verdict, f_rule, random.test)
         verdict, rule, reason = qualified(claim, verdict, rule, reason, m.change, norm, st)
-        if compare and details.criteria:
+        if compare and m.extra.get("criteria"):
             details = details.model_copy(update={"bound_verdict": str(verdict)})
-            verdict, rule, reason = with_criteria(verdict, rule, reason, details.criteria)
+            verdict, rule, reason = with_criteria(verdict, rule, reason, m.extra["criteria"])
         return self.result(claim, expectation=expectation, verdict=verdict, value=iv.estimate, ci=[iv.low, iv.high],
                            unit=UNIT, rule=rule, details=details, per_prompt=norm.per_prompt, reason=reason)
 

@@ -64,7 +64,8 @@ class Scores:
 
     @property
     def gap(self) -> np.ndarray:
-        return self.full - self.empty
+        out: np.ndarray = self.full - self.empty
+        return out
 
     @property
     def kept(self) -> np.ndarray:
@@ -230,27 +231,31 @@ def completeness(spec: Completeness, s: Scores) -> CriterionResult:
                                rule="completeness untested: no set K searched or named")
     diffs = differences([k for k, _, _ in final])
     m = len(final)
-    tests = []
+    tests, outside, inside = [], [], []
     for (k, how, rows), d in zip(final, diffs, strict=True):
         keep = s.kept if rows is None else s.kept & rows
         iv = stats.bootstrap_ci([d[keep], s.gap[keep]], stats.ratio_of_means, s.st.bootstrap, 1 - a / m, s.seed)
-        ok = np.isfinite(iv.low) and np.isfinite(iv.high)
-        tests.append(SetTest(members=labels.get(k, []), how=how, incompleteness=iv.estimate,
-                             ci=[iv.low, iv.high] if ok else None, n_prompts=int(keep.sum())))
-    outside = [t for t in tests if t.ci is not None and (t.ci[0] > tol or t.ci[1] < -tol)]
-    inside = [t for t in tests if t.ci is not None and -tol <= t.ci[0] and t.ci[1] <= tol]
+        ok = bool(np.isfinite(iv.low) and np.isfinite(iv.high))
+        t = SetTest(members=labels.get(k, []), how=how, incompleteness=iv.estimate,
+                    ci=[iv.low, iv.high] if ok else None, n_prompts=int(keep.sum()))
+        tests.append(t)
+        if ok and (iv.low > tol or iv.high < -tol):
+            outside.append((t, iv))
+        elif ok and -tol <= iv.low and iv.high <= tol:
+            inside.append(t)
     searched = len(candidates)
     what = (f"{searched} sets searched on {int(search.sum())} prompts ({spec.random} random, {spec.greedy} greedy "
             f"steps), the worst tested on the other {n - int(search.sum())}, {len(spec.sets)} named; intervals at "
             f"{100 * (1 - a / m):.4g}% (Bonferroni over {m})")
     if outside:
-        t = max(outside, key=lambda t: abs(t.incompleteness or 0.0))
+        t, iv = max(outside, key=lambda pair: abs(pair[1].estimate))
         verdict, rule = FAIL, (f"incomplete: removing {{{', '.join(t.members)}}} changes the circuit's faithfulness by "
-                               f"{t.incompleteness:+.3f} more than the model's (CI [{t.ci[0]:.3f}, {t.ci[1]:.3f}] "  # type: ignore[index]
+                               f"{iv.estimate:+.3f} more than the model's (CI [{iv.low:.3f}, {iv.high:.3f}] "
                                f"outside +-{tol:g}); {what}")
     elif len(inside) == len(tests):
         verdict, rule = PASS, f"every set tested within +-{tol:g}; {what}"
     else:
-        verdict, rule = INCONCLUSIVE, f"{len(tests) - len(inside)} of {len(tests)} sets not shown within +-{tol:g}; {what}"
+        verdict, rule = INCONCLUSIVE, (f"{len(tests) - len(inside)} of {len(tests)} sets not shown within "
+                                       f"+-{tol:g}; {what}")
     return CriterionResult(verdict=verdict, statistic=max(abs(t.incompleteness or 0.0) for t in tests), rule=rule,
                            circuits=0, sets=tests)

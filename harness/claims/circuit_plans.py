@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from math import comb, prod
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -146,7 +146,7 @@ class EdgeCircuit:
         return [(int(i), int(j)) for i, j in zip(*np.nonzero(self.mask.T)[::-1])]  # receiver-major
 
     def label(self, item: Hashable) -> str:
-        i, j = item  # type: ignore[misc]
+        i, j = pair(item)
         return str(names.Edge(self.graph.senders[i], self.graph.receivers[j]))
 
     def fillers(self) -> list[Hashable]:
@@ -163,7 +163,7 @@ class EdgeCircuit:
     def search_units(self) -> list[tuple[str, frozenset[Hashable]]]:
         """The circuit's edges grouped by sender."""
         groups: dict[int, set[Hashable]] = {}
-        for i, j in self.items():  # type: ignore[misc]
+        for i, j in map(pair, self.items()):
             groups.setdefault(i, set()).add((i, j))
         return [(str(self.graph.senders[i]), frozenset(groups[i])) for i in sorted(groups)]
 
@@ -177,9 +177,9 @@ class EdgeCircuit:
         masks = []
         for v in specs:
             m = (self.graph.adjacency if v.from_model else self.mask).copy()
-            for i, j in v.removed:  # type: ignore[misc]
+            for i, j in map(pair, v.removed):
                 m[i, j] = False
-            for i, j in v.added:  # type: ignore[misc]
+            for i, j in map(pair, v.added):
                 m[i, j] = True
             masks.append(m)
         return self.runs.edge_circuits(masks, kind)
@@ -207,6 +207,11 @@ def random_faithfulness_test(plan: Plan, claim: CircuitClaim, m_empty: np.ndarra
     stage(f"random circuits ({claim.id}): {test.drawn} of at most {claim.random_circuits} drawn (sequential test: "
           f"{test.decision})")
     return RandomComparison(np.asarray(found), test, plan.how)
+
+
+def pair(item: Hashable) -> tuple[int, int]:
+    """An edge circuit's member: (sender index, receiver index) in its graph."""
+    return cast(tuple[int, int], item)
 
 
 def owner(r: names.Receiver) -> names.Node | names.Receiver:

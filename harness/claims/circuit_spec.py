@@ -3,13 +3,13 @@ how it is judged)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, model_validator
 
 from ..evidence.details import CI, Details, Num, Record, Sensitivity, Summary, optional
-from ..spec.fields import BoundedCausalClaim, CircuitEdgeList, UnitList
 from ..spec import names
+from ..spec.fields import BoundedCausalClaim, CircuitEdgeList, UnitList
 from ..spec.settings import Strict
 from ..spec.vocabulary import Ablation
 from . import effects
@@ -44,7 +44,7 @@ class Completeness(Strict):
     tolerance: float = Field(0.1, gt=0.0)
     random: int = Field(20, ge=0, le=10_000)  # random subsets K of the members
     greedy: int = Field(3, ge=0, le=100)  # steps of the greedy search (each tries every member left)
-    sets: list[list[str]] = Field(default_factory=list)  # named sets K: members (edge circuits: edges or nodes)
+    sets: list[Annotated[list[str], Field(min_length=1)]] = Field(default_factory=list)  # named sets K: members (edge circuits: edges or nodes)
 
 
 class Criteria(Strict):

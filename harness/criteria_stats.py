@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .stats import clopper_pearson
+
 FEATURES = 32  # random Fourier features per variable
 PERMUTATION_FLOATS = 4_000_000  # permuted features held at once (32 MB)
 
@@ -44,8 +46,6 @@ def sign_equivalence(delta: np.ndarray, tie: float, tolerance: float, alpha: flo
     """The sign test of equivalence of `delta` = circuit - model per prompt (module docstring);
     |delta| <= tie counts as a tie and is left out."""
     from scipy.stats import binom
-
-    from .stats import clopper_pearson
 
     d = np.asarray(delta, dtype=np.float64)
     untied = d[np.abs(d) > tie]

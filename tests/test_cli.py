@@ -49,7 +49,7 @@ def test_run_passing_file_writes_report(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "prev-token-L0H7" in printed and f"report: {out / 'report.md'}" in printed
     ev = json.loads((out / "evidence.json").read_text())
-    assert [c["verdict"] for c in ev["claims"]] == ["PASS"] * 14
+    assert [c["verdict"] for c in ev["claims"]] == ["PASS"] * 15
     assert {c["evidence"] for c in ev["claims"]} == {"weights", "observational", "causal"}
     assert "# Evidence report: induction" in (out / "report.md").read_text()
     # never overwrite
@@ -62,7 +62,7 @@ def test_run_false_claims_exit_1(tmp_path):
     assert main(["run", str(HYPOTHESES / "induction-false-claims.yaml"), "--reports", str(tmp_path)]) == 1
     (folder,) = tmp_path.iterdir()
     verdicts = [c["verdict"] for c in json.loads((folder / "evidence.json").read_text())["claims"]]
-    assert verdicts == ["FAIL"] * 5
+    assert verdicts == ["FAIL"] * 6
 
 
 def test_bad_input_writes_nothing(tmp_path):

@@ -312,10 +312,10 @@ def with_criteria(verdict: Verdict, rule: str, reason: str,
     listed = ", ".join(f"{name} {r.verdict}" for name, r in criteria.items())
     failed = [name for name, r in criteria.items() if r.verdict == FAIL]
     if combined == FAIL and verdict != FAIL:
-        reason = f"not {' and not '.join(failed)} ({'; '.join(criteria[n].rule for n in failed)})"
+        reason = "; ".join(f"not {n}: {circuit_criteria.brief(n, criteria[n])}" for n in failed)
     elif combined == INCONCLUSIVE and verdict == PASS:
         open_ = [name for name, r in criteria.items() if r.verdict != PASS]
-        reason = f"{', '.join(open_)} not decided ({'; '.join(criteria[n].rule for n in open_)})"
+        reason = "; ".join(f"{n} undecided: {circuit_criteria.brief(n, criteria[n])}" for n in open_)
     return Verdict(combined), f"{rule}; criteria: {listed} (each test's rule in the details)", reason
 
 

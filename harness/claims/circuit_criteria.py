@@ -98,6 +98,24 @@ def evaluate(plan: Plan, criteria: dict[str, Equivalence | Independence | Comple
     return out
 
 
+def brief(name: str, r: CriterionResult) -> str:
+    """One clause of what a criterion's test found (the claim's reason lists them)."""
+    if r.statistic is None:
+        return r.rule
+    if name == "equivalence":
+        return f"the circuit beats the model on {r.statistic:.0%} of the prompts that differ"
+    if name == "independence":
+        return f"HSIC p {r.p_value:.3g}"
+    if name == "completeness" and r.sets:
+        worst = max(r.sets, key=lambda t: abs(t.incompleteness or 0.0))
+        return f"removing {{{', '.join(worst.members)}}}: incompleteness {worst.incompleteness:+.3f}"
+    if name == "minimality" and r.members:
+        off = [m.member for m in r.members if m.status != "needed"]
+        return f"{len(off)} of {len(r.members)} members not shown needed: {', '.join(off[:5])}" + (
+            ", ..." if len(off) > 5 else "")
+    return r.rule
+
+
 def undefined(name: str) -> CriterionResult:
     return CriterionResult(verdict=INCONCLUSIVE, statistic=None, circuits=0,
                            rule=f"{name} undefined: the faithfulness is undefined (the full-empty gap is too small)")

@@ -44,7 +44,8 @@ class Completeness(Strict):
     tolerance: float = Field(0.1, gt=0.0)
     random: int = Field(20, ge=0, le=10_000)  # random subsets K of the members
     greedy: int = Field(3, ge=0, le=100)  # steps of the greedy search (each tries every member left)
-    sets: list[Annotated[list[str], Field(min_length=1)]] = Field(default_factory=list)  # named sets K: members (edge circuits: edges or nodes)
+    # named sets K: members (edge circuits: edges, or nodes standing for their circuit edges)
+    sets: list[Annotated[list[str], Field(min_length=1)]] = Field(default_factory=list)
 
 
 class Criteria(Strict):

@@ -9,8 +9,9 @@
   P(p_equivalent <= alpha) <= alpha when |p - 1/2| >= eps, and P(p_different <= alpha) <= alpha
   when |p - 1/2| <= eps.
 * `hsic_test`: the HSIC permutation test of independence of two per-prompt scores (Gretton et
-  al. 2007), with Gaussian kernels of median-heuristic widths approximated by D random Fourier
-  features each (Rahimi and Recht 2007), so it costs O(n D^2) per permutation, not O(n^2):
+  al. 2007), with Gaussian kernels of median-heuristic widths written as 2D Fourier features
+  each (cos and sin at D = 32 frequencies: a deterministic quadrature of the kernel; Rahimi and
+  Recht 2007 draw them at random), so it costs O(n D^2) per permutation, not O(n^2):
 
       HSIC = || Phi_c^T Psi_c ||_F^2 / (n - 1)^2,   Phi_c, Psi_c the centred feature matrices
       p    = (1 + #{HSIC of a permutation of y >= HSIC}) / (1 + B)
@@ -28,7 +29,7 @@ import numpy as np
 
 from .stats import clopper_pearson
 
-FEATURES = 32  # random Fourier features per variable
+FEATURES = 32  # Fourier frequencies per variable (a cos and a sin feature each)
 PERMUTATION_FLOATS = 4_000_000  # permuted features held at once (32 MB)
 
 
@@ -70,17 +71,21 @@ class Hsic:
 
 
 def _features(x: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
-    """Centred random Fourier features of a Gaussian kernel of width the median pairwise
-    distance (estimated from up to 1,000 values); None when x is constant."""
+    """Centred Fourier features of a Gaussian kernel of width w the median pairwise distance
+    (estimated from up to 1,000 values): cos and sin of f_k x at the frequencies f_k = z_k / w,
+    z_k the normal quantiles at (k + 1/2) / D, so Phi Phi^T is the midpoint quadrature
+    (1/D) sum_k cos(f_k (x_i - x_j)) of exp(-(x_i - x_j)^2 / 2 w^2), the same on every run;
+    None when x is constant."""
+    from scipy.stats import norm
+
     sample = x if len(x) <= 1000 else rng.choice(x, 1000, replace=False)
     gaps = np.abs(sample[:, None] - sample[None, :])
     positive = gaps[gaps > 0]
     if positive.size == 0:
         return None
-    width = float(np.median(positive))
-    w = rng.normal(0.0, 1.0 / width, FEATURES)
-    b = rng.uniform(0.0, 2 * np.pi, FEATURES)
-    phi = np.sqrt(2.0 / FEATURES) * np.cos(np.outer(x, w) + b)
+    freq = norm.ppf((np.arange(FEATURES) + 0.5) / FEATURES) / float(np.median(positive))
+    angle = np.outer(x, freq)
+    phi = np.hstack([np.cos(angle), np.sin(angle)]) / np.sqrt(FEATURES)
     centred: np.ndarray = phi - phi.mean(0)
     return centred
 
@@ -98,9 +103,9 @@ def hsic_test(x: np.ndarray, y: np.ndarray, permutations: int, seed: int) -> Hsi
     observed = float(np.sum((phi.T @ psi) ** 2)) / scale
     exceed, done = 0, 0
     while done < permutations:
-        m = max(1, min(permutations - done, PERMUTATION_FLOATS // (n * FEATURES)))
+        m = max(1, min(permutations - done, PERMUTATION_FLOATS // (n * psi.shape[1])))
         order = np.argsort(rng.random((m, n)), axis=1)  # m independent permutations
-        cross = np.einsum("nd,mne->mde", phi, psi[order])
+        cross = np.matmul(phi.T[None], psi[order])  # phi^T psi of each permutation: [m, D, D]
         exceed += int(np.sum(np.sum(cross ** 2, axis=(1, 2)) / scale >= observed * (1 - 1e-12)))
         done += m
     return Hsic(observed, (1 + exceed) / (1 + permutations), permutations)

@@ -5,10 +5,10 @@ known of the model (measured with harness): L16H0 is a previous-token head, L18H
 L16H0 feeds L18H6's keys and not its queries or values.
 
 Opt-in (marker `real`; tests/conftest.py leaves these tests out unless `pytest --real` or
-HARNESS_REAL=1): `make test-real`, about 10 minutes on two cores.  The model comes from the local
-cache (benchmarks/real_models.py: `--cache`-less, so $HARNESS_REAL_MODELS or
-~/.cache/harness/real-models); nothing downloads here: without it every test skips with one reason,
-`run .venv/bin/python benchmarks/real_model.py --fetch first`.
+HARNESS_REAL=1): `make test-real`, about 14 minutes on two cores (4 of them the IOI circuit's
+criteria).  The model comes from the local cache (benchmarks/real_models.py: `--cache`-less, so
+$HARNESS_REAL_MODELS or ~/.cache/harness/real-models); nothing downloads here: without it every
+test skips with one reason, `run .venv/bin/python benchmarks/real_model.py --fetch first`.
 
 `harness scan` (every one of the model's ~120,000 edges) and `harness discover` (its faithfulness
 curve runs the whole edge graph per circuit) take far longer than the tier (scan over 15 minutes on
@@ -200,3 +200,27 @@ def test_discover(model_dir, tmp_path, capsys):
                          "--bootstrap", 200, "--out", tmp_path / "d")
     assert code == 0, err
     assert (tmp_path / "d" / "discovery.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- circuit criteria
+
+def test_ioi_circuit_criteria(model_dir, tmp_path):
+    """hypotheses/smollm2-ioi.yaml as committed (reports/smollm2-ioi; about four minutes): the 20
+    heads discover ranks highest keep most of the behaviour and beat random circuits, and the four
+    criteria give the committed verdicts; the heads that carry the most (the S-suppression head
+    L23H3, the name movers L23H0 and L24H4) are needed."""
+    import harness
+
+    doc = yaml.safe_load((HYPOTHESES / "smollm2-ioi.yaml").read_text())
+    doc["model"] = str(model_dir)
+    path = tmp_path / "smollm2-ioi.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    (got,) = harness.run(path, figures=False).claims
+    committed = json.loads((ROOT / "reports" / "smollm2-ioi" / "evidence.json").read_text())["claims"][0]
+    d = got.details
+    assert got.value > 0.5 and d.bound_verdict == "PASS"
+    assert {k: r.verdict for k, r in d.criteria.items()} == \
+        {k: r["verdict"] for k, r in committed["details"]["criteria"].items()}
+    members = {m.member: m.status for m in d.criteria["minimality"].members}
+    assert members["L23H3"] == members["L23H0"] == members["L24H4"] == "needed"
+    assert d.criteria["completeness"].circuits == 98 and d.criteria["independence"].circuits == 1

@@ -39,11 +39,12 @@ import numpy as np
 
 from .. import criteria_stats, stats
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS
-from ..progress import stage
+from ..progress import progress, stage
 from ..spec.settings import Stats
 from .circuit_plans import Plan, Variant
 from .circuit_spec import Completeness, CriterionResult, Equivalence, Independence, MemberTest, Minimality, SetTest
 
+GROUP = 16  # circuits stacked in one pass of a criterion's search
 TIE = 1e-5  # |m_C - m_M| at most this share of the model's largest |metric|: a tie (float32 rounding)
 
 
@@ -60,6 +61,7 @@ class Scores:
     st: Stats
     seed: int
     defined: bool  # whether the faithfulness is defined (the gap is large enough)
+    label: str = "criteria"  # the progress lines' label
     seen: set[Variant] = field(default_factory=set)
 
     @property
@@ -76,9 +78,15 @@ class Scores:
         return float(stats.ratio_of_means((m - self.empty)[keep], self.gap[keep]))
 
     def run(self, variants: Sequence[Variant]) -> list[np.ndarray]:
-        """The metric of each variant (stacked; each distinct circuit computed once per run)."""
+        """The metric of each variant (stacked, GROUP circuits a pass, with progress lines; each
+        distinct circuit computed once per run)."""
         self.seen.update(variants)
-        return self.plan.variants(list(variants), self.kind)
+        todo = list(variants)
+        groups = [todo[i:i + GROUP] for i in range(0, len(todo), GROUP)]
+        if len(groups) == 1:
+            return self.plan.variants(todo, self.kind)
+        return [m for g in progress(groups, f"{self.label}: {len(todo)} circuits in groups of {GROUP}")
+                for m in self.plan.variants(g, self.kind)]
 
 
 def evaluate(plan: Plan, criteria: dict[str, Equivalence | Independence | Completeness | Minimality | None],
@@ -92,6 +100,7 @@ def evaluate(plan: Plan, criteria: dict[str, Equivalence | Independence | Comple
         if spec is None:
             continue
         before = len(scores.seen)
+        scores.label = f"{name} ({label})"
         result = tests[name](spec, scores)
         out[name] = result.model_copy(update={"circuits": len(scores.seen) - before})
         stage(f"{name} ({label}): {result.verdict}, {len(scores.seen) - before} circuits")

@@ -119,3 +119,15 @@ def test_role_claim_on_hf_model(tmp_path):
     assert ev.claims[0].verdict == "FAIL"  # a random model has no induction head
     assert ev.model["kind"] == "transformers"
     assert ev.sanity_checks[1].name == "identity interventions reproduce the base run"
+
+
+def test_paths_are_shown_relative_to_the_working_folder_or_home(tmp_path, monkeypatch):
+    from harness.engine.provenance import shown_path
+
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(home))
+    assert shown_path(str(work / "fixtures" / "m")) == "fixtures/m"
+    assert shown_path("~/.cache/m") == "~/.cache/m" == shown_path(str(home / ".cache" / "m"))
+    assert shown_path(str(tmp_path / "elsewhere")) == str(tmp_path / "elsewhere")

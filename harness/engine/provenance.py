@@ -4,6 +4,7 @@ timestamps, and how paths are shown in reports."""
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import sys
 from importlib.metadata import PackageNotFoundError, version
@@ -43,11 +44,14 @@ def command_line() -> str:
 
 
 def shown_path(path: str | None) -> str | None:
-    """A path as reports show it: relative to the working directory when inside it."""
+    """A path as reports show it: relative to the working directory when inside it, else
+    `~/...` when inside the home folder (as written: links are not followed), else absolute."""
     if path is None or ModelRef.parse(path).is_named:  # a hub model or a registered source: its name
         return path
-    p = Path(path).resolve()
-    try:
-        return str(p.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(p)
+    p = Path(os.path.abspath(Path(path).expanduser()))
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(p.relative_to(Path(os.path.abspath(base))))
+        except ValueError:
+            continue
+    return str(p)

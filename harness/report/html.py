@@ -39,7 +39,7 @@ th { background: #f3f3f3; }
 .verdicts td:nth-child(3) { min-width: 12em; }
 .verdicts td:last-child { min-width: 16em; }
 .ladder table { font-size: 0.85em; }
-.ladder th, .ladder td { padding: 0.3em 0.4em; }
+.ladder th, .ladder td { padding: 0.3em 0.3em; }
 .ladder td:first-child { min-width: 7em; }
 .ladder td:last-child { min-width: 16em; }
 .routes td:first-child, .routes td:nth-child(6) { white-space: nowrap; }

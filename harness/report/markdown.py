@@ -98,30 +98,44 @@ def _claim_section(r: ClaimResult, unit: str, index: int) -> list[str]:
 SYMBOLS = {"supports": "✓", "against": "✗", "inconclusive": "?", "untested": "∅"}
 
 
+CRITERIA_WORDS = {Rung.EQUIVALENCE: "equivalent", Rung.COMPLETENESS: "complete", Rung.INDEPENDENCE: "independent",
+                  Rung.MINIMALITY: "minimal"}
+
+
 def ladder_table(rows: list[LadderRow]) -> list[str]:
     """The evidence ladder: per mechanism, each rung's steps, the highest rung reached,
-    and the contradictions."""
+    and the contradictions.  The circuit criteria's four rungs share one column (`criteria`:
+    `✓ complete ✗ minimal` on a circuit's row, `✓ needed` on a member's), so that stating them
+    widens the table by one column, not four."""
     if not rows:
         return []
     body = []
-    optional = (Rung.ATTRIBUTION, *CIRCUIT_RUNGS)  # columns shown only when some row has them
-    shown = [r for r in Rung if r not in optional or any(r in row.rungs for row in rows)]
+    shown = [r for r in Rung if r not in CIRCUIT_RUNGS and (r != Rung.ATTRIBUTION
+                                                           or any(r in row.rungs for row in rows))]
+    criteria = any(r in row.rungs for row in rows for r in CIRCUIT_RUNGS)
     for r in rows:
         cells = []
         for rung in shown:
+            if rung == Rung.ROBUSTNESS and criteria:  # the criteria's column sits where their rungs do
+                words = {c: (CRITERIA_WORDS[c] if r.type == "heads" else "needed") for c in CIRCUIT_RUNGS}
+                cells.append(" ".join(f"{SYMBOLS[s.status]} {words[c]}" for c in CIRCUIT_RUNGS
+                                      for s in r.rungs.get(c, [])))
             steps = r.rungs.get(rung)
             cells.append(" ".join(f"{SYMBOLS[s.status]} {md_cell(s.claim)}" for s in steps) if steps
                          else "—" if rung in r.missing else "")
         body.append([md_cell(r.mechanism), *cells, md_cell(r.highest or "none"),
                      md_cell("; ".join(r.contradictions) or "none")])
+    headers = [h for rung in shown for h in (["criteria", rung] if rung == Rung.ROBUSTNESS and criteria else [rung])]
+    legend = ("; criteria: a circuit claim's stated criteria (✓ complete: shown complete, ✗ minimal: not minimal), "
+              "and on a member's row whether minimality found it needed" if criteria else "")
     return ["## Evidence ladder", "",
             "Per mechanism the file names, the levels of evidence this run reached, lowest first, for the "
             "mechanism as the file states it: ✓ a claim that PASSed (whatever its direction: a head claimed not "
             "needed that is not needed is ✓), ✗ one that FAILed, ? inconclusive, ∅ untested (the intervention "
             "changed nothing it reads), — applies but no claim tested it; `(weights vs use)` is the route's "
-            "composition test where no composition claim names it. A high rung does not erase a contradiction on a "
-            "lower one.", "",
-            tabulate(body, headers=["mechanism", *shown, "highest", "contradictions"], tablefmt="github",
+            f"composition test where no composition claim names it{legend}. A high rung does not erase a "
+            "contradiction on a lower one.", "",
+            tabulate(body, headers=["mechanism", *headers, "highest", "contradictions"], tablefmt="github",
                      disable_numparse=True), ""]
 
 

@@ -226,3 +226,28 @@ def test_edge_circuit_criteria_match_the_node_circuit(models, tmp_path):
     members = {m.member: m.status for m in e["minimality"].members}
     assert members["L0H0 -> L1H0.k"] == members["embed -> L1H0.v"] == "needed"
     assert members["L0H0 -> logits"] == "unneeded"  # the unembedding reads only L1H0's block
+
+
+def test_the_claims_verdict_joins_its_criteria():
+    from harness.claims.circuit import with_criteria
+    from harness.claims.circuit_spec import CriterionResult
+
+    def crit(verdict: str) -> CriterionResult:
+        return CriterionResult(verdict=verdict, statistic=0.5, rule=f"{verdict.lower()} rule", circuits=1)
+
+    assert with_criteria("PASS", "bound", "", {"equivalence": crit("PASS"), "minimality": crit("PASS")})[0] == "PASS"
+    verdict, rule, reason = with_criteria("PASS", "bound", "", {"equivalence": crit("PASS"),
+                                                                "minimality": crit("FAIL")})
+    assert verdict == "FAIL" and reason.startswith("not minimality") and "minimality FAIL" in rule
+    assert with_criteria("INCONCLUSIVE", "undefined", "", {"independence": crit("FAIL")})[0] == "FAIL"
+    verdict, _, reason = with_criteria("PASS", "bound", "", {"completeness": crit("INCONCLUSIVE")})
+    assert verdict == "INCONCLUSIVE" and reason.startswith("completeness undecided")
+    assert with_criteria("FAIL", "bound", "below", {"completeness": crit("PASS")})[:3:2] == ("FAIL", "below")
+
+
+@pytest.mark.slow
+def test_an_at_most_claim_joins_its_criteria_too(models, tmp_path):
+    got, _ = run_circuits(models["decoy"], [
+        {"id": "padded", "kind": "circuit", "heads": ["L0H0", "L0H1", "L1H0"], "at_most": 1.5,
+         "criteria": ["minimality"]}], tmp_path)
+    assert got["padded"].details.bound_verdict == "PASS" and got["padded"].verdict == "FAIL"

@@ -176,6 +176,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         """The claim's result from its metrics per prompt (`m`).  random: the random circuits of the
         same size and the sequential test (None when no other circuit of that size exists); the random
         comparison applies to at_least claims only (and not with compare=False: sensitivity variants)."""
+        own = compare  # False for a sensitivity variant: no random circuits, no criteria
         compare = compare and claim.at_least is not None
         expectation = f"keep {self.members(claim)}: faithfulness {claim.bound_text()}" + (
             f", beats random circuits (rate > {claim.beat_rate:g})" if compare else "")
@@ -202,8 +203,12 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
                           random_draw=random.how, alpha=st.alpha)
         details = CircuitDetails(**fields)
         if iv is None:
-            return self.result(claim, expectation=expectation, verdict=INCONCLUSIVE, value=None, ci=None, unit=UNIT,
-                               details=details, rule=f"faithfulness undefined: {norm.reason}")
+            verdict, rule, reason = INCONCLUSIVE, f"faithfulness undefined: {norm.reason}", ""
+            if own and m.extra.get("criteria"):  # a criterion that FAILs still FAILs the claim
+                details = details.model_copy(update={"bound_verdict": str(verdict)})
+                verdict, rule, reason = with_criteria(verdict, rule, reason, m.extra["criteria"])
+            return self.result(claim, expectation=expectation, verdict=verdict, value=None, ci=None, unit=UNIT,
+                               details=details, rule=rule, reason=reason)
         f_verdict, f_rule = threshold_verdict(iv.low, iv.high, claim.at_least, claim.at_most)
         if not compare:
             verdict, rule, reason = f_verdict, f"faithfulness {f_rule}", ""
@@ -215,7 +220,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         else:
             verdict, rule, reason = random_comparison(f_verdict, f_rule, random.test)
         verdict, rule, reason = qualified(claim, verdict, rule, reason, m.change, norm, st)
-        if compare and m.extra.get("criteria"):
+        if own and m.extra.get("criteria"):
             details = details.model_copy(update={"bound_verdict": str(verdict)})
             verdict, rule, reason = with_criteria(verdict, rule, reason, m.extra["criteria"])
         return self.result(claim, expectation=expectation, verdict=verdict, value=iv.estimate, ci=[iv.low, iv.high],

@@ -113,7 +113,7 @@ def brief(name: str, r: CriterionResult) -> str:
         return r.rule
     if name == "equivalence":
         return f"the circuit beats the model on {r.statistic:.0%} of the prompts that differ"
-    if name == "independence":
+    if name == "independence" and r.p_value is not None:
         return f"HSIC p {r.p_value:.3g}"
     if name == "completeness" and r.sets:
         worst = max(r.sets, key=lambda t: abs(t.incompleteness or 0.0))

@@ -5,7 +5,7 @@ known of the model (measured with harness): L16H0 is a previous-token head, L18H
 L16H0 feeds L18H6's keys and not its queries or values.
 
 Opt-in (marker `real`; tests/conftest.py leaves these tests out unless `pytest --real` or
-HARNESS_REAL=1): `make test-real`, about 14 minutes on two cores (4 of them the IOI circuit's
+HARNESS_REAL=1): `make test-real`, about 10 minutes on two cores (4 of them the IOI circuit's
 criteria).  The model comes from the local cache (benchmarks/real_models.py: `--cache`-less, so
 $HARNESS_REAL_MODELS or ~/.cache/harness/real-models); nothing downloads here: without it every
 test skips with one reason, `run .venv/bin/python benchmarks/real_model.py --fetch first`.

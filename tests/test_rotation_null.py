@@ -11,7 +11,7 @@ from scipy.stats import ks_2samp, ortho_group
 
 from harness.mech import weights as W
 from harness.mech.factored import Composition, receiver_cores, sender_cores
-from harness.mech.rotation_null import CHUNK, SharedNull, haar_block_squares, mc_or_bound_p, tail_bound
+from harness.mech.rotation_null import CHUNK, PAIRS, SharedNull, haar_block_squares, mc_or_bound_p, tail_bound
 from harness.spec.names import Head, HeadInput
 
 from .conftest import tiny_config
@@ -42,6 +42,22 @@ def test_null_draws_come_in_seeded_chunks():
     assert not np.array_equal(SharedNull(r=4, n=20, seed=8).pair_samples(a, b, CHUNK), first)
     # E[C^2] = sum_ij a_i b_j E[F_ij^2] = 1/n
     assert np.mean(longer ** 2) == pytest.approx(1 / 20, rel=0.05)
+
+
+def test_many_pairs_drawn_together_match_one_at_a_time():
+    """pair_samples of K pairs (more than PAIRS, so in several contractions) is each pair's own null
+    C_null = sqrt(a^T (F o F) b), checked against the explicit draws, to float64 rounding."""
+    null = SharedNull(r=4, n=20, seed=3)
+    rng = np.random.default_rng(0)
+    K = PAIRS + 5
+    a = torch.from_numpy(rng.dirichlet(np.ones(4), size=K))
+    b = torch.from_numpy(rng.dirichlet(np.ones(4), size=K))
+    together = null.pair_samples(a, b, 1500)
+    P = torch.cat([block for _, _, block in null.blocks(1500)]).numpy()  # [m, r, r]
+    explicit = np.sqrt(np.einsum("kr,mrs,ks->km", a.numpy(), P, b.numpy()))
+    np.testing.assert_allclose(together, explicit, rtol=1e-13, atol=0)
+    one = np.concatenate([null.pair_samples(a[i:i + 1], b[i:i + 1], 1500) for i in (0, PAIRS, K - 1)])
+    np.testing.assert_allclose(together[[0, PAIRS, K - 1]], one, rtol=1e-13, atol=0)
 
 
 def test_tail_bound_holds():

@@ -198,12 +198,6 @@ class Composition:
         """a (or b): normalised squared spectra [L, H, r]."""
         return normalised_squares(self.spectrum(side))
 
-    def null_samples(self, sender: Head, receiver: HeadInput, stop: int, start: int = 0) -> np.ndarray:
-        """Null draws start..stop-1 of one pair."""
-        a = self.weights_of("x")[sender.layer, sender.head][None]
-        b = self.weights_of(receiver.which)[receiver.head.layer, receiver.head.head][None]
-        return cast(np.ndarray, self.null.pair_samples(a, b, stop, start)[0])
-
     def null_grid(self, mode: str, sender_layer: int, n_draws: int) -> Any:
         """Null draws of every head of `sender_layer` with every head input `mode` of the later
         layers: [H, (L - sender_layer - 1) H, n_draws]."""
@@ -268,7 +262,7 @@ class Composition:
         """`result` of every pair; the pairs that need more draws are extended together, each
         extra chunk of null draws made once for all of them."""
         todo = list(dict.fromkeys(q for q in pairs if (*q, n_draws, extend_to, alpha) not in self._results))
-        base = {q: self.null_samples(q[0], q[1], n_draws) for q in todo}
+        base = dict(zip(todo, self._base_draws(todo, n_draws), strict=True))
         short = [q for q in todo if mc_p(base[q], self.score(*q)) < alpha] if extend_to > n_draws else []
         exceed = {q: int(np.sum(base[q] >= self.score(*q) - 1e-12)) for q in short}
         if short:
@@ -286,6 +280,17 @@ class Composition:
             p = (1 + exceed[q]) / (1 + used) if q in exceed else mc_p(base[q], self.score(*q))
             self._results[(*q, n_draws, extend_to, alpha)] = self._record(q[0], q[1], base[q], p, used)
         return [self._results[(*q, n_draws, extend_to, alpha)] for q in pairs]
+
+    def _base_draws(self, pairs: list[tuple[Head, HeadInput]], n_draws: int) -> np.ndarray:
+        """[len(pairs), n_draws]: the first n_draws null draws of every pair, drawn together
+        (SharedNull.pair_samples)."""
+        import torch
+
+        if not pairs:
+            return np.zeros((0, n_draws))
+        a = torch.stack([self.weights_of("x")[s.layer, s.head] for s, _ in pairs])
+        b = torch.stack([self.weights_of(r.which)[r.head.layer, r.head.head] for _, r in pairs])
+        return self.null.pair_samples(a, b, n_draws)
 
     def pool(self, mode: str) -> np.ndarray:
         """Every cross-layer pair's score of input `mode` (NaN left out), sorted: what a pair's

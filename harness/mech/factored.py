@@ -262,14 +262,11 @@ class Composition:
         """`result` of every pair; the pairs that need more draws are extended together, each
         extra chunk of null draws made once for all of them."""
         todo = list(dict.fromkeys(q for q in pairs if (*q, n_draws, extend_to, alpha) not in self._results))
-        base = dict(zip(todo, self._base_draws(todo, n_draws), strict=True))
+        base = dict(zip(todo, self.null.pair_samples(*self._pair_weights(todo), n_draws), strict=True)) if todo else {}
         short = [q for q in todo if mc_p(base[q], self.score(*q)) < alpha] if extend_to > n_draws else []
         exceed = {q: int(np.sum(base[q] >= self.score(*q) - 1e-12)) for q in short}
         if short:
-            import torch
-
-            a = torch.stack([self.weights_of("x")[s.layer, s.head] for s, _ in short])
-            b = torch.stack([self.weights_of(r.which)[r.head.layer, r.head.head] for _, r in short])
+            a, b = self._pair_weights(short)
             target = np.array([self.score(*q) for q in short])[:, None]
             for start in range(n_draws, extend_to, CHUNK):
                 more = self.null.pair_samples(a, b, min(extend_to, start + CHUNK), start)
@@ -281,16 +278,15 @@ class Composition:
             self._results[(*q, n_draws, extend_to, alpha)] = self._record(q[0], q[1], base[q], p, used)
         return [self._results[(*q, n_draws, extend_to, alpha)] for q in pairs]
 
-    def _base_draws(self, pairs: list[tuple[Head, HeadInput]], n_draws: int) -> np.ndarray:
-        """[len(pairs), n_draws]: the first n_draws null draws of every pair, drawn together
-        (SharedNull.pair_samples)."""
+    def _pair_weights(self, pairs: list[tuple[Head, HeadInput]]) -> tuple[Any, Any]:
+        """(a [K, r], b [K, r]): the sender's and the receiver's normalised squared spectra of each of
+        the K (at least one) pairs, rows for SharedNull.pair_samples (every pair drawn together)."""
         import torch
 
-        if not pairs:
-            return np.zeros((0, n_draws))
-        a = torch.stack([self.weights_of("x")[s.layer, s.head] for s, _ in pairs])
-        b = torch.stack([self.weights_of(r.which)[r.head.layer, r.head.head] for _, r in pairs])
-        return self.null.pair_samples(a, b, n_draws)
+        wx = self.weights_of("x")
+        wy = {m: self.weights_of(m) for m in {r.which for _, r in pairs}}
+        return (torch.stack([wx[s.layer, s.head] for s, _ in pairs]),
+                torch.stack([wy[r.which][r.head.layer, r.head.head] for _, r in pairs]))
 
     def pool(self, mode: str) -> np.ndarray:
         """Every cross-layer pair's score of input `mode` (NaN left out), sorted: what a pair's

@@ -28,7 +28,8 @@ Models (rows of the output), each loaded through harness's loader into one Trans
   `build`), at `--random-prompts`;
 * `qwen2.5-7b` (only with `--shape 7b`, meant for a GPU with `--device cuda`): a random Qwen2 of
   Qwen2.5-7B's shape (28 layers, 28 query heads on 4 key/value heads, d_model 3,584, d_mlp 18,944,
-  vocabulary 152,064) built and run in bfloat16.
+  vocabulary 152,064) built (its random weights drawn on `--device`: seconds on a GPU) and run
+  in bfloat16.
 
 The random models are built locally with transformers (seed 0) into a temporary folder, or into
 `--keep DIR`, where they are reused.  Prompts: the repeated-tokens generator (`[BOS] + S + S`,
@@ -142,8 +143,14 @@ class Model:
     dtype: str = "float32"
 
 
-def build_7b(folder: Path) -> Path:
-    """A random-weight Qwen2 of Qwen2.5-7B's shape in bfloat16 (about 15 GB on disk), saved to `folder`."""
+def build_7b(folder: Path, device: str = "cpu") -> Path:
+    """A random-weight Qwen2 of Qwen2.5-7B's shape in bfloat16 (about 15 GB on disk), saved to `folder`.
+
+    The weights are drawn on `device` (on a GPU in seconds; on 16 CPU cores it takes over five
+    minutes) and written to `folder`.part, renamed when complete, so a build that is cut off is
+    never taken for a model."""
+    import shutil
+
     import torch
     import transformers
 
@@ -154,16 +161,22 @@ def build_7b(folder: Path) -> Path:
                                    tie_word_embeddings=False, dtype="bfloat16")
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
+    part = folder.with_name(folder.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        transformers.Qwen2ForCausalLM(cfg).eval().save_pretrained(folder)
+        with torch.device(device):
+            model = transformers.Qwen2ForCausalLM(cfg).eval()
+        model.save_pretrained(part)
     finally:
         torch.set_default_dtype(before)
+    del model
+    part.replace(folder)
     return folder
 
 
-def prepare(key: str, root: Path, cache: str | None) -> Model:
+def prepare(key: str, root: Path, cache: str | None, device: str = "cpu") -> Model:
     """The model of row `key`, built (random shapes) or found (SmolLM2) on this machine."""
     if key == "smollm2":
         found = real_models.find_smollm2(cache)
@@ -186,7 +199,7 @@ def prepare(key: str, root: Path, cache: str | None) -> Model:
         folder = build("qwen2.5-0.5b", root / "qwen2.5-0.5b-24l", 24)
         model = Model(key, "Qwen2.5-0.5B shape (random; 24 layers, 14 q / 2 kv heads, d 896)", folder, "L4H13", "L5H1")
     elif key == "qwen2.5-7b":
-        folder = build_7b(root / "qwen2.5-7b")
+        folder = build_7b(root / "qwen2.5-7b", device)
         model = Model(key, "Qwen2.5-7B shape (random, bfloat16; 28 layers, 28 q / 4 kv heads, d 3584)", folder,
                       "L4H27", "L5H1", dtype="bfloat16")
     else:
@@ -925,7 +938,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(work, a.threads, a.device, a.timeout, a.tl_pairs, a.isolate)
         say(f"work folder {work}; {a.threads} thread(s), {a.device}; load average {os.getloadavg()[0]:.2f}")
         for key in keys:
-            model = prepare(key, work, a.cache)
+            model = prepare(key, work, a.cache, a.device)
             for n in counts if model.trained else [random_n]:
                 say(f"{model.key}, {n} prompts:")
                 res: dict[str, Any] = {"harness": bench.contender("harness", model, n)}

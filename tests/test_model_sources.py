@@ -441,6 +441,46 @@ def test_half_precision_hf_weights_load_as_float32(tmp_path, stored):
         assert torch.allclose(logits(m), ref(TOKENS).logits, atol=1e-5, rtol=0)
 
 
+def test_bfloat16_model_is_patched_within_its_own_precision(tmp_path, monkeypatch):
+    """A model loaded in bfloat16 (the API's dtype): the hand attention the patches use passes its
+    check at bfloat16's tolerance, which the float32 bound would have refused (the check is not
+    vacuous), and a misread architecture is still refused (the bound is not too loose)."""
+    from dataclasses import replace
+
+    from harness.errors import UnsupportedError
+    from harness.mech import attention
+    from harness.model import architecture
+    from harness.model.devices import wide
+    from harness.spec import names
+
+    hf = tiny_hf("qwen2")
+    with torch.no_grad():  # sharper attention than the random init's (nearly uniform: any scale would pass)
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(20)
+            layer.self_attn.k_proj.weight.mul_(20)
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "m")
+    m = load_model(tmp_path / "m", dtype=torch.bfloat16, device="cpu")
+    assert m.dtype == "bfloat16"
+    hooks = {names.hook_resid_pre(1), names.hook_z(1), *attention.rotary_names(m.bridge)}
+    tokens = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(tokens, names_filter=lambda n: n in hooks)
+    cache = dict(cache.items())
+    assert cache[names.hook_z(1)].dtype == torch.bfloat16
+    attention.check(m.bridge, cache, 1)  # no UnsupportedError
+    resid = wide(cache[names.hook_resid_pre(1)])
+    rot = {k: v for k, v in cache.items() if k in attention.rotary_names(m.bridge)}
+    z = attention.head_z(m.bridge, names.Head(1, 0), dict.fromkeys("qkv", resid), rot)
+    ref = wide(cache[names.hook_z(1)][:, :, 0])
+    bound = float((z - ref).abs().max()) / (1 + float(ref.abs().max()))
+    assert attention.tolerance(torch.float32) < bound < attention.tolerance(torch.bfloat16)
+    arch = architecture.of(m.bridge)
+    monkeypatch.setitem(architecture._KNOWN, m.bridge, replace(arch, scales=tuple(s * 2 for s in arch.scales)))
+    monkeypatch.setattr(attention, "_CHECKED", type(attention._CHECKED)())
+    with pytest.raises(UnsupportedError, match="recomputed by hand differs"):
+        attention.check(m.bridge, cache, 1)
+
+
 def test_sweep_models_take_hub_names(cache, hf_dirs, tmp_path, monkeypatch):
     """`harness sweep --models` parses its arguments as `model:` does: `ORG/NAME` is the cached hub
     model (labelled as written), a directory that exists wins."""

@@ -15,17 +15,12 @@ from typing import Any
 from ..errors import UnsupportedError
 from ..model import architecture
 from ..spec.names import hook_attn_out, hook_input, hook_resid_post, hook_resid_pre, hook_z
+from .attention import tolerance as tolerance  # the rule of every arithmetic check
 from .hooks import output_transform
 from .torch_blocks import Layer, Model, attend, block, mask
 from .torch_weights import Weights, build_layer, through, unembedding
 
 CHECK_PROMPTS = 2  # prompts of the base run the torch arithmetic is checked on
-
-
-def tolerance(dtype: Any) -> float:
-    import torch
-
-    return {torch.float64: 1e-8, torch.float32: 1e-4}.get(dtype, 3e-2)
 
 
 def _off(a: Any, b: Any, tol: float) -> float | None:

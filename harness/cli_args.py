@@ -83,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
                    help="parent folder of new report folders (default: reports/)")
     r.add_argument("--seed", type=SEED, help="override the files' seed (>= 0)")
     r.add_argument("--memory", metavar="SIZE",
-                   help="memory budget, e.g. 3G or 512M (sets $HARNESS_MEMORY; default: half the memory available): "
+                   help="memory budget, e.g. 3G or 512M (sets $HARNESS_MEMORY; default: half the memory available, "
+                        "on CUDA the host's or the GPU's, whichever is smaller): "
                         "base runs whose cached activations would not fit stop with one line before measuring, "
                         "and every chunked stage keeps its working memory within an eighth of it")
     _add_device(r)

@@ -1,7 +1,8 @@
 """How much memory a run may hold, chosen on purpose.
 
 * The budget: `--memory SIZE` (e.g. `3G`, `512M`, `2.5GiB`, or bytes), else $HARNESS_MEMORY,
-  else DEFAULT_SHARE of the memory available when the run starts (MemAvailable).
+  else DEFAULT_SHARE of the memory available when the run starts (MemAvailable; for a model on
+  a CUDA device the smaller of that and the device memory the process may hold: free + held).
 * What it bounds: the activations the base runs cache (checked after the first batch of
   prompts, `check_cache`: a file whose caches would not fit stops with one line before
   anything is measured) and the working memory of every chunked stage (`working`: caching
@@ -16,6 +17,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 from .errors import UserError
 
@@ -39,8 +41,23 @@ def parse(text: str, source: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def available() -> int:
-    """Bytes of memory available now (MemAvailable of /proc/meminfo; elsewhere the physical memory)."""
+def available(device: Any = None) -> int:
+    """Bytes of memory available to a run now: the host's (`host_available`), and for a model on
+    a CUDA device the smaller of that and the device memory this process may hold, free + held
+    (torch.cuda.mem_get_info's free + memory_reserved: the model's weights count as held, as the
+    budget's check of the caches counts them)."""
+    host = host_available()
+    if device is None or str(device).split(":")[0] != "cuda":
+        return host
+    import torch
+
+    dev = torch.device(device)
+    free, _total = torch.cuda.mem_get_info(dev)
+    return min(host, int(free) + int(torch.cuda.memory_reserved(dev)))
+
+
+def host_available() -> int:
+    """Bytes of host memory available now (MemAvailable of /proc/meminfo; elsewhere the physical memory)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -54,23 +71,24 @@ def available() -> int:
         return 8 * 2**30
 
 
-def chosen(requested: int | None = None) -> int:
-    """`requested`, else $HARNESS_MEMORY, else DEFAULT_SHARE of the available memory."""
+def chosen(requested: int | None = None, device: Any = None) -> int:
+    """`requested`, else $HARNESS_MEMORY, else DEFAULT_SHARE of the memory available to a model
+    on `device` (`available`)."""
     if requested is not None:
         return requested
     env = os.environ.get(ENV)
     if env:
         return parse(env, f"${ENV}")
-    return int(DEFAULT_SHARE * available())
+    return int(DEFAULT_SHARE * available(device))
 
 
 _BUDGET: ContextVar[int | None] = ContextVar("harness_memory_budget", default=None)
 
 
 @contextmanager
-def using(requested: int | None = None) -> Iterator[int]:
-    """Run the block under the budget `chosen(requested)`; yields it."""
-    budget = chosen(requested)
+def using(requested: int | None = None, device: Any = None) -> Iterator[int]:
+    """Run the block under the budget `chosen(requested, device)`; yields it."""
+    budget = chosen(requested, device)
     token = _BUDGET.set(budget)
     try:
         yield budget

@@ -35,6 +35,31 @@ def test_working_memory_is_the_stage_own_unless_the_budget_is_smaller():
         assert memory.working(64 * 2**20) == 10 * 2**20
 
 
+def test_default_budget_on_cuda_is_the_smaller_of_host_and_device(monkeypatch):
+    """Half the memory available: the host's on the CPU; for a model on a CUDA device, the smaller
+    of the host's and what the process may hold there (free + held: the weights count as held)."""
+    import torch
+
+    monkeypatch.delenv(memory.ENV, raising=False)
+    monkeypatch.setattr(memory, "host_available", lambda: 64 * 2**30)
+    asked = []
+
+    def mem_get_info(device):
+        asked.append(device)
+        return 9 * 2**30, 24 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 15 * 2**30)
+    assert memory.chosen() == memory.chosen(device="cpu") == 32 * 2**30
+    assert memory.chosen(device=torch.device("cuda:1")) == 12 * 2**30  # half of 9 free + 15 held
+    assert asked == [torch.device("cuda:1")]
+    monkeypatch.setattr(memory, "host_available", lambda: 16 * 2**30)
+    assert memory.chosen(device="cuda") == 8 * 2**30  # the host is the smaller
+    assert memory.chosen(3 * 2**30, device="cuda") == 3 * 2**30  # --memory wins
+    with memory.using(device="cpu") as budget:
+        assert budget == 8 * 2**30
+
+
 def test_caches_that_do_not_fit_stop_with_the_prompts_that_would(tmp_path):
     with memory.using(100 * 2**20), pytest.raises(memory.MemoryBudgetError, match="at most 40 prompts fit"):
         memory.check_cache(2**20, 1000, 2, 20 * 2**20, "the base runs of 1000 prompts")

@@ -116,8 +116,8 @@ def _run(hypothesis: str | Path | dict[str, Any], *, seed: int | None, base_dir:
     check_corruptions(h, ds)
     if metrics.get(s.metric).needs_wrong and ds.wrong is None:
         raise SpecError([f"{h.where('metric')}: {s.metric} needs 'wrong' tokens in the data"])
-    budget_of = memory.using(device=of(loaded.bridge))
-    with threads.using(n_threads, int(loaded.bridge.cfg.d_model)) as used, budget_of as budget:
+    with (threads.using(n_threads, int(loaded.bridge.cfg.d_model)) as used,
+          memory.using(device=of(loaded.bridge)) as budget):
         stage(f"measuring on {used} thread(s), memory budget {memory.gb(budget)}")
         m = measure_all(loaded, ds, s.claims, metric=s.metric, st=s.stats, processing=s.weight_processing,
                         seed=seed, figures=figures)

@@ -3,9 +3,9 @@
 `check(model, w, base, tol)` compares norm1, the MLP (with norm2 and post2) and ln_final +
 unembed with the model's modules and puts the modules back where they differ; q/k/v, z and
 attn_out of every layer whose attention the base run cached, each block's output and the
-logits are compared with the cache, and a difference beyond `tolerance(dtype)` x (1 + max |b|)
+logits are compared with the cache, and a difference beyond attention.tolerance(dtype) x (1 + max |b|)
 raises UnsupportedError naming the activation and the model's features.
-Imports: mech.torch_blocks, mech.torch_weights, mech.hooks, model.architecture, spec.names.
+Imports: mech.attention, mech.torch_blocks, mech.torch_weights, mech.hooks, model.architecture, spec.names.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import UnsupportedError
 from ..model import architecture
 from ..spec.names import hook_attn_out, hook_input, hook_resid_post, hook_resid_pre, hook_z
-from .attention import tolerance as tolerance  # the rule of every arithmetic check
+from .attention import tolerance
 from .hooks import output_transform
 from .torch_blocks import Layer, Model, attend, block, mask
 from .torch_weights import Weights, build_layer, through, unembedding
@@ -36,15 +36,17 @@ def _require(diff: float | None, what: str, arch: architecture.Architecture) -> 
                                f"the model's by {diff:.3g} ({arch.name}: {feats})")
 
 
-def check(model: Model, w: Weights, base: dict[str, Any], tol: float) -> None:
+def check(model: Model, w: Weights, base: dict[str, Any]) -> None:
     """Hold the torch arithmetic to the model on the first prompts of the base run.
 
     norm1, the MLP (with norm2 and post2) and ln_final + unembed are compared with the model's
     modules and replaced by them where they differ; q/k/v, z and attn_out of every layer whose
     attention the base run cached, each block's output and the logits are compared with the
     cache (UnsupportedError where they differ); a layer cached only by its residual is checked
-    as a whole block (its output from its input)."""
+    as a whole block (its output from its input).  Differences are measured against
+    attention.tolerance of the model's dtype (the base run's)."""
     m = CHECK_PROMPTS
+    tol = tolerance(base[hook_resid_pre(0)].dtype)
     bridge, arch = w.bridge, w.arch
     L_last = len(model.layers) - 1
     for L in range(len(model.layers)):

@@ -221,3 +221,21 @@ def test_pass_regions_in_evidence(demo_evidence):
     assert doc["schema_version"] == 7
     assert doc["claims"][0]["pass_region"] == {"low": 0.8, "high": None, "text": "at least 0.8"}
     assert re.match(r"^CI \[", doc["claims"][0]["reason"] or doc["claims"][0]["rule"])
+
+
+def test_composition_of_a_30_layer_model_reads_clearly():
+    """At SmolLM2's size (30 layers x 9 heads: 261 x 261 cells a panel) the per-layer labels are
+    thinned so that none overlaps (every layer on the senders' axis, every 4th on the receivers')."""
+    rng = np.random.default_rng(0)
+    senders = [f"L{la}H{h}" for la in range(29) for h in range(9)]
+    receivers = [f"L{la}H{h}" for la in range(1, 30) for h in range(9)]
+    scores = rng.random((len(senders), len(receivers))).tolist()
+    data = {m: {"scores": scores, "null_q99": scores, "senders": senders, "receivers": receivers} for m in "kqv"}
+    fig = figures.draw_composition(data, {"L16H0 -> L18H6.k"})
+    try:
+        assert figures.text_problems(fig) == []
+        panel = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"][0]
+        assert [t.get_text() for t in panel.get_yticklabels()] == [f"L{la}" for la in range(29)]
+        assert [t.get_text() for t in panel.get_xticklabels()] == [f"L{la}" for la in range(1, 30, 4)]
+    finally:
+        figures.pyplot().close(fig)

@@ -44,6 +44,7 @@ HTML_WIDTH = 1060  # px: the report page's content width (report.html: max-width
 MAX_WIDTH_IN = HTML_WIDTH / DPI
 CELL_TEXT_MAX = 12  # composition grids up to this many rows and columns print each cell's score
 TICKS_MAX = 40  # longer axes are labelled per layer instead of per head
+LAYER_TICKS_MAX = {"x": 8, "y": 30}  # per-layer labels that fit a composition panel's axis
 
 
 def literal(fn: F) -> F:
@@ -148,13 +149,16 @@ def _matrix(rows: list[list[Any]]) -> np.ndarray:
 
 
 def _ticks(ax: Any, axis: str, names_: list[str]) -> None:
-    """Head labels on an axis; per layer (`L3`) when there are more than TICKS_MAX."""
+    """Head labels on an axis; per layer (`L3`) when there are more than TICKS_MAX, every k-th
+    layer when more than LAYER_TICKS_MAX[axis] layers would crowd a panel (30 layers: every 4th
+    across a 2.9-inch panel)."""
     setter = ax.set_xticks if axis == "x" else ax.set_yticks
     if len(names_) <= TICKS_MAX:
         setter(range(len(names_)), [label(n, 16) for n in names_], fontsize=7,
                **({"rotation": 90} if axis == "x" else {}))
         return
     starts = [i for i, n in enumerate(names_) if i == 0 or n.split("H")[0] != names_[i - 1].split("H")[0]]
+    starts = starts[::-(-len(starts) // LAYER_TICKS_MAX[axis])]
     setter(starts, [label(names_[i].split("H")[0], 8) for i in starts], fontsize=7)
 
 

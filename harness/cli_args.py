@@ -86,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
                    help="memory budget, e.g. 3G or 512M (sets $HARNESS_MEMORY; default: half the memory available, "
                         "on CUDA the host's or the GPU's, whichever is smaller): "
                         "base runs whose cached activations would not fit stop with one line before measuring, "
-                        "and every chunked stage keeps its working memory within an eighth of it")
+                        "and every chunked stage keeps its working memory within an eighth of it (on a CUDA device, "
+                        "takes that eighth: fewer, larger batches)")
     _add_device(r)
 
     sw = sub.add_parser("sweep", help="run hypothesis files on many models (checkpoints, seeds); one combined report")

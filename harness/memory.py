@@ -6,8 +6,10 @@
 * What it bounds: the activations the base runs cache (checked after the first batch of
   prompts, `check_cache`: a file whose caches would not fit stops with one line before
   anything is measured) and the working memory of every chunked stage (`working`: caching
-  batches, batched edge patching, stacked ablations, edge circuits), each of which keeps its
-  own chunk size unless the budget is smaller.
+  batches, batched edge patching, stacked ablations, edge circuits).  On the CPU each keeps its
+  own chunk size unless the budget is smaller (larger chunks do not run faster there); for a
+  model on a CUDA device each takes an eighth of the budget, since a batch's cost there is mostly
+  its kernel launches and Python, whatever its size, so fewer, larger batches are faster.
 """
 
 from __future__ import annotations
@@ -41,13 +43,18 @@ def parse(text: str, source: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def _accelerator(device: Any) -> bool:
+    """Whether `device` (a torch.device, a string, or None for the CPU) is a CUDA device."""
+    return device is not None and str(device).split(":")[0] == "cuda"
+
+
 def available(device: Any = None) -> int:
     """Bytes of memory available to a run now: the host's (`host_available`), and for a model on
     a CUDA device the smaller of that and the device memory this process may hold, free + held
     (torch.cuda.mem_get_info's free + memory_reserved: the model's weights count as held, as the
     budget's check of the caches counts them)."""
     host = host_available()
-    if device is None or str(device).split(":")[0] != "cuda":
+    if not _accelerator(device):
         return host
     import torch
 
@@ -82,14 +89,14 @@ def chosen(requested: int | None = None, device: Any = None) -> int:
     return int(DEFAULT_SHARE * available(device))
 
 
-_BUDGET: ContextVar[int | None] = ContextVar("harness_memory_budget", default=None)
+_BUDGET: ContextVar[tuple[int, bool] | None] = ContextVar("harness_memory_budget", default=None)
 
 
 @contextmanager
 def using(requested: int | None = None, device: Any = None) -> Iterator[int]:
-    """Run the block under the budget `chosen(requested, device)`; yields it."""
+    """Run the block under the budget `chosen(requested, device)`, for a model on `device`; yields it."""
     budget = chosen(requested, device)
-    token = _BUDGET.set(budget)
+    token = _BUDGET.set((budget, _accelerator(device)))
     try:
         yield budget
     finally:
@@ -97,9 +104,14 @@ def using(requested: int | None = None, device: Any = None) -> Iterator[int]:
 
 
 def working(default: int) -> int:
-    """A chunked stage's working memory: its own `default`, or budget / WORKING_SHARE when smaller."""
-    b = _BUDGET.get()
-    return default if b is None else max(2**20, min(default, b // WORKING_SHARE))
+    """A chunked stage's working memory: outside a budget its own `default`; under one, on the CPU
+    min(default, budget / WORKING_SHARE), on a CUDA device budget / WORKING_SHARE (at least 1 MiB)."""
+    got = _BUDGET.get()
+    if got is None:
+        return default
+    budget, accelerator = got
+    share = budget // WORKING_SHARE
+    return max(2**20, share if accelerator else min(default, share))
 
 
 def release() -> None:
@@ -138,9 +150,10 @@ def gb(n: float) -> str:
 def check_cache(per_prompt: float, n_prompts: int, runs: int, fixed: float, what: str) -> None:
     """Raise MemoryBudgetError when `runs` base runs of `n_prompts` prompts, each holding `per_prompt`
     bytes of cached activations, plus `fixed` bytes (the model's weights), exceed the budget."""
-    b = _BUDGET.get()
-    if b is None:
+    got = _BUDGET.get()
+    if got is None:
         return
+    b = got[0]
     need = per_prompt * n_prompts * runs + fixed
     if need > b:
         fits = max(0, int((b - fixed) // max(1.0, per_prompt * runs)))

@@ -35,6 +35,17 @@ def test_working_memory_is_the_stage_own_unless_the_budget_is_smaller():
         assert memory.working(64 * 2**20) == 10 * 2**20
 
 
+def test_working_memory_on_cuda_is_an_eighth_of_the_budget():
+    """On a CUDA device a batch's cost is mostly launches and Python: chunks take the budget's share,
+    larger or smaller than the stage's own size on the CPU."""
+    with memory.using(8 * 2**30, device="cuda:0"):
+        assert memory.working(64 * 2**20) == 2**30
+    with memory.using(80 * 2**20, device="cuda"):
+        assert memory.working(64 * 2**20) == 10 * 2**20
+    with memory.using(8 * 2**30, device="cpu"):
+        assert memory.working(64 * 2**20) == 64 * 2**20
+
+
 def test_default_budget_on_cuda_is_the_smaller_of_host_and_device(monkeypatch):
     """Half the memory available: the host's on the CPU; for a model on a CUDA device, the smaller
     of the host's and what the process may hold there (free + held: the weights count as held)."""

@@ -56,3 +56,36 @@ def test_chunked_interventions_equal_one_pass(hypothesis, reference, monkeypatch
         assert chunked[what].shape == (N,), what
         # float32: a prompt's row computed in a batch of 4 or of 13 differs by reduction order only
         assert np.abs(chunked[what] - m).max() <= 1e-5 * scale, what
+
+
+def test_caching_batches_are_sized_by_the_logits_computed(tmp_path, monkeypatch):
+    """A Hugging Face model unembeds from the first scored position on (`logits_to_keep`), so the
+    base runs' batches hold as many prompts as fit the budget at those positions, not at all of
+    them; the logits kept at the scored positions equal a whole forward's (its own oracle)."""
+    import torch
+
+    from harness.data import dataset as data
+    from harness.mech import hooks
+    from harness.model.ref import ModelRef
+
+    from . import family_models
+
+    m = ModelRef.parse(str(family_models.build("llama", tmp_path / "llama", seed=1))).load("cpu")
+    ds = data.repeated_tokens(10, 6, family_models.VOCAB, seed=0)  # 13 tokens, scored from position 7 on
+    s, first = ds.clean.shape[1], int(ds.positions.min())
+    assert 0 < first < s
+    per_prompt = (s - first) * family_models.VOCAB * 4  # the unembedded positions' logits, float32
+    calls: list[int] = []
+    run_with_cache = m.bridge.run_with_cache
+
+    def counted(tokens, **kw):
+        calls.append(int(tokens.shape[0]))
+        return run_with_cache(tokens, **kw)
+
+    monkeypatch.setattr(m.bridge, "run_with_cache", counted)
+    got = hooks.cache_hooks(m.bridge, ds.clean, ["blocks.0.attn.hook_z"], ds.positions, budget_bytes=3 * per_prompt)
+    assert calls == [3, 3, 3, 1]  # by all 13 positions' logits it would be one prompt a batch
+    with torch.no_grad():
+        whole = m.bridge(ds.clean)
+    rows = torch.arange(ds.n).unsqueeze(-1)
+    torch.testing.assert_close(got["logits_at"], whole[rows, ds.positions], rtol=0, atol=1e-5)

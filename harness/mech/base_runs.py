@@ -125,7 +125,6 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str, parts: S
 def scorers(ds: Any, metric: str, clean_lp: Callable[[], Any]) -> tuple[Callable[..., Any], ...]:
     """The metric functions of `ds`'s prompts (Runs.metric, .metric_at, .metric_rows); `clean_lp()`: the
     clean run's log-probabilities at the scored positions, or None (for metrics that compare with them)."""
-    import torch
 
     def clean_for(V: int) -> Any:
         ref = clean_lp()
@@ -136,9 +135,8 @@ def scorers(ds: Any, metric: str, clean_lp: Callable[[], Any]) -> tuple[Callable
 
     def metric_at(logits_at: Any) -> np.ndarray:  # logits at the scored positions [V n, k, vocab]
         V = logits_at.shape[0] // ds.n
-        at = torch.arange(ds.positions.shape[1], device=logits_at.device).expand(V * ds.n, -1)
         wrong = None if ds.wrong is None else ds.wrong.repeat(V, 1)
-        return metrics.per_prompt(logits_at, at, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
+        return metrics.per_prompt(logits_at, None, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
 
     def metric_rows(logits_at: Any, idx: Any) -> Any:  # rows [R, k, vocab] showing prompts idx [R]
         m = metrics.get(metric)

@@ -257,13 +257,15 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     budget_bytes = memory.working(256 * 2**20) if budget_bytes is None else budget_bytes
     names = for_architecture(bridge, names)
     n, s = tokens.shape
-    per_prompt = max(1, s * vocab_out(bridge.cfg) * 4)
+    # the unembedding only from the first scored position on (the model's `logits_to_keep`), where
+    # the model takes it: nothing before it is read, and the batches are sized by what is unembedded
+    first = 0 if positions is None else int(positions.min())
+    unembedded = s - first if logits_from(bridge, s, first) else s
+    per_prompt = max(1, unembedded * vocab_out(bridge.cfg) * 4)
     size = max(1, budget_bytes // per_prompt)
     parts: dict[str, list[Any]] = {name: [] for name in names}
     logits_parts = []
     for lo in range(0, n, size):
-        # the unembedding only from the first scored position on (the model's `logits_to_keep`), where
-        # the model takes it: nothing before it is read
         unembed = {} if positions is None else logits_from(bridge, s, int(positions[lo:lo + size].min()))
         with torch.no_grad():
             logits, cache = bridge.run_with_cache(tokens[lo:lo + size].to(of(bridge)),
@@ -280,7 +282,7 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
             parts[name].append(cache[name])
         if positions is not None:
             pos = positions[lo:lo + size].to(logits.device) - (s - logits.shape[1])  # the kept positions' index
-            logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+            logits = logits[torch.arange(pos.shape[0], device=pos.device).unsqueeze(-1), pos]  # [b, k, vocab]
         if each is not None:
             each(logits, lo)
         kept = max(0, min(logits.shape[0], (n if keep is None else keep) - lo))

@@ -174,27 +174,31 @@ def clean_logp(logits_at: Float[Tensor, "n k vocab"]) -> Any:
     return torch.log_softmax(logits_at.float(), dim=-1)
 
 
-def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k"], answers: Int[Tensor, "n k"],
+def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k"] | None, answers: Int[Tensor, "n k"],
                metric: str, wrong: Int[Tensor, "n k"] | None = None,
                clean: Any = None) -> Float[Tensor, " n"]:
-    """logits [n, seq, vocab] -> metric per prompt [n] (float64); `clean`: the clean run's
-    log-probabilities at the scored positions [n, k, vocab] (clean_logp; metrics that compare with
-    the clean run)."""
+    """logits [n, seq, vocab] -> metric per prompt [n] (float64), read at `positions` [n, k] (None:
+    `logits` are already those at the scored positions, [n, k, vocab]), in chunks of prompts of at
+    most CHUNK_ELEMENTS float64 values; `clean`: the clean run's log-probabilities at the scored
+    positions [n, k, vocab] (clean_logp; metrics that compare with the clean run)."""
     import torch
 
     m = get(metric)
     if m.needs_clean and clean is None:
         raise DataError(f"metric {metric} compares with the clean run: its log-probabilities are needed")
-    n, k = positions.shape
+    n, k = answers.shape
     vocab = logits.shape[-1]
     size = max(1, CHUNK_ELEMENTS // max(1, k * vocab))
     if n > size:
-        parts = [per_prompt(logits[i:i + size], positions[i:i + size], answers[i:i + size], metric,
-                            None if wrong is None else wrong[i:i + size], None if clean is None else clean[i:i + size])
+        parts = [per_prompt(logits[i:i + size], None if positions is None else positions[i:i + size],
+                            answers[i:i + size], metric, None if wrong is None else wrong[i:i + size],
+                            None if clean is None else clean[i:i + size])
                  for i in range(0, n, size)]
         return torch.cat(parts)
-    idx = positions.to(logits.device).unsqueeze(-1).expand(-1, -1, vocab)
-    at = wide(logits.gather(1, idx))  # [n, k, vocab]
+    if positions is not None:
+        rows = torch.arange(n, device=logits.device).unsqueeze(-1)
+        logits = logits[rows, positions.to(logits.device)]  # [n, k, vocab]
+    at = wide(logits)
     answers = answers.to(at.device)
     wrong = None if wrong is None else wrong.to(at.device)
     ref = None if clean is None else wide(clean).to(at.device)

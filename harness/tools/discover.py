@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import threads
+from .. import memory, threads
 from ..claims import effects
 from ..claims.circuit_plans import with_mlps
 from ..claims.circuit_spec import CircuitClaim
@@ -208,7 +208,7 @@ def discover(source: str, out: Path, *, device: str | None = None, data_file: Pa
     cfg = DiscoverSettings(**settings)
     cfg.check()
     got = inputs(source, cfg, data_file, resolve_device(device))
-    with threads.using(None, int(got.model.bridge.cfg.d_model)):
+    with threads.using(None, int(got.model.bridge.cfg.d_model)), memory.using(device=of(got.model.bridge)):
         doc = run_discovery(got, cfg, source)
     try:
         starter: bytes | None = starter_yaml(doc, got, out)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .. import threads
+from .. import memory, threads
 from ..claims.edge_test import UNTESTED, USED, EdgeTestResult, EdgeTestSpec, classify, edge_tests
 from ..data import sources as data_sources
 from ..data.settings import DEFAULT_CORRUPTIONS, FileData
@@ -102,7 +102,7 @@ def scan(model_source: str, out: Path, *, device: str | None = None, data_file: 
     device = resolve_device(device)
     given = from_data_file(data_file, "explore") if data_file is not None else None  # a bad file stops before loading
     m = load_model(model_source, device=device)
-    with threads.using(None, int(m.bridge.cfg.d_model)):
+    with threads.using(None, int(m.bridge.cfg.d_model)), memory.using(device=of(m.bridge)):
         return _scan(m, model_source, out, cfg, given, unique)
 
 

@@ -47,7 +47,8 @@ Stages, each measured for every contender:
    at the scored positions only.
    TransformerLens: `bridge.run_with_cache(tokens, names_filter=...)` on the same hook names plus
    the receiver layer's q, k, v, cos and sin (what its edge patch below reads), with the full
-   logits; the metric by hand (float64 log-softmax at the scored positions).
+   logits; the metric by hand (float64 log-softmax at the scored positions), timed with the stage
+   as harness's is.
 2. `mean ablation` of the route's sender head (the reference prompts' per-position mean of its
    `hook_z` slice; n reference prompts, the generator's own stream).  harness: `Runs.ablated`.
    TransformerLens: `run_with_cache` of the reference prompts (that hook only), the mean, then
@@ -81,6 +82,9 @@ Stages, each measured for every contender:
 
 And the physical floor: one plain forward of the clean prompts through the Hugging Face model
 (`AutoModelForCausalLM.from_pretrained`, `torch.no_grad()`, the better of 2), with its metric.
+
+harness's stages run under the memory budget `harness run` would choose on the device
+(`memory.using`), from which their batch sizes follow.
 
 How it is measured.  Each contender runs in a fresh child process (this script with a hidden
 `--child`), stages in the order above (`--isolate`: one child per stage, each running the base
@@ -398,6 +402,7 @@ def child_harness(c: Child) -> dict[str, Any]:
     import numpy as np
 
     import harness
+    from harness import memory
     from harness.engine.measure import hooks_needed
     from harness.mech import graph_run
     from harness.mech.base_runs import base_runs
@@ -415,36 +420,38 @@ def child_harness(c: Child) -> dict[str, Any]:
     claims = harness.load_hypothesis(doc).spec.claims
     hooks = hooks_needed(claims, m.n_layers)
     out: dict[str, Any] = {"hooks": len(hooks), "prompts": prompt_args(m)}
-    runs = sw.time("base", lambda: base_runs(m.bridge, ds, hooks, "logprob"))
-    out["base"] = _plain(np.concatenate([runs.m_clean, runs.m_corrupt]))
-    if "ablation" in c.stages:
-        out["ablation"] = _plain(sw.time("ablation", lambda: runs.ablated([a], "mean")))
-    if "edge" in c.stages:
-        out["edge"] = _plain(sw.time("edge", lambda: runs.patched(edge, Direction.NOISING, "resample")))
-    if "attribution" in c.stages:
-        def attribution() -> Any:
-            t = time.perf_counter()
-            runs.graph_model()  # the claim's first step: the graph arithmetic, checked on the first prompts
-            out["attribution_check_s"] = time.perf_counter() - t
-            return _edge_prompt_scores(runs, edge, "eap-ig")
+    with memory.using(device=c.device) as budget:  # as `harness run` sets it: the stages' chunks follow from it
+        out["memory_budget"] = budget
+        runs = sw.time("base", lambda: base_runs(m.bridge, ds, hooks, "logprob"))
+        out["base"] = _plain(np.concatenate([runs.m_clean, runs.m_corrupt]))
+        if "ablation" in c.stages:
+            out["ablation"] = _plain(sw.time("ablation", lambda: runs.ablated([a], "mean")))
+        if "edge" in c.stages:
+            out["edge"] = _plain(sw.time("edge", lambda: runs.patched(edge, Direction.NOISING, "resample")))
+        if "attribution" in c.stages:
+            def attribution() -> Any:
+                t = time.perf_counter()
+                runs.graph_model()  # the claim's first step: the graph arithmetic, checked on the first prompts
+                out["attribution_check_s"] = time.perf_counter() - t
+                return _edge_prompt_scores(runs, edge, "eap-ig")
 
-        out["attribution"] = _plain(sw.time("attribution", attribution))
-        # untimed: what TransformerLens's attribution_patch computes (EAP, denoising, from the whole graph's
-        # writes) on the prompts it runs, for the comparison of numbers; it refuses grouped-query attention
-        kv = getattr(m.bridge.cfg, "n_key_value_heads", None)
-        try:
-            if kv is not None and kv != m.n_heads:
-                raise _Skipped("grouped-query attention: TransformerLens's edge attribution refuses it")
-            first = ds.select(list(range(min(c.tl_pairs, ds.n))))
-            small = base_runs(m.bridge, first, graph_run.cache_names(m.n_layers, m.has_mlp), "logprob")
-            g = small.graph_model().graph
-            pair = (g.sender_index(edge.sender), g.receiver_index(edge.receiver))
-            out["eap_denoising"] = _plain(small.edge_scores("eap", direction=Direction.DENOISING,
-                                                            wanted=[pair]).per_prompt[0])
-        except _Skipped as exc:
-            out["eap_denoising_skipped"] = str(exc)
-        except Exception as exc:  # the comparison only: the timed stages are kept
-            out["eap_denoising_error"] = f"{type(exc).__name__}: {exc}"
+            out["attribution"] = _plain(sw.time("attribution", attribution))
+            # untimed: what TransformerLens's attribution_patch computes (EAP, denoising, from the whole graph's
+            # writes) on the prompts it runs, for the comparison of numbers; it refuses grouped-query attention
+            kv = getattr(m.bridge.cfg, "n_key_value_heads", None)
+            try:
+                if kv is not None and kv != m.n_heads:
+                    raise _Skipped("grouped-query attention: TransformerLens's edge attribution refuses it")
+                first = ds.select(list(range(min(c.tl_pairs, ds.n))))
+                small = base_runs(m.bridge, first, graph_run.cache_names(m.n_layers, m.has_mlp), "logprob")
+                g = small.graph_model().graph
+                pair = (g.sender_index(edge.sender), g.receiver_index(edge.receiver))
+                out["eap_denoising"] = _plain(small.edge_scores("eap", direction=Direction.DENOISING,
+                                                                wanted=[pair]).per_prompt[0])
+            except _Skipped as exc:
+                out["eap_denoising_skipped"] = str(exc)
+            except Exception as exc:  # the comparison only: the timed stages are kept
+                out["eap_denoising_error"] = f"{type(exc).__name__}: {exc}"
     return {"stages": sw.rows, "numbers": out}
 
 
@@ -543,15 +550,17 @@ def child_tl(c: Child) -> dict[str, Any]:
                                 + hand.hooks() + [z_a, z_b, resid, "hook_embed"]))
     out: dict[str, Any] = {"hooks": len(wanted)}
 
-    def base() -> tuple[Any, Any, Any, Any]:
+    def base() -> tuple[Any, Any, Any, Any]:  # the metric included, as harness's base runs take it
         with torch.no_grad():
             lc, cc = bridge.run_with_cache(ds.clean, names_filter=wanted)
+            mc = tl_metric(lc, ds)
+            del lc
             lk, kc = bridge.run_with_cache(ds.corrupted, names_filter=wanted)
-        return lc, cc, lk, kc
+            mk = tl_metric(lk, ds)
+        return mc, cc, mk, kc
 
-    lc, clean, lk, corrupt = sw.time("base", base)
-    out["base"] = _plain(np.concatenate([tl_metric(lc, ds).cpu().numpy(), tl_metric(lk, ds).cpu().numpy()]))
-    del lc, lk
+    mc, clean, mk, corrupt = sw.time("base", base)
+    out["base"] = _plain(np.concatenate([mc.cpu().numpy(), mk.cpu().numpy()]))
 
     if "ablation" in c.stages:
         def ablation() -> Any:

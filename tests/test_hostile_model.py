@@ -279,6 +279,23 @@ def test_non_finite_weights_are_refused_at_load(tmp_path, capsys, gpt2):
                              "NaN/inf value")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_non_finite_entries_are_counted_in_every_float_dtype(dtype):
+    """The count every loaded weight goes through: NaN, +inf and -inf each counted, wherever they sit
+    (the finite tensor's fast path reads only its minimum and maximum)."""
+    from harness.model.tensors import count_nonfinite
+
+    t = torch.randn(64, 33, generator=torch.Generator().manual_seed(0)).to(dtype)
+    assert count_nonfinite(t) == 0 and count_nonfinite(t[:0]) == 0
+    assert count_nonfinite(torch.arange(5)) == 0
+    for where, bad in ((0, float("nan")), (1000, float("inf")), (2111, -float("inf"))):
+        t.view(-1)[where] = bad
+        assert count_nonfinite(t) == 1 + (where > 0) + (where > 1000)
+    t.fill_(float("nan"))
+    assert count_nonfinite(t) == t.numel()
+    assert count_nonfinite(torch.tensor([1.0 + 0j, complex(float("nan"), 0)])) == 1
+
+
 def test_non_finite_outputs_fail_every_sanity_check(tmp_path, capsys, monkeypatch):
     st = Stats()
     with pytest.raises(SanityCheckError, match="NaN or infinite on 1 of 3 prompts"):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import cost, memory
 from ..errors import SanityCheckError
-from ..model import architecture
+from ..model import architecture, metrics
 from ..model.devices import of
 from ..model.shape import vocab_out
 from ..spec.names import (
@@ -281,8 +281,8 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
         for name in names:
             parts[name].append(cache[name])
         if positions is not None:
-            pos = positions[lo:lo + size].to(logits.device) - (s - logits.shape[1])  # the kept positions' index
-            logits = logits[torch.arange(pos.shape[0], device=pos.device).unsqueeze(-1), pos]  # [b, k, vocab]
+            # the kept positions' index: the logits start at position s - logits.shape[1]
+            logits = metrics.at_positions(logits, positions[lo:lo + size] - (s - logits.shape[1]))
         if each is not None:
             each(logits, lo)
         kept = max(0, min(logits.shape[0], (n if keep is None else keep) - lo))

@@ -47,7 +47,7 @@ from ..errors import DataError
 from ..registry import Registry
 from .devices import wide
 
-__all__ = ["Metric", "register", "unregister", "get", "names", "per_prompt", "UNITS", "METRICS"]
+__all__ = ["Metric", "register", "unregister", "get", "names", "per_prompt", "at_positions", "UNITS", "METRICS"]
 
 if TYPE_CHECKING:
     from jaxtyping import Float, Int
@@ -174,6 +174,15 @@ def clean_logp(logits_at: Float[Tensor, "n k vocab"]) -> Any:
     return torch.log_softmax(logits_at.float(), dim=-1)
 
 
+def at_positions(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k"]) -> Any:
+    """logits[i, positions[i, j]] for every prompt i and scored position j: [n, k, vocab] (a row
+    copy per position, on the logits' device)."""
+    import torch
+
+    rows = torch.arange(positions.shape[0], device=logits.device).unsqueeze(-1)
+    return logits[rows, positions.to(logits.device)]
+
+
 def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k"] | None, answers: Int[Tensor, "n k"],
                metric: str, wrong: Int[Tensor, "n k"] | None = None,
                clean: Any = None) -> Float[Tensor, " n"]:
@@ -195,10 +204,7 @@ def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k
                             None if clean is None else clean[i:i + size])
                  for i in range(0, n, size)]
         return torch.cat(parts)
-    if positions is not None:
-        rows = torch.arange(n, device=logits.device).unsqueeze(-1)
-        logits = logits[rows, positions.to(logits.device)]  # [n, k, vocab]
-    at = wide(logits)
+    at = wide(logits if positions is None else at_positions(logits, positions))  # [n, k, vocab]
     answers = answers.to(at.device)
     wrong = None if wrong is None else wrong.to(at.device)
     ref = None if clean is None else wide(clean).to(at.device)

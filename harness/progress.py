@@ -3,7 +3,8 @@
 * `progress(items, label)`: a tqdm bar over a loop when stderr is an interactive
   terminal (and not under CI); otherwise one line when the loop starts, one at most
   every EVERY seconds while it runs (steps done, time spent, time left at the
-  rate so far), and one when it ends, with its duration.
+  rate so far), and one when it ends, with its duration (`quiet`: only the lines
+  while it runs, and the end line after them).
 * `stage(label)`: one line per stage of a command (`[  12.3 s] base runs: ...`),
   the time counted from the start of the command (`clock()`, entered by the CLI
   and by `harness.run`; the first stage starts it otherwise).  Printed whether or
@@ -57,30 +58,35 @@ def stage(label: str) -> None:
     print(f"[{elapsed():7.1f} s] {label}", file=sys.stderr, flush=True)
 
 
-def progress(items: Iterable[T], label: str) -> Iterable[T]:
-    """Iterate `items`: a tqdm bar on an interactive stderr, else a start and an end line."""
+def progress(items: Iterable[T], label: str, quiet: bool = False) -> Iterable[T]:
+    """Iterate `items`: a tqdm bar on an interactive stderr, else a start and an end line and one
+    every EVERY seconds between; `quiet`: no start line, and an end line only after a line between
+    (for a loop that is mostly short, run inside a stage that has its own lines)."""
     if silenced():
         return items
     if interactive():
         from tqdm import tqdm
 
         return tqdm(items, desc=label, file=sys.stderr, leave=False)
-    return _lines(items, label)
+    return _lines(items, label, quiet)
 
 
 EVERY = 30.0  # seconds between a non-interactive loop's lines
 
 
-def _lines(items: Iterable[T], label: str) -> Iterator[T]:
+def _lines(items: Iterable[T], label: str, quiet: bool = False) -> Iterator[T]:
     seq = list(items)
     t = last = time.perf_counter()
-    stage(f"{label}: {len(seq)} steps")
+    said = not quiet
+    if said:
+        stage(f"{label}: {len(seq)} steps")
     for i, item in enumerate(seq):
         yield item
         now = time.perf_counter()
         if now - last >= EVERY and i + 1 < len(seq):
-            last = now
+            last, said = now, True
             spent = now - t
             stage(f"{label}: {i + 1} of {len(seq)} steps in {spent:.0f} s, about "
                   f"{spent / (i + 1) * (len(seq) - i - 1):.0f} s left")
-    stage(f"{label}: done in {time.perf_counter() - t:.1f} s")
+    if said:
+        stage(f"{label}: done in {time.perf_counter() - t:.1f} s")

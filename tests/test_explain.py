@@ -405,3 +405,29 @@ def test_every_schema_valid_explained_block_renders(demo_evidence):
             else:
                 render_markdown(writer.load_evidence(d, checked=True), {"explain.png"})
     assert accepted >= 100
+
+
+def test_explanations_and_scores_outlive_letting_go_of_the_weights(monkeypatch):
+    """A run lets go of the head weights between stages (Context.let_go_of_weights); an edge that a
+    later claim names again is not explained or scored again, and reads the same record."""
+    from types import SimpleNamespace
+
+    from harness.claims.base import Context
+    from harness.model.ref import load_model
+    from harness.spec.names import Edge
+    from harness.spec.settings import Stats
+
+    ctx = Context(runs=SimpleNamespace(bridge=load_model(FIXTURE).bridge), stats=Stats(null_draws=200), seed=0,
+                  unit="nats", processing="folded")
+    edge = Edge(Head(0, 3), HeadInput(Head(1, 6), "k"))
+    first, score = ctx.explained(edge), ctx.composition().score(edge.sender, edge.receiver)
+    ctx.let_go_of_weights()
+    assert ctx._weights is None and ctx._explainer is None and ctx._composition is None
+
+    def again(*args, **kwargs):
+        raise AssertionError("computed again")
+
+    monkeypatch.setattr(Explainer, "_explain", again)
+    monkeypatch.setattr(Composition, "sender_core", again)
+    assert ctx.explained(edge) == first
+    assert ctx.composition().score(edge.sender, edge.receiver) == score

@@ -50,6 +50,15 @@ def test_stage_lines_go_to_stderr_and_can_be_silenced(capsys, monkeypatch):
     assert [ln.split("] ", 1)[1].split(" in ")[0] for ln in lines] == [
         "slow: 3 steps", "slow: 1 of 3 steps", "slow: 2 of 3 steps", "slow: done"]
     assert "s left" in lines[1]
+    # quiet: a loop inside a stage (caching batches, prompt chunks) says nothing while it is short
+    monkeypatch.setattr(progress, "EVERY", 3600.0)
+    assert list(progress.progress(range(3), "short", quiet=True)) == [0, 1, 2]
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "EVERY", 0.0)  # and like any loop once it takes long
+    assert list(progress.progress(range(3), "long", quiet=True)) == [0, 1, 2]
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split("] ", 1)[1].split(" in ")[0] for ln in lines] == [
+        "long: 1 of 3 steps", "long: 2 of 3 steps", "long: done"]
     monkeypatch.setenv("HARNESS_PROGRESS", "0")
     progress.stage("quiet")
     assert capsys.readouterr().err == ""

@@ -66,6 +66,21 @@ def test_raw_scores_match_transformer_lens_on_random_model(mode):
                                atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("layers_a_chunk", [1, 2, 3])
+def test_scores_in_chunks_of_receiver_layers_match_transformer_lens(layers_a_chunk, monkeypatch):
+    """The grid's receiver layers in chunks of 1, 2 or 3 (what a small working memory gives a wide
+    model): every pair as TransformerLens's dense scores, to float64 rounding."""
+    from harness.mech import factored
+
+    L, H, r, d = 5, 3, 2, 10
+    monkeypatch.setattr(factored, "GRID_MEMORY", layers_a_chunk * 8 * (2 * d + H * r) * H * r)
+    b = boot(tiny_config(n_layers=L, n_heads=H, d_head=r, d_model=d, seed=9))
+    for mode in W.MODES:
+        ours = all_scores(W.head_weights(b, "raw"), mode)
+        np.testing.assert_allclose(ours, tl_scores(b, mode), atol=1e-12, rtol=0)
+        assert np.all(ours[np.triu_indices(L, 1)[0], :, np.triu_indices(L, 1)[1], :] > 0)  # every pair filled
+
+
 @pytest.mark.parametrize("mode", W.MODES)
 def test_folded_scores_match_transformer_lens_processed_weights(mode):
     b = load_model(FIXTURE, dtype=torch.float64).bridge

@@ -38,6 +38,7 @@ from ..mech.factored import Composition
 from ..mech.paths import Route
 from ..mech.runs import Runs
 from ..mech.weights import HeadWeights, head_weights
+from ..model.devices import of
 from ..model.tokenizer import bridge_tokenizer
 from ..spec import names
 from ..spec.fields import BoundedClaim, ClaimSpec
@@ -154,14 +155,17 @@ class Context:
     _composition: Composition | None = None
     _explainer: Explainer | None = None
     _composition_kept: dict[str, Any] = field(default_factory=dict)  # Composition.without_weights
+    _explainer_kept: dict[str, Any] = field(default_factory=dict)  # Explainer.without_weights
 
     def let_go_of_weights(self) -> None:
         """Forget the head weights and what holds them (made again, with the same numbers, on next use):
         a stage that reads no weights need not hold them (float64 copies, about 4 d_model^2 x 8 bytes a
         layer, and as much again in composition cores).  The composition's scores, spectra and null
-        draws are kept: the next composition starts from them."""
+        draws, and the explanations made, are kept: the next composition and explainer start from them."""
         if self._composition is not None:
             self._composition_kept = self._composition.without_weights()
+        if self._explainer is not None:
+            self._explainer_kept = self._explainer.without_weights()
         self._weights = self._composition = self._explainer = None
 
     def runs_for(self, corruption: str | None) -> Runs:
@@ -178,7 +182,8 @@ class Context:
         """Composition scores and the shared rotation null on those weights (mech.factored),
         computed once per run and read by claims, the weights-vs-use table and the figures."""
         if self._composition is None:
-            self._composition = Composition(self.weights(), self.seed, **self._composition_kept)
+            self._composition = Composition(self.weights(), self.seed, of(self.runs.bridge),
+                                            **self._composition_kept)
         return self._composition
 
     def explainer(self) -> Explainer:
@@ -186,7 +191,8 @@ class Context:
         the model's tokenizer when it has one; made once per run."""
         if self._explainer is None:
             tok = bridge_tokenizer(self.runs.bridge, "the model")
-            self._explainer = Explainer(self.weights(), self.seed, tok.piece if tok is not None else None)
+            self._explainer = Explainer(self.weights(), self.seed, tok.piece if tok is not None else None,
+                                        **self._explainer_kept)
         return self._explainer
 
     def explained(self, edge: names.Edge) -> Explained | None:

@@ -34,6 +34,7 @@ from typing import Any, cast
 import numpy as np
 
 from .. import memory
+from ..progress import progress as quiet_progress
 from ..spec import names
 from ..spec.vocabulary import Direction
 from .graph import Graph
@@ -197,7 +198,9 @@ def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions
     points = [1.0] if method == "eap" else [j / steps for j in range(1, steps + 1)]
     out = np.zeros(n)
     starts = list(range(0, n, batch))
-    for lo in (progress(starts, "attribution batches") if progress else starts):
+    steps_of = (progress(starts, "attribution batches") if progress
+                else quiet_progress(starts, f"attribution batches of {batch} prompts", quiet=True))
+    for lo in steps_of:
         idx = torch.arange(lo, min(n, lo + batch), device=clean.embed.device)
         xc, xk = corrupt.rows(corrupt.embed, idx), clean.rows(clean.embed, idx)
 

@@ -14,6 +14,7 @@ from typing import Any, cast
 import numpy as np
 
 from .. import stats
+from ..model.devices import of
 from ..progress import stage
 from ..spec.settings import MIN_PEER_RATIO
 from . import weights
@@ -106,7 +107,7 @@ def composition_data(bridge: Any, *, processing: str, n_draws: int, alpha: float
     L, H = hw.n_layers, hw.n_heads
     if L < 2:
         return None
-    comp = Composition(hw, seed)
+    comp = Composition(hw, seed, of(bridge))
     n_pairs = H * H * L * (L - 1) // 2
     needed = weights.draws_needed(n_pairs, alpha)
     out = WeightsTables(processing, L, H, hw.null_dim, n_draws, max_draws, min(needed, max(max_draws, n_draws)),

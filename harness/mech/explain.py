@@ -199,6 +199,11 @@ class Explainer:
     _blocks: dict[tuple[int, int], list[Any]] = field(default_factory=dict)
     _done: dict[tuple[Any, ...], Explanation] = field(default_factory=dict)
 
+    def without_weights(self) -> dict[str, Any]:
+        """What this explainer made that does not hold the weights (null blocks, explanations):
+        `Explainer(hw, seed, decode, **kept)` on the same weights read again starts from them."""
+        return {"_blocks": self._blocks, "_done": self._done}
+
     def blocks(self, r: int, n: int, draws: int) -> Any:
         """The first `draws` null blocks F [draws, r, r] (chunk c seeded
         derive_seed(seed, Stream.EXPLAIN_NULL, r, n, c))."""

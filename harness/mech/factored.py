@@ -19,9 +19,11 @@ have X = Q_v core_X and Y = core_Y Q_b^T, so ||X||_F = ||core_X||_F,
     C = ||core_X core_Y||_F / (||core_X||_F ||core_Y||_F).
 
 All cross-layer pairs of a mode are one matrix product per sender layer:
-[H r, d] x [d, (receivers) r].  `Composition` computes the cores, spectra and
-score grids of one `HeadWeights` once, and holds the shared rotation null
-(mech.rotation_null), so claims, the weights-vs-use table, the figures and
+[H r, d] x [d, (receivers) r], L^2 H^2 r^2 d / 2 multiply-adds for the grid, in float64 on
+the model's device (the CPU for MPS, which has no float64: model.devices.float64_home), the
+receivers in chunks of layers sized by the working memory (memory.working).  `Composition`
+computes the cores, spectra and score grids of one `HeadWeights` once, and holds the shared
+rotation null (mech.rotation_null), so claims, the weights-vs-use table, the figures and
 `harness weights` / `harness scan` read the same numbers.
 """
 
@@ -33,11 +35,16 @@ from typing import Any, cast
 
 import numpy as np
 
+from .. import memory
+from ..model.devices import float64_home
+from ..progress import progress
 from ..spec.names import Head, HeadInput
 from ..threads import single_threaded
 from . import weights
 from .rotation_null import CHUNK, SharedNull, mc_or_bound_p, mc_p, normalised_squares, tail_bound
 from .weights import CompositionResult, HeadWeights
+
+GRID_MEMORY = 256 * 2**20  # bytes a score grid's chunk of receiver layers may hold, outside a budget
 
 
 def _r_factor(A: Any) -> Any:
@@ -88,6 +95,7 @@ class Composition:
 
     hw: HeadWeights
     seed: int
+    device: Any = None  # where the score grids' products run (float64_home of it); None: the CPU
     _sender: Any = None
     _receiver: dict[str, Any] = field(default_factory=dict)
     _spectra: dict[str, Any] = field(default_factory=dict)
@@ -128,7 +136,9 @@ class Composition:
 
     def scores(self, mode: str) -> np.ndarray:
         """[L, H, L, H] scores C(sender l1 h1 -> receiver l2 h2 .mode), 0 unless l1 < l2;
-        NaN where a matrix is zero (no route)."""
+        NaN where a matrix is zero (no route).  Receiver layers in chunks whose cores, their
+        [d, chunk] right factor and one sender layer's [H r, chunk] product fit the working
+        memory (8 (2 d + H r) H r bytes a receiver layer; at least one layer a chunk)."""
         import torch
 
         if mode in self._scores:
@@ -137,14 +147,20 @@ class Composition:
         L, H, r, d = X.shape
         xn, yn = torch.linalg.norm(X, dim=(-2, -1)), torch.linalg.norm(Y, dim=(-2, -1))
         out = np.zeros((L, H, L, H))
-        for l1 in range(L - 1):
-            later = Y[l1 + 1:]  # [L', H, d, r]
-            right = later.permute(2, 0, 1, 3).reshape(d, -1)  # [d, L' H r]
-            prod = (X[l1].reshape(H * r, d) @ right).reshape(H, r, L - l1 - 1, H, r)
-            num = torch.linalg.norm(prod, dim=(1, 4))  # [H, L', H]
-            denom = xn[l1][:, None, None] * yn[l1 + 1:][None]
-            ratio = torch.where(denom > 0, num / torch.where(denom > 0, denom, 1.0), float("nan"))
-            out[l1, :, l1 + 1:, :] = ratio.numpy()
+        home = float64_home(self.device)
+        step = max(1, memory.working(GRID_MEMORY) // (8 * (2 * d + H * r) * H * r))
+        for lo in progress(range(1, L, step), f"{mode.upper()}-composition scores, receiver layers in chunks of "
+                           f"{step}", quiet=True):
+            hi = min(L, lo + step)
+            right = Y[lo:hi].to(home).permute(2, 0, 1, 3).reshape(d, -1)  # [d, (hi - lo) H r]
+            for l1 in range(hi - 1):
+                first = max(lo, l1 + 1)  # the chunk's receiver layers after the sender's
+                prod = X[l1].to(home).reshape(H * r, d) @ right[:, (first - lo) * H * r:]
+                num = torch.linalg.norm(prod.reshape(H, r, hi - first, H, r), dim=(1, 4)).cpu()  # [H, L', H]
+                denom = xn[l1][:, None, None] * yn[first:hi][None]
+                ratio = torch.where(denom > 0, num / torch.where(denom > 0, denom, 1.0), float("nan"))
+                out[l1, :, first:hi, :] = ratio.numpy()
+            del right
         self._scores[mode] = out
         return out
 

@@ -28,6 +28,7 @@ from ..errors import SanityCheckError
 from ..model import architecture, metrics
 from ..model.devices import of
 from ..model.shape import vocab_out
+from ..progress import progress
 from ..spec.names import (
     HOOK_POS_EMBED,
     HOOK_ROT_COS,
@@ -265,7 +266,7 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     size = max(1, budget_bytes // per_prompt)
     parts: dict[str, list[Any]] = {name: [] for name in names}
     logits_parts = []
-    for lo in range(0, n, size):
+    for lo in progress(range(0, n, size), f"caching {n} prompts in batches of {size}", quiet=True):
         unembed = {} if positions is None else logits_from(bridge, s, int(positions[lo:lo + size].min()))
         with torch.no_grad():
             logits, cache = bridge.run_with_cache(tokens[lo:lo + size].to(of(bridge)),

@@ -34,6 +34,7 @@ from .. import memory
 from ..data.dataset import Dataset
 from ..errors import UnsupportedError
 from ..model import architecture, shape
+from ..progress import progress
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ..spec.vocabulary import Ablation, Direction, Replacement
@@ -172,7 +173,8 @@ class Runs:
         n, size = self.ds.n, self.chunk()
         if n <= size:
             return None
-        parts = [fn(self.prompts(lo, min(n, lo + size))) for lo in range(0, n, size)]
+        parts = [fn(self.prompts(lo, min(n, lo + size)))
+                 for lo in progress(range(0, n, size), f"{n} prompts in chunks of {size}", quiet=True)]
         return [np.concatenate(got) for got in zip(*parts, strict=True)]
 
     @property

@@ -126,6 +126,15 @@ def wide(x: Any) -> Any:
     return x.double()
 
 
+def float64_home(device: Any) -> Any:
+    """Where float64 arithmetic for a model on `device` runs (`wide`'s rule): that device, except
+    MPS (no float64), for which it is the CPU; None means the CPU."""
+    import torch
+
+    dev = torch.device(device if device is not None else "cpu")
+    return torch.device("cpu") if dev.type == "mps" else dev
+
+
 def like(t: Any, ref: Any) -> Any:
     """t with ref's dtype on ref's device (the dtype is changed first, on t's device,
     so a float64 CPU tensor can reach an MPS float32 one)."""

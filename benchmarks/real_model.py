@@ -780,15 +780,28 @@ class Bench:
         say(f"  [harness run] {len(doc['claims'])} claims ...")
         cmd = [sys.executable, "-m", "harness", "run", str(path), "--out", str(report), "--threads", str(self.threads),
                "--device", self.device]
-        got = measure(cmd, self.timeout, self.env(), self.work / "logs" / f"{model.key}-{n}-run.log")
+        log = self.work / "logs" / f"{model.key}-{n}-run.log"
+        got = measure(cmd, self.timeout, self.env(), log)
+        counted = counted_forwards(log.read_text(errors="replace"))
         evidence = report / "evidence.json"
         verdicts: dict[str, str] = {}
         if evidence.is_file():
             verdicts = {c["id"]: c["verdict"] for c in json.loads(evidence.read_text()).get("claims", [])}
         say(f"  [harness run] exit {got.returncode}{' (timeout)' if got.timed_out else ''}, {got.seconds:.1f} s, "
-            f"peak {got.peak_gb:.2f} GiB; verdicts " + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
+            f"peak {got.peak_gb:.2f} GiB, {counted} forward-equivalents counted; verdicts "
+            + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
         return {"claims": len(doc["claims"]), "wall_s": got.seconds, "cpu_s": got.cpu_s, "peak_gb": got.peak_gb,
-                "exit": got.returncode, "timed_out": got.timed_out, "verdicts": verdicts, "file": str(path)}
+                "exit": got.returncode, "timed_out": got.timed_out, "verdicts": verdicts, "file": str(path),
+                "counted_forwards": counted}
+
+
+def counted_forwards(log: str) -> float | None:
+    """The forward-equivalents a `harness run` counted (its stage line `measured: X forward-equivalents
+    of the n prompts in all`), or None when the run did not get that far."""
+    import re
+
+    found = re.findall(r"measured: ([0-9.]+) forward-equivalents", log)
+    return float(found[-1]) if found else None
 
 
 # ---------------------------------------------------------------------------------------------- the table
@@ -846,6 +859,11 @@ def table(model: Model, n: int, res: dict[str, Any]) -> tuple[list[list[str]], l
                      + (f" ({h['numbers']['eap_denoising_error']})" if "eap_denoising_error" in h["numbers"] else ""))
     run = res.get("run")
     if run:
+        counted = run.get("counted_forwards")
+        if counted and fwd and run["n"] == n:  # the run against the floor its own count predicts
+            notes.append(f"harness run: {counted:.2f} forward-equivalents counted, so its predicted floor is "
+                         f"{counted:.2f} x {fwd:.2f} s = {counted * fwd:.1f} s; the run took {run['wall_s']:.1f} s, "
+                         f"{run['wall_s'] / (counted * fwd):.2f}x that floor (model load included)")
         records.append({"stage": "run", **run})
         rows.append([STAGE_NAMES["run"].format(claims=run["claims"]) + f", {run['n']} prompts",
                      f"{run['wall_s']:.1f} s ({run['cpu_s']:.1f} s CPU, {run['peak_gb']:.2f} GiB)"

@@ -74,7 +74,9 @@ def test_caching_batches_are_sized_by_the_logits_computed(tmp_path, monkeypatch)
     ds = data.repeated_tokens(10, 6, family_models.VOCAB, seed=0)  # 13 tokens, scored from position 7 on
     s, first = ds.clean.shape[1], int(ds.positions.min())
     assert 0 < first < s
-    per_prompt = (s - first) * family_models.VOCAB * 4  # the unembedded positions' logits, float32
+    k = int(ds.positions.shape[1])
+    # the unembedded positions' logits, float32, and the metric's float64 temporaries at the k scored ones
+    per_prompt = (s - first - k) * family_models.VOCAB * 4 + hooks.logits_bytes(k, family_models.VOCAB)
     calls: list[int] = []
     run_with_cache = m.bridge.run_with_cache
 
@@ -84,7 +86,7 @@ def test_caching_batches_are_sized_by_the_logits_computed(tmp_path, monkeypatch)
 
     monkeypatch.setattr(m.bridge, "run_with_cache", counted)
     got = hooks.cache_hooks(m.bridge, ds.clean, ["blocks.0.attn.hook_z"], ds.positions, budget_bytes=3 * per_prompt)
-    assert calls == [3, 3, 3, 1]  # by all 13 positions' logits it would be one prompt a batch
+    assert calls == [3, 3, 3, 1]  # by all 13 positions' logits it would be two prompts a batch
     with torch.no_grad():
         whole = m.bridge(ds.clean)
     rows = torch.arange(ds.n).unsqueeze(-1)

@@ -246,7 +246,9 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     `budget_bytes`, and the batches' activations are concatenated.  Without `positions` the
     whole logits are kept under "logits" [n, pos, vocab]; with `positions` [n, k] only those at
     the scored positions, under "logits_at" [n, k, vocab] (what the metric reads).  The
-    batches' working memory is `budget_bytes` (default: harness.memory.working of 256 MiB).
+    batches' working memory is `budget_bytes` (default: harness.memory.working of 256 MiB): a
+    prompt's float32 logits where the model unembeds, with the float64 temporaries of the metric
+    at its k scored positions (logits_bytes, as an intervention's chunks count them).
     `check(bytes a prompt)` is called after the first batch with what each prompt's cached
     activations hold (harness.memory.check_cache stops a run whose caches cannot fit).
     `each(logits, lo)`: called with each batch's logits (at the scored positions) and the index of
@@ -262,7 +264,9 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     # the model takes it: nothing before it is read, and the batches are sized by what is unembedded
     first = 0 if positions is None else int(positions.min())
     unembedded = s - first if logits_from(bridge, s, first) else s
-    per_prompt = max(1, unembedded * vocab_out(bridge.cfg) * 4)
+    # its float32 logits, and at the k scored positions the float64 temporaries of the metric read from them
+    k = 0 if positions is None else int(positions.shape[1])
+    per_prompt = max(1, max(0, unembedded - k) * vocab_out(bridge.cfg) * 4 + logits_bytes(k, vocab_out(bridge.cfg)))
     size = max(1, budget_bytes // per_prompt)
     parts: dict[str, list[Any]] = {name: [] for name in names}
     logits_parts = []

@@ -265,8 +265,8 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     first = 0 if positions is None else int(positions.min())
     unembedded = s - first if logits_from(bridge, s, first) else s
     # its float32 logits, and at the k scored positions the float64 temporaries of the metric read from them
-    k = 0 if positions is None else int(positions.shape[1])
-    per_prompt = max(1, max(0, unembedded - k) * vocab_out(bridge.cfg) * 4 + logits_bytes(k, vocab_out(bridge.cfg)))
+    k, vocab = (0 if positions is None else int(positions.shape[1])), vocab_out(bridge.cfg)
+    per_prompt = max(1, max(0, unembedded - k) * vocab * 4 + logits_bytes(k, vocab))
     size = max(1, budget_bytes // per_prompt)
     parts: dict[str, list[Any]] = {name: [] for name in names}
     logits_parts = []

@@ -121,13 +121,11 @@ def of(module: Any) -> Any:
 def wide(x: Any) -> Any:
     """x in float64 for exact arithmetic: on x's device, or on the CPU when x is on
     MPS (which has no float64)."""
-    if x.device.type == "mps":
-        x = x.cpu()
-    return x.double()
+    return x.to(float64_home(x.device)).double()
 
 
 def float64_home(device: Any) -> Any:
-    """Where float64 arithmetic for a model on `device` runs (`wide`'s rule): that device, except
+    """Where float64 arithmetic for a model on `device` runs (the rule `wide` follows): that device, except
     MPS (no float64), for which it is the CPU; None means the CPU."""
     import torch
 

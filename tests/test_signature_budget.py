@@ -48,3 +48,51 @@ def test_beyond_the_cap_the_signature_plot_runs_on_its_own_first_prompts(monkeyp
     got = own.patched_many([edge, Edge(Head(0, 3), HeadInput(Head(1, 5), "k"))], Direction.NOISING, "resample")
     want = narrowed.patched_many([edge, Edge(Head(0, 3), HeadInput(Head(1, 5), "k"))], Direction.NOISING, "resample")
     assert all(np.allclose(g, w, atol=1e-5) for g, w in zip(got, want, strict=True))
+
+
+def test_base_runs_cache_only_what_the_chosen_patches_read(monkeypatch):
+    """The signature plot's patches are chosen from the composition scores before the base runs, which
+    then cache the head outputs of the chosen senders' layers only: with a budget that leaves room for
+    the claimed edge alone, layer 1's outputs (read by no claim) are not cached, the patched
+    candidates are the ones chosen (figure_data.signature_patches on a composition of its own), and
+    every number, figures included, equals that of a run caching every candidate's layer."""
+    import yaml
+
+    from harness.engine import figure_data, measure, runner
+    from harness.hypothesis.loading import load
+    from harness.mech.factored import Composition
+    from harness.mech.weights import head_weights
+    from harness.spec.names import hook_z
+
+    from .graph_helpers import ROOT
+
+    doc = yaml.safe_load((ROOT / "hypotheses" / "names.yaml").read_text())
+    doc["data"]["n_prompts"] = 24
+    doc["claims"] = [{"id": "e", "kind": "edge", "edge": "L0H3 -> L2H0.v", "expect": "used"}]
+    base_dir = ROOT / "hypotheses"
+    monkeypatch.setattr(figure_data, "SIGNATURE_BUDGET", 0.0)
+    cached: list[list[str]] = []
+    real = measure.base_runs
+
+    def recording(bridge, ds, names_, *args, **kw):
+        cached.append(list(names_))
+        return real(bridge, ds, names_, *args, **kw)
+
+    monkeypatch.setattr(measure, "base_runs", recording)
+    chosen_run = runner.run(doc, base_dir=base_dir)
+    assert hook_z(0) in cached[-1] and hook_z(1) not in cached[-1]
+    points = chosen_run.figures_data["signature"]["points"]
+    assert len(points) == 2 * 4  # every head of layers 0 and 1 a candidate
+    assert {p["edge"] for p in points if p["patched"]} == {"L0H3 -> L2H0.v"}
+
+    h = load(doc, base_dir)
+    model = runner.load_model_cached(str(ROOT / "fixtures" / "names-3l"), "cpu")
+    comp = Composition(head_weights(model.bridge), 0)
+    assert {str(e) for e in figure_data.signature_patches(comp, h.spec.claims)} == {"L0H3 -> L2H0.v"}
+
+    every = measure.hooks_needed
+    monkeypatch.setattr(measure, "hooks_needed", lambda c, n, f=True, k=0, patched=None: every(c, n, f, k, None))
+    full_run = runner.run(doc, base_dir=base_dir)
+    assert hook_z(1) in cached[-1]
+    assert full_run.figures_data == chosen_run.figures_data
+    assert [r.value for r in full_run.claims] == [r.value for r in chosen_run.claims]

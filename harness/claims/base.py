@@ -168,6 +168,11 @@ class Context:
             self._explainer_kept = self._explainer.without_weights()
         self._weights = self._composition = self._explainer = None
 
+    def adopt(self, kept: dict[str, Any]) -> None:
+        """Start this context's composition from `kept`: what a Composition on the head weights of the
+        same model and processing, with this context's seed, computed (its `without_weights()`)."""
+        self._composition_kept = kept
+
     def runs_for(self, corruption: str | None) -> Runs:
         """The base runs with the claim's corruption (None: the data's default)."""
         return self.runs.with_corruption(corruption)

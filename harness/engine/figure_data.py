@@ -26,8 +26,8 @@ from the JSON alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from ..mech.factored import Composition
 from ..mech.runs import Runs
 from ..spec import names
 from ..spec.fields import ClaimSpec
-from ..spec.names import hook_pattern, hook_resid_pre, hook_z
+from ..spec.names import hook_pattern, hook_resid_pre
 from ..spec.settings import Stats
 from ..streams import Stream, derive_seed
 
@@ -86,28 +86,33 @@ def receivers(claims: Sequence[ClaimSpec]) -> list[names.HeadInput]:
     return list(dict.fromkeys(e.receiver for e in named_edges(claims) if isinstance(e.receiver, names.HeadInput)))
 
 
-def runs_for(runs: Runs, claims: Sequence[ClaimSpec], metric: str) -> Runs:
+def runs_for(runs: Runs, claims: Sequence[ClaimSpec], metric: str,
+             patched: Collection[names.Edge] | None = None) -> Runs:
     """The runs the signature plot patches on: `runs` when they show at most FIGURE_PROMPTS prompts
     (engine.measure.hooks_needed had them cache what the plot reads), else the clean and default
-    corrupted runs of the first FIGURE_PROMPTS prompts, caching it (2 x FIGURE_PROMPTS / n
-    forward-equivalents)."""
+    corrupted runs of the first FIGURE_PROMPTS prompts, caching what patching `patched` reads
+    (`hooks_needed`; 2 x FIGURE_PROMPTS / n forward-equivalents)."""
     if runs.ds.n <= FIGURE_PROMPTS:
         return runs
     ds = runs.ds.select(list(range(FIGURE_PROMPTS))).keep_corruptions([runs.corruption])
-    return base_runs(runs.bridge, ds, hooks_needed(claims, runs.n_layers), metric)
+    return base_runs(runs.bridge, ds, hooks_needed(claims, runs.n_layers, patched), metric)
 
 
-def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int) -> list[str]:
-    """What the signature plot reads: every candidate sender's output, the receiver's residual,
-    and for a key or value receiver its attention pattern (where it reads: mech.change); and
-    what the batched edge patching of its candidates reads (mech.edge_sets.cache_names)."""
+def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int,
+                 patched: Collection[names.Edge] | None = None) -> list[str]:
+    """What the signature plot reads: each receiver's residual, and for a key or value receiver its
+    attention pattern (where it reads: mech.change); and what the batched edge patching of the
+    candidates it patches reads (mech.edge_sets.cache_names: their senders' outputs, the receivers'
+    layers).  `patched`: those candidates (`signature_patches`); None: every candidate, so every
+    earlier layer's head outputs (what is cached before the composition scores are known)."""
     out = []
     candidates = []
     for r in receivers(claims):
-        out += [hook_z(layer) for layer in range(r.head.layer)] + [hook_resid_pre(r.head.layer)]
-        out += [hook_pattern(r.head.layer)] if r.which in "kv" else []
+        out += [hook_resid_pre(r.head.layer)] + ([hook_pattern(r.head.layer)] if r.which in "kv" else [])
         candidates += [names.Edge(names.Head(layer, 0), r) for layer in range(r.head.layer)]  # each sender layer
-    return out + edge_sets.cache_names(n_layers, candidates) if out else out
+    if not out:
+        return out
+    return out + edge_sets.cache_names(n_layers, candidates if patched is None else list(patched))
 
 
 def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], ds: Any,
@@ -174,23 +179,43 @@ def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> di
     return out
 
 
+def draws_signature(claims: Sequence[ClaimSpec]) -> bool:
+    """Whether the run draws the composition matrices and the signature plot: some claim reads the
+    weights and names a head input (`receivers`)."""
+    return any(kind_of(c).needs_weights(c) for c in claims) and bool(receivers(claims))
+
+
+def signature_candidates(claims: Sequence[ClaimSpec], n_heads: int) -> list[names.Edge]:
+    """Every edge into the head inputs the claims name from every head of an earlier layer."""
+    return [names.Edge(h, r) for r in receivers(claims) for h in names.Head.every(r.head.layer, n_heads)]
+
+
+def signature_patches(comp: Composition, claims: Sequence[ClaimSpec]) -> set[names.Edge]:
+    """The candidates the signature plot patches (`patch_within_budget` on their composition scores):
+    known from the weights alone, so the base runs cache what those patches read and no more."""
+    candidates = signature_candidates(claims, comp.hw.n_heads)
+    scores = [comp.score(cast(names.Head, e.sender), cast(names.HeadInput, e.receiver)) for e in candidates]
+    return patch_within_budget(candidates, scores,
+                               {str(e) for e in named_edges(claims)}, comp.hw.n_layers)
+
+
 def signature_routes(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> list[tuple[names.Edge, Any]]:
     """The weights side of the signature plot: every candidate edge into the named receivers (every
     earlier head) with its composition test (claims.composition.route_evidence, BH over the
     candidates); `signature` patches them (the caller may let go of the weights in between)."""
-    candidates = [names.Edge(h, r) for r in receivers(claims)
-                  for h in names.Head.every(r.head.layer, comp.hw.n_heads)]
+    candidates = signature_candidates(claims, comp.hw.n_heads)
     if not candidates:
         return []
     return list(zip(candidates, route_evidence(comp, candidates, st, max_draws=SIGNATURE_MAX_DRAWS), strict=True))
 
 
 def signature(routes: list[tuple[names.Edge, Any]], claims: Sequence[ClaimSpec], runs: Runs, st: Stats, *,
-              seed: int, unit: str, progress: Callable[..., Any], n_prompts: int | None = None) -> dict[str, Any]:
+              chosen: set[names.Edge], seed: int, unit: str, progress: Callable[..., Any],
+              n_prompts: int | None = None) -> dict[str, Any]:
     """Every candidate edge into the named receivers (`signature_routes`): its composition test and,
-    for the patched ones, the noising resample effect on `runs`' prompts (`runs_for`: the first of the
-    file's `n_prompts`) and its use status under the edge claims' rule (claims.edge_test.UseRule;
-    sign-flip p-values BH-adjusted over the patched candidates)."""
+    for the `chosen` ones (`signature_patches`), the noising resample effect on `runs`' prompts
+    (`runs_for`: the first of the file's `n_prompts`) and its use status under the edge claims' rule
+    (claims.edge_test.UseRule; sign-flip p-values BH-adjusted over the patched candidates)."""
     claimed = {str(e) for e in named_edges(claims)}
     if not routes:
         return {}
@@ -198,7 +223,6 @@ def signature(routes: list[tuple[names.Edge, Any]], claims: Sequence[ClaimSpec],
     found = [r for _, r in routes]
     capped = weights.draws_needed(len(candidates), st.composition_alpha) > max(st.null_draws, SIGNATURE_MAX_DRAWS)
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
-    chosen = patch_within_budget(candidates, [r.result.score for r in found], claimed, runs.n_layers)
     patched = [e for e in candidates if e in chosen]
     tests = edge_tests(runs, [EdgeTestSpec(e, seed=effect_seed) for e in patched], st, unit, progress=progress,
                        label="signature edges")

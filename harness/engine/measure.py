@@ -13,7 +13,7 @@ its claims, collect the figures' data.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,12 +27,15 @@ from ..data.dataset import Dataset
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
 from ..evidence.result import ClaimResult
 from ..mech.base_runs import base_runs
+from ..mech.factored import Composition
 from ..mech.runs import Runs
+from ..mech.weights import head_weights
 from ..model import metrics
 from ..model.devices import of
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import shown_tokenizer, start_words
 from ..progress import progress, stage
+from ..spec import names
 from ..spec.fields import ClaimSpec
 from ..spec.settings import Stats
 from . import figure_data, ladder, sanity
@@ -50,12 +53,28 @@ class Measurements:
 
 
 def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int, figures: bool = True,
-                 n_prompts: int = 0) -> list[str]:
+                 n_prompts: int = 0, patched: Collection[names.Edge] | None = None) -> list[str]:
     """Every hook the claims (and the figures, if drawn, on at most figure_data.FIGURE_PROMPTS
-    prompts: else they run their own, figure_data.runs_for) read from the base runs, once each."""
+    prompts: else they run their own, figure_data.runs_for) read from the base runs, once each;
+    `patched`: the signature plot's patches (figure_data.hooks_needed; None: every candidate)."""
     out = [h for c in claims for h in kind_of(c).hooks(c, n_layers)]
-    out += figure_data.hooks_needed(claims, n_layers) if figures and n_prompts <= figure_data.FIGURE_PROMPTS else []
+    if figures and n_prompts <= figure_data.FIGURE_PROMPTS and figure_data.draws_signature(claims):
+        out += figure_data.hooks_needed(claims, n_layers, patched)
     return list(dict.fromkeys(out))
+
+
+def signature_patches(model: LoadedModel, claims: Sequence[ClaimSpec], processing: str,
+                      seed: int) -> tuple[set[names.Edge], dict[str, Any]]:
+    """The signature plot's patches (figure_data.signature_patches), chosen before the base runs so
+    that they cache what those patches read and no more (on SmolLM2, one layer's head outputs instead
+    of sixteen), and what the composition that chose them computed without its weights: the score
+    grids and the spectra that every composition test of these receiver inputs reads (Context.adopt),
+    so no later stage makes the cores (4 L H d r float64 numbers) again."""
+    comp = Composition(head_weights(model.bridge, processing), seed, of(model.bridge))
+    patched = figure_data.signature_patches(comp, claims)
+    for side in ["x", *sorted({r.which for r in figure_data.receivers(claims)})]:
+        comp.spectrum(side)
+    return patched, comp.without_weights()
 
 
 def interventions(claims: Sequence[ClaimSpec], n_layers: int, n_heads: int) -> list[InterventionPath]:
@@ -97,7 +116,12 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
     bridge = model.bridge
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads
-    names_ = hooks_needed(claims, n_layers, figures, ds.n)
+    plan: tuple[set[names.Edge], dict[str, Any]] | None = None
+    if figures and ds.n <= figure_data.FIGURE_PROMPTS and figure_data.draws_signature(claims):
+        stage("figure data: choosing the signature plot's patches by composition scores")
+        plan = signature_patches(model, claims, processing, seed)
+        spent(ledger, f"{len(plan[0])} patches chosen")
+    names_ = hooks_needed(claims, n_layers, figures, ds.n, None if plan is None else plan[0])
     stage(f"base runs: {ds.n} prompts ({start_words(model, ds)}), clean and {len(ds.corruptions)} corruption(s)")
     parts = (metric_parts.first(metric),) if any(c.metric_parts() for c in claims) else ()
     runs = base_runs(bridge, ds, names_, metric, parts)
@@ -120,14 +144,16 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
     spent(ledger, "sanity checks done", runs)
 
     ctx = Context(runs=runs, stats=st, seed=seed, unit=unit, processing=processing, baseline=m_base, metric=metric)
+    if plan is not None:
+        ctx.adopt(plan[1])
     found: dict[int, ClaimResult] = {}
     rows: list[WeightsVsUseRow] = []
     for kind, items in by_kind(claims).items():
+        stage(f"claims: {len(items)} {kind.name}")
+        measured = kind.measure(items, ctx)
         # a kind that reads the weights reads them again (0.3 s for 135M parameters), its composition
         # starting from the scores and null draws kept: no stage holds them for another's sake
         ctx.let_go_of_weights()
-        stage(f"claims: {len(items)} {kind.name}")
-        measured = kind.measure(items, ctx)
         spent(ledger, f"{kind.name} done", runs)
         found.update(measured.results)
         rows += measured.weights_vs_use
@@ -149,9 +175,11 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
             stage("figure data: composition matrices and the signature plot")
             figs["composition"] = figure_data.composition(ctx.composition(), claims, st)
             routes = figure_data.signature_routes(ctx.composition(), claims, st)
+            chosen = figure_data.signature_patches(ctx.composition(), claims)
             ctx.let_go_of_weights()  # the patches that follow read none
-            figs["signature"] = figure_data.signature(routes, claims, figure_data.runs_for(runs, claims, metric), st,
-                                                      seed=seed, unit=unit, progress=progress, n_prompts=ds.n)
+            on = figure_data.runs_for(runs, claims, metric, chosen)
+            figs["signature"] = figure_data.signature(routes, claims, on, st, chosen=chosen, seed=seed, unit=unit,
+                                                      progress=progress, n_prompts=ds.n)
             spent(ledger, "figure data done", runs)
     stage(f"measured: {ledger.total:.2f} forward-equivalents of the {ds.n} prompts in all")
     return Measurements(baseline, checks, results, rows, figs, st.warnings() + means_warnings(claims, ds) + notes,

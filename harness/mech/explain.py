@@ -87,6 +87,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from .. import memory
 from ..evidence.details import Explained, ExplainedDirection, TokenLoad
 from ..spec.names import Head, HeadInput
 from ..streams import Stream, derive_seed
@@ -222,6 +223,7 @@ class Explainer:
         key = (sender, receiver, draws, top, n_tokens)
         if key not in self._done:
             self._done[key] = self._explain(sender, receiver, draws, top, n_tokens)
+            memory.release()  # its vocabulary-wide float64 temporaries (several [vocab, d_head] arrays)
         return self._done[key]
 
     def _explain(self, sender: Head, receiver: HeadInput, draws: int, top: int, n_tokens: int) -> Explanation:

@@ -348,10 +348,12 @@ class Runs:
 
     def release(self) -> None:
         """Forget what is made again on use and costs memory of the model's size: the edge-graph
-        arithmetic and the batched edge path's (their folded weights); called between stages, so
-        that they are held only by the stages that use them."""
+        arithmetic and the batched edge path's (their folded weights), the memory they held handed back
+        (memory.release); called between stages and phases of a stage, so that they are held only by
+        the stages that use them."""
         self.graph_source.drop()
         self.edge_source.drop()
+        memory.release()
 
     def edge_blocks(self) -> Any:
         """The batched edge path's arithmetic (batched_edges.checked_model), checked on the clean run

@@ -77,11 +77,12 @@ Stages, each measured for every contender:
 5. `harness run` of a hypothesis file with one claim of every kind (role, attention, copying,
    ablation, composition, edge, path, circuit, attribution): for SmolLM2
    `hypotheses/smollm2-induction.yaml` (its model and n_prompts rewritten), for the random models
-   one generated here for the route; at `--run-prompts` prompts (default: the smallest
-   `--prompts` count).  No TransformerLens counterpart.
+   one generated here for the route, or the file `--run-file` names; at `--run-prompts` prompts
+   (default: the smallest `--prompts` count).  No TransformerLens counterpart.
 
 And the physical floor: one plain forward of the clean prompts through the Hugging Face model
-(`AutoModelForCausalLM.from_pretrained`, `torch.no_grad()`, the better of 2), with its metric.
+(`AutoModelForCausalLM.from_pretrained`, `torch.no_grad()`, the better of 2), with its metric; its
+logits from the first scored position on (`logits_to_keep`), as harness's runs compute them.
 
 harness's stages run under the memory budget `harness run` would choose on the device
 (`memory.using`), from which their batch sizes follow.
@@ -124,7 +125,7 @@ REAL_FILE = ROOT / "hypotheses" / "smollm2-induction.yaml"
 STAGES = ("base", "ablation", "edge", "attribution")
 STAGE_NAMES = {"base": "base runs (clean + corrupted, cached)", "ablation": "mean ablation of {sender}",
                "edge": "edge patch {sender} -> {receiver}.k", "attribution": "attribution {sender} -> {receiver}.k "
-               "(EAP-IG, 5 steps)", "run": "harness run, {claims} claims (every kind)"}
+               "(EAP-IG, 5 steps)", "run": "harness run, {claims} claims ({what})"}
 IG_STEPS = 5
 
 
@@ -214,13 +215,14 @@ def prepare(key: str, root: Path, cache: str | None, device: str = "cpu") -> Mod
 
 # ---------------------------------------------------------------------------------------------- hypothesis files
 
-def every_kind(model: Model, n_prompts: int) -> dict[str, Any]:
-    """The `harness run` stage's file: SmolLM2's own (hypotheses/smollm2-induction.yaml) or, for a
-    random model, one claim of every kind on its route; model and n_prompts set here."""
+def every_kind(model: Model, n_prompts: int, file: Path | None = None) -> dict[str, Any]:
+    """The `harness run` stage's file: `file` (--run-file) if given, else SmolLM2's own
+    (hypotheses/smollm2-induction.yaml) or, for a random model, one claim of every kind on its route;
+    model and n_prompts set here."""
     import yaml
 
-    if model.trained:
-        doc = yaml.safe_load(REAL_FILE.read_text())
+    if file is not None or model.trained:
+        doc = yaml.safe_load((file or REAL_FILE).read_text())
     else:
         a, b = model.sender, model.receiver
         doc = {"harness": 1, "name": f"every-kind-{model.key}", "data": {"generator": "repeated_tokens", "bos": True},
@@ -349,7 +351,8 @@ def _plain(x: Any) -> list[float]:
 
 
 def child_floor(c: Child) -> dict[str, Any]:
-    """One plain forward of the clean prompts through the Hugging Face model (torch.no_grad)."""
+    """One plain forward of the clean prompts through the Hugging Face model (torch.no_grad), its logits
+    from the first scored position on."""
     import torch
     import transformers
 
@@ -361,9 +364,11 @@ def child_floor(c: Child) -> dict[str, Any]:
     ds = _prompts(c.prompts or _hf_prompt_args(c.folder, hf), c.n_prompts, c.device)
     out: dict[str, Any] = {}
 
+    first = int(ds.positions.min())  # logits from the first scored position on, as harness's runs compute them
+
     def forward() -> Any:
         with torch.no_grad():
-            return hf(ds.clean).logits
+            return hf(ds.clean, logits_to_keep=int(ds.clean.shape[1]) - first).logits
 
     rows = []
     for i in range(2):
@@ -371,7 +376,7 @@ def child_floor(c: Child) -> dict[str, Any]:
         rows.append(sw.rows.pop(f"forward {i}"))
     best = min(rows, key=lambda r: r["wall_s"])
     sw.rows["forward"] = best | {"runs_wall_s": [r["wall_s"] for r in rows]}
-    out["m_clean"] = _plain(tl_metric(logits, ds))
+    out["m_clean"] = _plain(tl_metric(logits, ds, first))
     return {"stages": sw.rows, "numbers": out}
 
 
@@ -388,11 +393,12 @@ def _hf_prompt_args(folder: str, hf: Any) -> dict[str, int]:
             "n_ctx": int(getattr(cfg, "max_position_embeddings", None) or cfg.n_positions)}
 
 
-def tl_metric(logits: Any, ds: Any) -> Any:
-    """Per-prompt log-probability of the answers at the scored positions, by hand (float64)."""
+def tl_metric(logits: Any, ds: Any, first: int = 0) -> Any:
+    """Per-prompt log-probability of the answers at the scored positions, by hand (float64); `first`:
+    the position the logits start at."""
     import torch
 
-    idx = ds.positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    idx = (ds.positions - first).unsqueeze(-1).expand(-1, -1, logits.shape[-1])
     at = logits.gather(1, idx).double()
     return torch.log_softmax(at, -1).gather(-1, ds.answers.unsqueeze(-1)).squeeze(-1).mean(-1)
 
@@ -726,6 +732,7 @@ class Bench:
     timeout: float
     tl_pairs: int
     isolate: bool
+    run_file: Path | None = None
 
     def env(self) -> dict[str, str]:
         return os.environ | {"HARNESS_THREADS": str(self.threads), "HARNESS_DEVICE": self.device,
@@ -771,7 +778,7 @@ class Bench:
         """`harness run FILE --out DIR` on the every-kind file, in its own process."""
         import yaml
 
-        doc = every_kind(model, n)
+        doc = every_kind(model, n, self.run_file)
         path = self.work / "hypotheses" / f"{model.key}-{n}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -792,6 +799,7 @@ class Bench:
             + ", ".join(f"{k} {v}" for k, v in verdicts.items()))
         return {"claims": len(doc["claims"]), "wall_s": got.seconds, "cpu_s": got.cpu_s, "peak_gb": got.peak_gb,
                 "exit": got.returncode, "timed_out": got.timed_out, "verdicts": verdicts, "file": str(path),
+                "source": str(self.run_file) if self.run_file else None,
                 "counted_forwards": counted}
 
 
@@ -865,7 +873,8 @@ def table(model: Model, n: int, res: dict[str, Any]) -> tuple[list[list[str]], l
                          f"{counted:.2f} x {fwd:.2f} s = {counted * fwd:.1f} s; the run took {run['wall_s']:.1f} s, "
                          f"{run['wall_s'] / (counted * fwd):.2f}x that floor (model load included)")
         records.append({"stage": "run", **run})
-        rows.append([STAGE_NAMES["run"].format(claims=run["claims"]) + f", {run['n']} prompts",
+        what = Path(run["source"]).name if run.get("source") else "every kind"
+        rows.append([STAGE_NAMES["run"].format(claims=run["claims"], what=what) + f", {run['n']} prompts",
                      f"{run['wall_s']:.1f} s ({run['cpu_s']:.1f} s CPU, {run['peak_gb']:.2f} GiB)"
                      + (", timeout" if run["timed_out"] else f", exit {run['exit']}"), "",
                      ratio(run["wall_s"], fwd) if run["n"] == n else "", "", "", ""])
@@ -925,6 +934,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tl-pairs", type=int, default=2, help="pairs TransformerLens's attribution_patch runs (default 2)")
     p.add_argument("--isolate", action="store_true", help="one child process per stage (peak memory per stage)")
     p.add_argument("--no-run", action="store_true", help="leave out the harness-run stage")
+    p.add_argument("--run-file", type=Path, help="the harness-run stage's hypothesis file (its model and n_prompts "
+                                                  "replaced; default: hypotheses/smollm2-induction.yaml)")
     p.add_argument("--quick", action="store_true", help="20 prompts, SmolLM2 only (a smoke run)")
     p.add_argument("--json", type=Path, help="write every measurement here")
     p.add_argument("--table", type=Path, metavar="JSON", help="print the tables of an earlier --json FILE again")
@@ -962,7 +973,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = a.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        bench = Bench(work, a.threads, a.device, a.timeout, a.tl_pairs, a.isolate)
+        bench = Bench(work, a.threads, a.device, a.timeout, a.tl_pairs, a.isolate, a.run_file)
         say(f"work folder {work}; {a.threads} thread(s), {a.device}; load average {os.getloadavg()[0]:.2f}")
         for key in keys:
             model = prepare(key, work, a.cache, a.device)

@@ -17,7 +17,10 @@ from the JSON alone.
                Stream.SIGNATURE_EFFECT) and its use status by the edge claims'
                rule (p BH-adjusted over the patched candidates; `untested`
                when the patch changes nothing the receiver reads, mech.change);
-               claimed edges are marked.  The patches run on the first
+               claimed edges are marked.  Which candidates are patched follows
+               from their composition scores (`signature_patches`), chosen before
+               the base runs, which cache what those patches read and no more.
+               The patches run on the first
                FIGURE_PROMPTS prompts: the base runs' own when there are no more
                (they cache what the plot reads), else a run of those prompts
                with the default corruption (`runs_for`), so neither the figure's

@@ -2,7 +2,8 @@
 corrupted prompts once each, check the interventions, hand every claim kind
 its claims, collect the figures' data.
 
-    plan      hooks = union of each claim's kind.hooks(claim) (+ the signature plot's)
+    plan      hooks = union of each claim's kind.hooks(claim) (+ what the signature plot's patches
+              read, those patches chosen first by composition score: signature_patches)
     base runs the clean forward and one per named corruption, caching those hooks
               (mech.runs.Runs); the reference prompts for means run on first use
     baseline  clean, corrupted and gap metric with BCa CIs (seed: the run seed), per

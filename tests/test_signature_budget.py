@@ -96,3 +96,24 @@ def test_base_runs_cache_only_what_the_chosen_patches_read(monkeypatch):
     assert hook_z(1) in cached[-1]
     assert full_run.figures_data == chosen_run.figures_data
     assert [r.value for r in full_run.claims] == [r.value for r in chosen_run.claims]
+
+
+def test_a_named_receivers_layer_is_cached_whatever_the_plot_patches():
+    """With no candidate chosen (an edge claim from an MLP, which is no candidate, and no budget left),
+    the receiver's layer is cached all the same (its q, k, v, attention output and z: what the
+    claims' own edges into it read on the batched path), and no earlier layer's head outputs."""
+    from harness.engine import measure
+    from harness.hypothesis.loading import load
+    from harness.spec.names import hook_attn_out, hook_input, hook_z
+
+    from .graph_helpers import ROOT
+
+    doc = {"harness": 1, "name": "mlp-edge", "model": str(ROOT / "fixtures" / "names-3l"),
+           "data": {"generator": "repeated_tokens", "n_prompts": 10},
+           "claims": [{"id": "e", "kind": "edge", "edge": "L0.mlp -> L2H0.v", "expect": "used"}]}
+    claims = load(doc).spec.claims
+    got = measure.hooks_needed(claims, 3, True, 10, patched=set())
+    assert {hook_attn_out(2), hook_z(2), *(hook_input(2, x) for x in "qkv")} <= set(got)
+    assert hook_z(0) not in got and hook_z(1) not in got
+    every = measure.hooks_needed(claims, 3, True, 10)
+    assert hook_z(0) in every and hook_z(1) in every  # not knowing the patches: every candidate's layer

@@ -115,7 +115,10 @@ def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int,
         candidates += [names.Edge(names.Head(layer, 0), r) for layer in range(r.head.layer)]  # each sender layer
     if not out:
         return out
-    return out + edge_sets.cache_names(n_layers, candidates if patched is None else list(patched))
+    # each receiver's layer whether or not a patch into it was chosen (embed adds no head outputs): the claims'
+    # own edges into it take the batched path (mech.batched_edges.patch_into) whatever the plot patches
+    reach = [names.Edge(names.Embed(), r) for r in receivers(claims)]
+    return out + edge_sets.cache_names(n_layers, (candidates if patched is None else list(patched)) + reach)
 
 
 def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], ds: Any,

@@ -117,6 +117,17 @@ def _load(c: Child, sw: Stopwatch) -> Any:
     return sw.time("load", lambda: ModelRef.parse(c.folder).load(c.device, _dtype(c.dtype)))
 
 
+def start(c: Child) -> tuple[Stopwatch, Any, Any]:
+    """A model child's start: its torch threads, its stopwatch, the model loaded (timed as "load")
+    and the prompts every contender runs."""
+    from harness.threads import configure
+
+    configure(c.threads)
+    sw = Stopwatch(c.device)
+    m = _load(c, sw)
+    return sw, m, _prompts(prompt_args(m), c.n_prompts, c.device)
+
+
 def prompt_args(m: Any) -> dict[str, int]:
     """The generator's arguments for model `m` (a harness LoadedModel): vocabulary, context, start token."""
     from harness.model.tokenizer import model_bos
@@ -211,12 +222,8 @@ def child_harness(c: Child) -> dict[str, Any]:
     from harness.mech import graph_run
     from harness.mech.base_runs import base_runs
     from harness.spec.vocabulary import Direction
-    from harness.threads import configure
 
-    configure(c.threads)
-    sw = Stopwatch(c.device)
-    m = _load(c, sw)
-    ds = _prompts(prompt_args(m), c.n_prompts, c.device)
+    sw, m, ds = start(c)
     a, _, edge = _names(c)
     model = Model("", "", Path(c.folder), c.sender, c.receiver)
     doc = {"harness": 1, "name": "stages", "model": c.folder, "data": {"generator": "repeated_tokens", "bos": True},

@@ -15,13 +15,10 @@ from real_model_children import (
     IG_STEPS,
     Child,
     Model,
-    Stopwatch,
-    _load,
     _names,
     _plain,
-    _prompts,
-    prompt_args,
     stage_claims,
+    start,
     tl_metric,
 )
 
@@ -70,6 +67,15 @@ class ByHand:
         return pattern @ v
 
 
+def with_head(bridge: Any, ds: Any, name: str, head: int, value: Any) -> Any:
+    """The metric of the clean prompts with head `head`'s slice of hook `name` (its z) set to `value`."""
+    def hook(z: Any, hook: Any) -> Any:
+        z[:, :, head] = value
+        return z
+
+    return tl_metric(bridge.run_with_hooks(ds.clean, fwd_hooks=[(name, hook)]), ds)
+
+
 def head_out(bridge: Any, layer: int, head: int, z: Any) -> Any:
     """z [n, pos, d_head] of one head times its slice of the output projection (HF weights; GPT-2's
     Conv1D stores it transposed)."""
@@ -87,13 +93,9 @@ def child_tl(c: Child) -> dict[str, Any]:
 
     import harness
     from harness.engine.measure import hooks_needed
-    from harness.threads import configure
 
-    configure(c.threads)
-    sw = Stopwatch(c.device)
-    m = _load(c, sw)
+    sw, m, ds = start(c)
     bridge = m.bridge
-    ds = _prompts(prompt_args(m), c.n_prompts, c.device)
     a, b, _ = _names(c)
     model = Model("", "", Path(c.folder), c.sender, c.receiver)
     doc = {"harness": 1, "name": "stages", "model": c.folder, "data": {"generator": "repeated_tokens", "bos": True},
@@ -121,13 +123,7 @@ def child_tl(c: Child) -> dict[str, Any]:
         def ablation() -> Any:
             with torch.no_grad():
                 _, ref = bridge.run_with_cache(ds.reference, names_filter=[z_a])
-                mean = ref[z_a][:, :, a.head].mean(0)
-
-                def hook(z: Any, hook: Any) -> Any:
-                    z[:, :, a.head] = mean
-                    return z
-
-                return tl_metric(bridge.run_with_hooks(ds.clean, fwd_hooks=[(z_a, hook)]), ds)
+                return with_head(bridge, ds, z_a, a.head, ref[z_a][:, :, a.head].mean(0))
 
         out["ablation"] = _plain(sw.time("ablation", ablation).cpu())
 
@@ -139,13 +135,7 @@ def child_tl(c: Child) -> dict[str, Any]:
             with torch.no_grad():
                 r = (clean[resid] - head_out(bridge, a.layer, a.head, clean[z_a][:, :, a.head])
                      + head_out(bridge, a.layer, a.head, corrupt[z_a][:, :, a.head]))
-                new = hand.z("k", r, clean)
-
-                def hook(z: Any, hook: Any) -> Any:
-                    z[:, :, b.head] = new
-                    return z
-
-                return tl_metric(bridge.run_with_hooks(ds.clean, fwd_hooks=[(z_b, hook)]), ds)
+                return with_head(bridge, ds, z_b, b.head, hand.z("k", r, clean))
 
         out["edge"] = _plain(sw.time("edge", edge).cpu())
 
@@ -210,12 +200,8 @@ def child_tl_attribution_patch(c: Child) -> dict[str, Any]:
     import torch
 
     from harness.mech import attribution
-    from harness.threads import configure
 
-    configure(c.threads)
-    sw = Stopwatch(c.device)
-    m = _load(c, sw)
-    ds = _prompts(prompt_args(m), c.n_prompts, c.device)
+    sw, m, ds = start(c)
     _, _, edge = _names(c)
     from transformer_lens.tools.analysis.attribution_patching import EdgeAttributionConfig, attribution_patch
 

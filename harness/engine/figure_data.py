@@ -191,6 +191,12 @@ def draws_signature(claims: Sequence[ClaimSpec]) -> bool:
     return any(kind_of(c).needs_weights(c) for c in claims) and bool(receivers(claims))
 
 
+def signature_in_base_runs(claims: Sequence[ClaimSpec], n_prompts: int) -> bool:
+    """Whether the file's base runs cache what the signature plot's patches read: it is drawn
+    (`draws_signature`) and patches on the file's own prompts (at most FIGURE_PROMPTS of them)."""
+    return n_prompts <= FIGURE_PROMPTS and draws_signature(claims)
+
+
 def signature_candidates(claims: Sequence[ClaimSpec], n_heads: int) -> list[names.Edge]:
     """Every edge into the head inputs the claims name from every head of an earlier layer."""
     return [names.Edge(h, r) for r in receivers(claims) for h in names.Head.every(r.head.layer, n_heads)]

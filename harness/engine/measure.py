@@ -30,7 +30,6 @@ from ..evidence.result import ClaimResult
 from ..mech.base_runs import base_runs
 from ..mech.factored import Composition
 from ..mech.runs import Runs
-from ..mech.weights import head_weights
 from ..model import metrics
 from ..model.devices import of
 from ..model.loaded import LoadedModel
@@ -59,7 +58,7 @@ def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int, figures: bool = Tru
     prompts: else they run their own, figure_data.runs_for) read from the base runs, once each;
     `patched`: the signature plot's patches (figure_data.hooks_needed; None: every candidate)."""
     out = [h for c in claims for h in kind_of(c).hooks(c, n_layers)]
-    if figures and n_prompts <= figure_data.FIGURE_PROMPTS and figure_data.draws_signature(claims):
+    if figures and figure_data.signature_in_base_runs(claims, n_prompts):
         out += figure_data.hooks_needed(claims, n_layers, patched)
     return list(dict.fromkeys(out))
 
@@ -71,7 +70,7 @@ def signature_patches(model: LoadedModel, claims: Sequence[ClaimSpec], processin
     of sixteen), and what the composition that chose them computed without its weights: the score
     grids and the spectra that every composition test of these receiver inputs reads (Context.adopt),
     so no later stage makes the cores (4 L H d r float64 numbers) again."""
-    comp = Composition(head_weights(model.bridge, processing), seed, of(model.bridge))
+    comp = Composition.read(model.bridge, processing, seed)
     patched = figure_data.signature_patches(comp, claims)
     for side in ["x", *sorted({r.which for r in figure_data.receivers(claims)})]:
         comp.spectrum(side)
@@ -118,7 +117,7 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
     ds = ds.to(of(bridge))  # the prompts meet the model on its device
     n_layers, n_heads = model.n_layers, model.n_heads
     plan: tuple[set[names.Edge], dict[str, Any]] | None = None
-    if figures and ds.n <= figure_data.FIGURE_PROMPTS and figure_data.draws_signature(claims):
+    if figures and figure_data.signature_in_base_runs(claims, ds.n):
         stage("figure data: choosing the signature plot's patches by composition scores")
         plan = signature_patches(model, claims, processing, seed)
         spent(ledger, f"{len(plan[0])} patches chosen")

@@ -36,7 +36,7 @@ from typing import Any, cast
 import numpy as np
 
 from .. import memory
-from ..model.devices import float64_home
+from ..model.devices import float64_home, of
 from ..progress import progress
 from ..spec.names import Head, HeadInput
 from ..threads import single_threaded
@@ -104,6 +104,12 @@ class Composition:
     _results: dict[tuple[Any, ...], CompositionResult] = field(default_factory=dict)
     _pools: dict[str, np.ndarray] = field(default_factory=dict)
     _peer_ratios: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, bridge: Any, processing: str, seed: int) -> Composition:
+        """The composition of `bridge`'s head weights (weights.head_weights with `processing`), its
+        score grids on the bridge's device."""
+        return cls(weights.head_weights(bridge, processing), seed, of(bridge))
 
     def without_weights(self) -> dict[str, Any]:
         """What this composition computed that does not hold the weights (spectra, score grids, the

@@ -18,6 +18,7 @@ from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..mech import weights
 from ..mech.explain import Explainer
 from ..mech.factored import Composition
+from ..model.devices import of
 from ..model.ref import load_model
 from ..model.tokenizer import shown_tokenizer
 from ..report import explain_figure, explain_text
@@ -52,7 +53,7 @@ def explain_route(model: str, edge_text: str, *, top: int = 3, draws: int = 1000
     hw = weights.head_weights(m.bridge, processing)
     tok = shown_tokenizer(m)
     record = Explainer(hw, seed, tok.piece if tok is not None else None).record(sender, receiver, draws, top)
-    score = Composition(hw, seed).result(sender, receiver, draws)
+    score = Composition(hw, seed, of(m.bridge)).result(sender, receiver, draws)
     text = render(str(edge), model, record, score, null_dim=hw.null_dim, processing=processing, seed=seed)
     if out is not None:
         fig = explain_figure.draw_explain([(str(edge), record)])

@@ -153,8 +153,7 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
                                                                    for u in unusable))
     skipped = {u["corruption"] for u in unusable}
     chosen = [c for c in chosen if c not in skipped]
-    composition = _composition(Composition(weights.head_weights(bridge, cfg.processing), cfg.seed, of(bridge)), edges,
-                               cfg.draws)
+    composition = _composition(Composition.read(bridge, cfg.processing, cfg.seed), edges, cfg.draws)
     rows: list[dict[str, Any]] = []
     for c_i, name in enumerate(chosen):
         view = runs.with_corruption(name)

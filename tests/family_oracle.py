@@ -2,38 +2,59 @@
 
 It reads ONLY a `save_pretrained` directory's `config.json` and `model.safetensors` and implements
 the architectures from their definitions (no transformers or TransformerLens modeling code is
-called).  Supported `model_type`s: llama, mistral, qwen2, gemma2, gpt_neox, gpt2.  Anything
-it does not implement exactly (rope scaling, bidirectional attention, layer-index attention
+called).  Supported `model_type`s: llama (with Llama 3 rope scaling too), mistral, qwen2, qwen3, olmo2,
+gemma2, gemma3_text, gpt_neox, gpt2.  Anything it does not implement exactly (rope types other than
+default / linear / llama3, bidirectional attention, Gemma 3's attention soft cap, layer-index attention
 scaling, unknown weights, ...) is refused with a ValueError.
 
 Forward pass (everything float64; tokens [n, s]; positions 0..s-1)
 ------------------------------------------------------------------
-    embed      = W_E[tok] * embed_scale (+ W_pos[pos] for GPT-2),   embed_scale = sqrt(d_model) for Gemma 2, else 1
+    embed      = W_E[tok] * embed_scale (+ W_pos[pos] for GPT-2),   embed_scale = sqrt(d_model) for Gemma 2 / 3, else 1
     block l:   r = resid_pre_l
-               x = norm1_l(r)
+               x = norm1_l(r)                     (OLMo 2 has no norm1: x = r)
                q_h = x W_Q[h] + b_Q[h]            (query head h)
                k_h = x W_K[kv(h)] + b_K[kv(h)],   v_h likewise,   kv(h) = h // (H / H_kv)   (GQA)
-               q_h, k_h <- rotary(q_h), rotary(k_h) at the tokens' own positions
-               scores = scale * q_h k_h^T,        scale = d_head**-0.5, Gemma 2: query_pre_attn_scalar**-0.5
+               QK-norm (Qwen 3, Gemma 3, OLMo 2), after the projection and BEFORE rotary, on q and k (not v):
+                 per head (Qwen 3, Gemma 3): q_h <- rms(q_h) * w_q, the RMS over the head's d_head dims and
+                   w_q [d_head] shared by the heads (Gemma 3: * (1 + w_q)); k of each KV head likewise with w_k;
+                 whole projection (OLMo 2): q = [q_0 | ... | q_{H-1}] <- rms(q) * w_q, the RMS over all H * d_head
+                   dims jointly and w_q [H * d_head], then split into heads; k over all H_kv * d_head dims with w_k
+                 (rms(y) = y / sqrt(mean(y^2) + eps), eps = rms_norm_eps as for the other norms)
+               q_h, k_h <- rotary_l(q_h), rotary_l(k_h) at the tokens' own positions
+               scores = scale * q_h k_h^T,        scale = d_head**-0.5, Gemma 2 / 3: query_pre_attn_scalar**-0.5
                scores = c * tanh(scores / c)      (Gemma 2 attn_logit_softcapping c), THEN the mask:
                key j is visible from query i iff j <= i and, on a sliding layer of window w, j > i - w
                (the query and the w-1 keys before it: w keys in all)
                z_h = softmax(scores) v_h                                   -> cache "z"  [n, s, H, d_head]
                P = sum_h z_h W_O[h] + b_O                                  -> cache "attn_pre_norm"
-               A = post1_l(P) (Gemma 2) or P                               -> cache "attn_out"
-               sequential: resid_mid = r + A;  M = post2_l(mlp_l(norm2_l(resid_mid)))
+               A = post1_l(P) (Gemma 2 / 3, OLMo 2) or P                   -> cache "attn_out"
+               sequential: resid_mid = r + A;  M = post2_l(mlp_l(norm2_l(resid_mid)))   (OLMo 2: no norm2)
                parallel (GPT-NeoX use_parallel_residual): M = mlp_l(norm2_l(r))
                M                                                           -> cache "mlp_out"
                resid_pre_{l+1} = r + A + M
-    logits     = c_f * tanh((norm_f(resid_final) W_U) / c_f)   (Gemma 2 final_logit_softcapping c_f; else no cap)
+    logits     = c_f * tanh((norm_f(resid_final) W_U) / c_f)   (Gemma 2 / 3 final_logit_softcapping c_f; else no cap)
 
     norms:  LayerNorm (x - mean) / sqrt(var + eps) * w + b  (GPT-2, GPT-NeoX);
-            RMSNorm x / sqrt(mean(x^2) + eps) * w  (Llama, Mistral, Qwen2);  Gemma: ... * (1 + w).
-    rotary: inv_freq_i = theta ** (-2i / r_dim) for 2i < r_dim, angle = pos * inv_freq, emb = [angle, angle];
+            RMSNorm x / sqrt(mean(x^2) + eps) * w  (Llama, Mistral, Qwen2 / 3, OLMo 2);  Gemma: ... * (1 + w)
+            (Gemma 3's q_norm / k_norm too).
+    rotary: base inv_freq_i = theta ** (-2i / r_dim) for 2i < r_dim, then by rope_type:
+              default: as is;   linear (factor f): inv_freq_i / f;
+              llama3 (factor f, low_freq_factor a, high_freq_factor b, original_max_position_embeddings N):
+                wavelen_i = 2 pi / inv_freq_i;
+                wavelen_i < N / b:  inv_freq_i (unchanged);   wavelen_i > N / a:  inv_freq_i / f;
+                otherwise (N / b <= wavelen_i <= N / a):  (1 - t) inv_freq_i / f + t inv_freq_i,
+                  t = (N / wavelen_i - a) / (b - a)
+                (N: the rope parameters' original_max_position_embeddings, a top-level config
+                original_max_position_embeddings winning as in transformers, else max_position_embeddings);
+            angle = pos * inv_freq, emb = [angle, angle];
             on the first 2 * len(inv_freq) dims: x * cos(emb) + rotate_half(x) * sin(emb),
             rotate_half([x1, x2]) = [-x2, x1]; the rest passes.  r_dim = d_head, or for GPT-NeoX
             int(d_head * partial_rotary_factor) (an odd r_dim rotates r_dim + 1 dims, as HF does).
-    MLPs:   gated (Llama family, Gemma 2): down(act(gate(x)) * up(x));  else out(act(in(x))).
+            One rope for every layer, except Gemma 3: rope_parameters per layer type ({"sliding_attention":
+            {...}, "full_attention": {...}}; the legacy keys rope_theta / rope_local_base_freq / rope_scaling
+            are read as transformers reads them: rope_scaling updates the full-attention entry, missing thetas
+            default to 1e6 (full) and 1e4 (sliding)); each layer uses its type's inv_freq.
+    MLPs:   gated (Llama family, Qwen, OLMo 2, Gemma): down(act(gate(x)) * up(x));  else out(act(in(x))).
 
 Patching semantics (the definition the harness must reproduce)
 ---------------------------------------------------------------
@@ -42,11 +63,12 @@ Nodes are tuples.  Senders: ("head", l, h), ("embed",), ("mlp", l).  Receivers /
 
 * The write of a sender and its change D when its activation is replaced (base run unless said):
   - head A = (l, h): activation z_A (per query head).  Without post-attention norms write(z_A) = z_A W_O[h]
-    and D = (z'_A - z_A) W_O[h].  With a post-attention norm (Gemma 2) layer l adds post1_l(P),
+    and D = (z'_A - z_A) W_O[h].  With a post-attention norm (Gemma 2 / 3, OLMo 2) layer l adds post1_l(P),
     P = sum_h z_h W_O[h] + b_O, and D = post1_l(P + (z'_A - z_A) W_O[h]) - post1_l(P), every other head at
     its base value.  Several heads of one layer change jointly inside one post1 call; groups spanning
     layers (and embed / MLP senders) sum their per-layer changes.
-  - embed: D = embed' - embed.    MLP l: D = mlp_out' - mlp_out (after Gemma's post-feedforward norm).
+  - embed: D = embed' - embed.    MLP l: D = mlp_out' - mlp_out, its write after the post-feedforward norm
+    (Gemma 2 / 3, OLMo 2: post2_l(mlp_l(...))).
   - replacement values z'_A / embed' / mlp_out': "resample" = the source run's values (same prompt index),
     "zero" = 0, "mean" = a given per-position mean tensor (broadcast over the batch).
 * Edge A -> B.x (B = query head h of layer L, x in q/k/v): only B's input x reads r' = resid_pre_L(base) + D:
@@ -54,10 +76,16 @@ Nodes are tuples.  Senders: ("head", l, h), ("embed",), ("mlp", l).  Receivers /
   norm1_L(resid_pre_L(base)); then rotary, scale, soft cap, mask, softmax: z'_B = pattern v.  Only B's z is
   replaced (the other query heads of its KV group keep the base keys / values); the forward is recomputed
   from layer L on (layer L's other heads keep their base z; its MLP and later layers see the change).
+  With a QK-norm, B's q / k passes through it at the receiver's positions, computed from r': per head, only
+  the slice x_B is normalised (q_h(r') = rms(norm1(r') W_Q[h] + b_Q[h]) * w_q); over the whole projection
+  (OLMo 2), B's query is the h-slice of q_norm(norm1(r') W_Q + b_Q) with the RMS over ALL heads' projections
+  of r' (and B's key the kv(h)-slice of k_norm over all KV heads' projections of r'); every other head, and
+  B's other inputs, keep their base values.
 * Edge A -> logits: logits of resid_final(base) + D (final norm, unembedding, final soft cap).
-* Edge A -> MLP m: MLP m reads norm2_m(resid_mid_m(base) + D) (sequential) or norm2_m(resid_pre_m(base) + D)
-  (parallel; there a head of layer m -> MLP m is not an edge: ValueError); its new output (after Gemma's
-  post-feedforward norm) replaces MLP m's output in the forward.
+* Edge A -> MLP m: MLP m reads norm2_m(resid_mid_m(base) + D) (sequential; OLMo 2: resid_mid_m(base) + D, no
+  norm2) or norm2_m(resid_pre_m(base) + D) (parallel; there a head of layer m -> MLP m is not an edge:
+  ValueError); its new output (after the post-feedforward norm where there is one) replaces MLP m's output in
+  the forward.
 * Path A -> R1 -> ... -> Rk -> last: D_0 as above; each intermediate hop computes its output change when
   only its listed input reads base + D_{i-1} (a head hop: the change of its write, post-norm as above; an
   MLP hop: mlp_out' - mlp_out), and only that change is passed on; the last hop receives it as an edge.
@@ -85,6 +113,15 @@ F64 = torch.float64
 Node = tuple[Any, ...]
 Norm = tuple[Tensor, Tensor | None]  # (weight, bias or None)
 
+DECODERS = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3_text")  # model.layers.{l}.self_attn
+GEMMAS = ("gemma2", "gemma3_text")
+ROPE_KEYS = {  # the rope parameters each implemented rope_type reads (besides rope_type / type)
+    "default": {"rope_theta", "partial_rotary_factor"},
+    "linear": {"rope_theta", "partial_rotary_factor", "factor"},
+    "llama3": {"rope_theta", "partial_rotary_factor", "factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"},
+}
+
 SENDER_KINDS = ("head", "embed", "mlp")
 RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")
 
@@ -96,8 +133,9 @@ class Patch:
     z:           {(layer, head): z [n, s, d_head]}  replaces that query head's z after it is computed
                  (so it feeds W_O, the post-attention norm and everything after).
     head_inputs: {(layer, head, "q"|"k"|"v"): D [n, s, d_model]}  only that input of that query head reads
-                 norm1(resid_pre + D) (its own copy of k / v under GQA); z replacement wins over this.
-    mlp_in:      {layer: D [n, s, d_model]}  MLP `layer` reads norm2(its input residual + D).
+                 norm1(resid_pre + D) (its own copy of k / v under GQA; through the QK norm, module doc); z
+                 replacement wins over this.
+    mlp_in:      {layer: D [n, s, d_model]}  MLP `layer` reads norm2(its input residual + D) (OLMo 2: no norm2).
     mlp_out:     {layer: M [n, s, d_model]}  replaces what MLP `layer` adds to the residual.
     final:       D [n, s, d_model]  added to the final residual before the final norm (the logits' read only).
     """
@@ -111,10 +149,12 @@ class Patch:
 
 @dataclass
 class _Layer:
-    """One block's weights in math layout (x @ W): W_Q [H, d, dh], W_K/W_V [H_kv, d, dh], W_O [H, dh, d]."""
+    """One block's weights in math layout (x @ W): W_Q [H, d, dh], W_K/W_V [H_kv, d, dh], W_O [H, dh, d].
+    norm1 / norm2 None: no norm before the sublayer (OLMo 2).  q_norm [H, dh] / k_norm [H_kv, dh]: the QK-norm
+    weights (a per-head weight [dh] repeated over the heads; a whole-projection weight viewed per head)."""
 
-    norm1: Norm
-    norm2: Norm
+    norm1: Norm | None
+    norm2: Norm | None
     post1: Norm | None
     post2: Norm | None
     W_Q: Tensor
@@ -131,6 +171,8 @@ class _Layer:
     b_in: Tensor
     W_out: Tensor  # [d_mlp, d]
     b_out: Tensor
+    q_norm: Tensor | None = None
+    k_norm: Tensor | None = None
 
 
 class _StateDict:
@@ -178,7 +220,8 @@ class Oracle:
     """Float64 reference of a `save_pretrained` directory (module doc).  Attributes: n_layers, n_heads,
     n_kv_heads, d_head, d_model, d_vocab, model_type, parallel, post_norms, attn_scale, attn_softcap,
     final_softcap, windows (per layer, None = full causal), rotary_dims (dims rotated; 0 = learned
-    positions), inv_freq, embed_scale."""
+    positions), inv_freq (layer 0's), layer_inv_freq (per layer), qk_norm (None, "head": per head, or
+    "all": over the whole projection), embed_scale."""
 
     def __init__(self, model_dir: Path | str):
         from safetensors.torch import load_file
@@ -188,7 +231,8 @@ class Oracle:
         sd = _StateDict(load_file(str(d / "model.safetensors")))
         mt = self.config.get("model_type")
         self.model_type: str = str(mt)
-        if mt in ("llama", "mistral", "qwen2", "gemma2"):
+        self.qk_norm: str | None = None
+        if mt in DECODERS:
             self._load_decoder(self.config, sd)
         elif mt == "gpt_neox":
             self._load_neox(self.config, sd)
@@ -205,24 +249,86 @@ class Oracle:
     # ------------------------------------------------------------------ loading
 
     def set_rotary(self, rotary_dim: int, theta: float) -> None:
-        """inv_freq_i = theta ** -(2i / rotary_dim), i = 0 .. ceil(rotary_dim / 2) - 1 (HF's arange(0, dim, 2))."""
-        self.inv_freq = 1.0 / theta ** (torch.arange(0, rotary_dim, 2, dtype=F64) / rotary_dim)
+        """Every layer: inv_freq_i = theta ** -(2i / rotary_dim), i = 0 .. ceil(rotary_dim / 2) - 1 (HF's
+        arange(0, dim, 2)), unscaled."""
+        self.set_inv_freq([self.rope_inv_freq({"rope_type": "default", "rope_theta": theta}, rotary_dim)]
+                          * self.n_layers)
+
+    def set_inv_freq(self, per_layer: Sequence[Tensor]) -> None:
+        """Each layer's inv_freq (all of one length: the rotated dims are 2 * len)."""
+        if len(per_layer) != self.n_layers or len({len(f) for f in per_layer}) != 1:
+            raise ValueError("one inv_freq per layer, all of one length")
+        self.layer_inv_freq = list(per_layer)
+        self.inv_freq = self.layer_inv_freq[0]
         self.rotary_dims = 2 * len(self.inv_freq)
         if self.rotary_dims > self.d_head:
             raise ValueError("rotary dims exceed d_head")
 
     @staticmethod
-    def _rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
-        rp = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    def rope_inv_freq(rp: Mapping[str, Any], rotary_dim: int) -> Tensor:
+        """inv_freq of one rope-parameter dict (rope_theta filled in) on `rotary_dim` dims (module doc):
+        default, linear (/ factor) or llama3 (piecewise); any other rope_type or key is refused."""
         rtype = rp.get("rope_type", rp.get("type", "default"))
-        if rtype != "default":
+        if "type" in rp and rp["type"] != rtype:
+            raise ValueError(f"rope parameters with both type {rp['type']!r} and rope_type {rtype!r}")
+        if rtype not in ROPE_KEYS:
             raise ValueError(f"rope_type {rtype!r} not implemented")
+        unknown = set(rp) - ROPE_KEYS[rtype] - {"rope_type", "type"}
+        if unknown:
+            raise ValueError(f"rope parameters {sorted(unknown)} not implemented for rope_type {rtype!r}")
+        inv = 1.0 / float(rp["rope_theta"]) ** (torch.arange(0, rotary_dim, 2, dtype=F64) / rotary_dim)
+        if rtype == "linear":
+            inv = inv / float(rp["factor"])
+        elif rtype == "llama3":
+            f, a, b = float(rp["factor"]), float(rp["low_freq_factor"]), float(rp["high_freq_factor"])
+            N = float(rp["original_max_position_embeddings"])
+            if not b > a:
+                raise ValueError("llama3 rope needs high_freq_factor > low_freq_factor")
+            wavelen = 2 * math.pi / inv
+            t = (N / wavelen - a) / (b - a)
+            inv = torch.where(wavelen < N / b, inv, torch.where(wavelen > N / a, inv / f, (1 - t) * inv / f + t * inv))
+        return inv
+
+    @staticmethod
+    def _rope_params(cfg: dict[str, Any], default_theta: float = 10000.0) -> dict[str, Any]:
+        """The one (flat) rope-parameter dict of `cfg` with rope_theta (else a top-level rope_theta, else
+        `default_theta`) and, for llama3, original_max_position_embeddings filled in as transformers'
+        standardize_rope_params does."""
+        rp = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rp.setdefault("rope_theta", cfg.get("rope_theta", default_theta))
+        rtype = rp.get("rope_type", rp.get("type", "default"))
+        if rtype == "llama3":
+            if "original_max_position_embeddings" in cfg:  # a top-level value wins (transformers)
+                rp["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+            rp.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
         return rp
 
+    @staticmethod
+    def _gemma3_rope_params(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Gemma 3's rope parameters per layer type, read as Gemma3TextConfig.convert_rope_params_to_dict does:
+        {"sliding_attention": {...}, "full_attention": {...}} (or the legacy rope_theta / rope_local_base_freq /
+        rope_scaling keys); rope_scaling updates the full-attention entry; thetas default to 1e6 / 1e4."""
+        rp = cfg.get("rope_parameters")
+        rp = {k: (dict(v) if v is not None else None) for k, v in (rp or {}).items()}
+        if rp and not set(rp) <= {"sliding_attention", "full_attention"}:
+            raise ValueError(f"Gemma 3 rope_parameters keyed by {sorted(rp)}: expected layer types")
+        full = rp.get("full_attention") or {"rope_type": "default"}
+        sliding = rp.get("sliding_attention") or {"rope_type": "default"}
+        full.update(cfg.get("rope_scaling") or {})
+        full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+        sliding.setdefault("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
+        for p in (full, sliding):
+            p.setdefault("rope_type", p.get("type", "default"))
+            if p["rope_type"] == "llama3":
+                p.setdefault("original_max_position_embeddings", cfg["max_position_embeddings"])
+        return {"full_attention": full, "sliding_attention": sliding}
+
     def _load_decoder(self, cfg: dict[str, Any], sd: _StateDict) -> None:
-        """Llama / Mistral / Qwen2 / Gemma 2 (`model.layers.{l}.self_attn.{q,k,v,o}_proj`, gated MLP)."""
+        """Llama / Mistral / Qwen2 / Qwen3 / OLMo 2 / Gemma 2 / Gemma 3 (`model.layers.{l}.self_attn.{q,k,v,o}_proj`,
+        gated MLP; Qwen3 / Gemma 3 / OLMo 2 also `self_attn.{q,k}_norm`)."""
         mt = cfg["model_type"]
-        gemma = mt == "gemma2"
+        gemma = mt in GEMMAS
+        olmo = mt == "olmo2"
         self.d_model = d = cfg["hidden_size"]
         self.n_heads = H = cfg["num_attention_heads"]
         self.n_kv_heads = Hkv = cfg.get("num_key_value_heads") or H
@@ -232,18 +338,26 @@ class Oracle:
         self.norm_kind = "rms_1p" if gemma else "rms"
         self.act = cfg["hidden_activation"] if gemma else cfg.get("hidden_act", "silu")
         self.parallel = False
-        self.post_norms = gemma
+        self.post_norms = gemma or olmo
+        self.qk_norm = {"qwen3": "head", "gemma3_text": "head", "olmo2": "all"}.get(mt)
         self.embed_scale = math.sqrt(d) if gemma else 1.0
         self.attn_scale = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else dh**-0.5
         self.attn_softcap = cfg.get("attn_logit_softcapping") if gemma else None
         self.final_softcap = cfg.get("final_logit_softcapping") if gemma else None
+        if mt == "gemma3_text" and self.attn_softcap is not None:
+            # Gemma3Attention never passes it to the attention function: transformers ignores it
+            raise ValueError("Gemma 3 with attn_logit_softcapping: transformers ignores it; refusing to guess")
         if gemma and cfg.get("use_bidirectional_attention"):
             raise ValueError("bidirectional attention not implemented")
-        rp = self._rope_params(cfg)
-        if rp.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError("partial rotary is not used by this family in transformers; refusing to guess")
-        self.set_rotary(dh, float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0))))
         self.windows: list[int | None] = self._decoder_windows(cfg, mt, L)
+        if mt == "gemma3_text":
+            by_type = self._gemma3_rope_params(cfg)
+            rps = [by_type["full_attention" if w is None else "sliding_attention"] for w in self.windows]
+        else:
+            rps = [self._rope_params(cfg)] * L
+        if any(rp.get("partial_rotary_factor", 1.0) != 1.0 for rp in rps):
+            raise ValueError("partial rotary is not used by this family in transformers; refusing to guess")
+        self.set_inv_freq([self.rope_inv_freq(rp, dh) for rp in rps])
 
         self.W_E = sd.take("model.embed_tokens.weight")
         self.W_pos: Tensor | None = None
@@ -275,11 +389,23 @@ class Oracle:
             def norm(name: str, p: str = p) -> Norm:
                 return sd.take(p + f"{name}.weight"), None
 
+            def qk_norm(name: str, heads: int, p: str = p) -> Tensor | None:
+                """[heads, dh]: a per-head weight [dh] repeated, or a whole-projection weight [heads*dh] split."""
+                if self.qk_norm is None:
+                    return None
+                w = sd.take(p + f"self_attn.{name}.weight")
+                want = dh if self.qk_norm == "head" else heads * dh
+                if w.shape != (want,):
+                    raise ValueError(f"{p}self_attn.{name}.weight has shape {tuple(w.shape)}, expected ({want},)")
+                return w.expand(heads, dh).clone() if self.qk_norm == "head" else w.view(heads, dh)
+
             self.layers.append(_Layer(
-                norm1=norm("input_layernorm"),
-                norm2=norm("pre_feedforward_layernorm" if gemma else "post_attention_layernorm"),
-                post1=norm("post_attention_layernorm") if gemma else None,
-                post2=norm("post_feedforward_layernorm") if gemma else None,
+                norm1=None if olmo else norm("input_layernorm"),
+                norm2=(None if olmo else
+                       norm("pre_feedforward_layernorm" if gemma else "post_attention_layernorm")),
+                post1=norm("post_attention_layernorm") if self.post_norms else None,
+                post2=norm("post_feedforward_layernorm") if self.post_norms else None,
+                q_norm=qk_norm("q_norm", H), k_norm=qk_norm("k_norm", Hkv),
                 W_Q=W_Q, b_Q=b_Q, W_K=W_K, b_K=b_K, W_V=W_V, b_V=b_V, W_O=W_O,
                 b_O=b_O if b_O is not None else torch.zeros(d, dtype=F64),
                 W_gate=W_gate, b_gate=b_gate if b_gate is not None else torch.zeros(W_gate.shape[1], dtype=F64),
@@ -290,20 +416,25 @@ class Oracle:
 
     @staticmethod
     def _decoder_windows(cfg: dict[str, Any], mt: str, L: int) -> list[int | None]:
-        """Per-layer sliding windows: Mistral uses `sliding_window` on every layer; Qwen2 and Gemma 2 use it
-        on the layers `layer_types` marks "sliding_attention" (Qwen2 only with use_sliding_window); Llama none."""
+        """Per-layer sliding windows: Mistral uses `sliding_window` on every layer; Qwen2 / Qwen3 and Gemma 2 / 3
+        use it on the layers `layer_types` marks "sliding_attention" (Qwen only with use_sliding_window);
+        Llama and OLMo 2 none.  Without layer_types: Gemma 2 alternates sliding / full, Gemma 3 makes every
+        sliding_window_pattern-th layer (default 6) full, Qwen slides from max_window_layers on."""
         w = cfg.get("sliding_window")
-        if mt == "llama":
+        if mt in ("llama", "olmo2"):
             return [None] * L
         if mt == "mistral":
             return [w] * L
-        if mt == "qwen2" and not cfg.get("use_sliding_window", False):
+        if mt in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
             w = None
         types = cfg.get("layer_types")
         if types is None:
             if mt == "gemma2":
                 types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
-            else:  # qwen2
+            elif mt == "gemma3_text":
+                pattern = cfg.get("sliding_window_pattern", 6)
+                types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(L)]
+            else:  # qwen2 / qwen3
                 mwl = cfg.get("max_window_layers", 28)
                 types = ["sliding_attention" if w is not None and i >= mwl else "full_attention" for i in range(L)]
         for t in types:
@@ -336,10 +467,9 @@ class Oracle:
         self.embed_scale = 1.0
         self.attn_scale = dh**-0.5
         self.attn_softcap = self.final_softcap = None
-        rp = self._rope_params(cfg)
+        rp = self._rope_params(cfg, cfg.get("rotary_emb_base", 10000.0))
         pct = rp.get("partial_rotary_factor", cfg.get("rotary_pct", 0.25))
-        theta = rp.get("rope_theta", cfg.get("rotary_emb_base", 10000.0))
-        self.set_rotary(int(dh * pct), float(theta))
+        self.set_inv_freq([self.rope_inv_freq(rp, int(dh * pct))] * L)
         self.windows = [None] * L
 
         self.W_E = sd.take("gpt_neox.embed_in.weight")
@@ -384,6 +514,7 @@ class Oracle:
         self.attn_scale = dh**-0.5 if cfg.get("scale_attn_weights", True) else 1.0
         self.attn_softcap = self.final_softcap = None
         self.inv_freq = torch.zeros(0, dtype=F64)
+        self.layer_inv_freq = [self.inv_freq] * L
         self.rotary_dims = 0
         self.windows = [None] * L
         self.n_positions = cfg.get("n_positions", 1024)
@@ -411,8 +542,11 @@ class Oracle:
 
     # ------------------------------------------------------------------ pieces of the forward pass
 
-    def norm(self, x: Tensor, nw: Norm) -> Tensor:
-        """LayerNorm (x - mean)/sqrt(var + eps) * w + b;  RMSNorm x/sqrt(mean x^2 + eps) * w  (Gemma: * (1 + w))."""
+    def norm(self, x: Tensor, nw: Norm | None) -> Tensor:
+        """LayerNorm (x - mean)/sqrt(var + eps) * w + b;  RMSNorm x/sqrt(mean x^2 + eps) * w  (Gemma: * (1 + w));
+        None: no norm (x itself)."""
+        if nw is None:
+            return x
         w, b = nw
         if self.norm_kind == "layer":
             x = x - x.mean(-1, keepdim=True)
@@ -438,13 +572,14 @@ class Oracle:
             logits = self.final_softcap * torch.tanh(logits / self.final_softcap)
         return logits
 
-    def rotary(self, x: Tensor) -> Tensor:
-        """x [n, s, h, dh] at positions 0..s-1: x*cos + rotate_half(x)*sin on the first rotary_dims dims."""
+    def rotary(self, x: Tensor, l: int = 0) -> Tensor:
+        """x [n, s, h, dh] at positions 0..s-1: x*cos + rotate_half(x)*sin on the first rotary_dims dims, with
+        layer l's inv_freq."""
         r = self.rotary_dims
         if r == 0:
             return x
         s = x.shape[1]
-        angle = torch.arange(s, dtype=F64)[:, None] * self.inv_freq[None, :]  # [s, r/2]
+        angle = torch.arange(s, dtype=F64)[:, None] * self.layer_inv_freq[l][None, :]  # [s, r/2]
         emb = torch.cat([angle, angle], -1)[None, :, None, :]  # [1, s, 1, r]
         xr, xp = x[..., :r], x[..., r:]
         rot = torch.cat([-xr[..., r // 2:], xr[..., : r // 2]], -1)
@@ -460,21 +595,33 @@ class Oracle:
         return ok
 
     def project(self, l: int, which: str, x_normed: Tensor, heads: Sequence[int] | Tensor | None = None) -> Tensor:
-        """q, k or v [n, s, len(heads), dh] of the given QUERY heads (k / v from each one's KV head kv(h))."""
+        """q, k or v [n, s, len(heads), dh] of the given QUERY heads (k / v from each one's KV head kv(h)), q and k
+        after the QK norm (module doc; over the whole projection, all heads' projections of x_normed enter it)."""
         layer = self.layers[l]
         idx = torch.arange(self.n_heads) if heads is None else torch.as_tensor(heads, dtype=torch.long)
         if which == "q":
-            W, b = layer.W_Q[idx], layer.b_Q[idx]
+            sel, W, b, nw = idx, layer.W_Q, layer.b_Q, layer.q_norm
         elif which in ("k", "v"):
-            kv = self.kv_of[idx]
-            W, b = (layer.W_K[kv], layer.b_K[kv]) if which == "k" else (layer.W_V[kv], layer.b_V[kv])
+            sel = self.kv_of[idx]
+            W, b, nw = (layer.W_K, layer.b_K, layer.k_norm) if which == "k" else (layer.W_V, layer.b_V, None)
         else:
             raise ValueError(f"not a head input: {which!r}")
-        return torch.einsum("nsd,hde->nshe", x_normed, W) + b
+        if nw is None:
+            return torch.einsum("nsd,hde->nshe", x_normed, W[sel]) + b[sel]
+        if self.qk_norm == "head":
+            return self.qk_rms(torch.einsum("nsd,hde->nshe", x_normed, W[sel]) + b[sel], nw[sel])
+        return self.qk_rms(torch.einsum("nsd,hde->nshe", x_normed, W) + b, nw)[:, :, sel]
+
+    def qk_rms(self, y: Tensor, w: Tensor) -> Tensor:
+        """The QK norm of y [n, s, heads, dh] with weight w [heads, dh]: the RMS per head (qk_norm "head") or over
+        all heads jointly ("all"); times w (Gemma: 1 + w)."""
+        dims = (-1,) if self.qk_norm == "head" else (-2, -1)
+        y = y / torch.sqrt(y.pow(2).mean(dims, keepdim=True) + self.eps)
+        return y * (1.0 + w) if self.norm_kind == "rms_1p" else y * w
 
     def attend(self, l: int, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Per query head (q, k, v [n, s, h, dh], before rotary): (z [n, s, h, dh], pattern [n, h, s, s])."""
-        q, k = self.rotary(q), self.rotary(k)
+        q, k = self.rotary(q, l), self.rotary(k, l)
         scores = torch.einsum("nqhe,nkhe->nhqk", q, k) * self.attn_scale
         if self.attn_softcap:
             scores = self.attn_softcap * torch.tanh(scores / self.attn_softcap)
@@ -483,7 +630,8 @@ class Oracle:
         return torch.einsum("nhqk,nkhe->nqhe", pattern, v), pattern
 
     def mlp(self, l: int, resid: Tensor) -> Tensor:
-        """What MLP l adds when it reads `resid`: post2(mlp(norm2(resid))) (post2 only for Gemma 2)."""
+        """What MLP l adds when it reads `resid`: post2(mlp(norm2(resid))) (post2 only for Gemma 2 / 3 and OLMo 2;
+        OLMo 2 has no norm2)."""
         layer = self.layers[l]
         x = self.norm(resid, layer.norm2)
         if layer.W_gate is not None:
@@ -495,7 +643,8 @@ class Oracle:
         return self.norm(out, layer.post2) if layer.post2 is not None else out
 
     def attn_out(self, l: int, attn_pre_norm: Tensor) -> Tensor:
-        """What the attention of layer l adds given P = sum_h z_h W_O[h] + b_O: post1(P) (Gemma 2) or P."""
+        """What the attention of layer l adds given P = sum_h z_h W_O[h] + b_O: post1(P) (Gemma 2 / 3, OLMo 2)
+        or P."""
         post1 = self.layers[l].post1
         return self.norm(attn_pre_norm, post1) if post1 is not None else attn_pre_norm
 
@@ -506,8 +655,8 @@ class Oracle:
         logits [n, s, vocab] (after the final soft cap), embed [n, s, d], resid_final [n, s, d], and per
         layer lists: resid_pre, resid_mid (resid_pre + attn_out; in a parallel block not read by the MLP),
         mlp_in (the residual the MLP reads, before any Patch.mlp_in), q / k / v [n, s, H, dh] (per QUERY
-        head, before rotary; k / v copied from each head's KV head), pattern [n, H, s, s], z [n, s, H, dh],
-        attn_pre_norm (P), attn_out (post1(P) or P), mlp_out [n, s, d]."""
+        head, after any QK norm and before rotary; k / v copied from each head's KV head), pattern [n, H, s, s],
+        z [n, s, H, dh], attn_pre_norm (P), attn_out (post1(P) or P), mlp_out [n, s, d]."""
         patch = patch or Patch()
         self._check_patch(patch)
         tokens = torch.as_tensor(tokens, dtype=torch.long)

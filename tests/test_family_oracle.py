@@ -25,15 +25,18 @@ from torch.overrides import TorchFunctionMode
 from tests import family_models
 from tests.family_oracle import Oracle, Patch
 
+ALL_FAMILIES = family_models.FAMILIES + family_models.NEW_FAMILIES
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    **{f: (f, {}) for f in family_models.FAMILIES},
+    **{f: (f, {}) for f in ALL_FAMILIES},
     "llama-biases": ("llama", {"attention_bias": True, "mlp_bias": True}),
     "qwen2-sliding": ("qwen2", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 1}),
     "gemma2-bias": ("gemma2", {"attention_bias": True}),
     "neox-sequential": ("neox", {"use_parallel_residual": False}),
     "neox-odd-rotary": ("neox", {"hidden_size": 48}),  # d_head 12: int(12 * 0.25) = 3 rotary dims (HF rotates 4)
 }
-GQA = ("llama", "mistral", "qwen2", "gemma2")
+GQA = ("llama", "mistral", "qwen2", "gemma2", "qwen3", "olmo2", "gemma3", "llama3")
+QK_NORM = ("qwen3", "olmo2", "gemma3")  # per head, whole projection, per head with 1 + w
+ROTARY = tuple(v for v in VARIANTS if VARIANTS[v][0] != "gpt2")  # GPT-2 has learned positions
 SEQ = 13  # > every sliding window (6, 5): the windows cut
 
 
@@ -76,7 +79,7 @@ _ORACLE: dict[Path, Oracle] = {}
 def hf(path: Path, float64_mode: bool = True) -> torch.nn.Module:
     """The transformers model of `path` in float64, eager attention.  Weights are loaded outside Float64 (the
     mode must not touch loading: safetensors' frombuffer takes a dtype); with `float64_mode` its rotary
-    modules (whose inv_freq buffer stays float32 after a float64 load) are rebuilt inside it."""
+    modules (whose inv_freq buffers stay float32 after a float64 load) are rebuilt inside it."""
     key = path if float64_mode else path / "plain"
     if key not in _HF:
         cls = family_models._model_class(family(path))
@@ -88,7 +91,8 @@ def hf(path: Path, float64_mode: bool = True) -> torch.nn.Module:
                         new = type(mod)(model.config)
                     parent, _, leaf = name.rpartition(".")
                     setattr(model.get_submodule(parent), leaf, new)
-                    assert new.inv_freq.dtype == torch.float64
+                    freqs = [b for k, b in new.named_buffers() if k.endswith("inv_freq")]  # Gemma 3: one per type
+                    assert freqs and all(b.dtype == torch.float64 for b in freqs)
         _HF[key] = model
     return _HF[key]
 
@@ -117,26 +121,33 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def hf_modules(model: torch.nn.Module, fam: str) -> dict[str, Any]:
-    """The HF modules per family: blocks, o_proj (input = z heads concatenated), the module whose output is
-    what the MLP adds, the final norm, the pre-MLP norm (input = what the MLP reads), and the unembedding."""
+    """The HF modules per family: blocks, the pre-attention norm (None: OLMo 2 has none), o_proj (input = z heads
+    concatenated), the module whose output is what the MLP adds, the final norm, the module whose input is what
+    the MLP reads (the pre-MLP norm; OLMo 2: the MLP itself), and the post-attention norm (or None)."""
     if fam == "neox":
         blocks = list(model.gpt_neox.layers)
-        return {"blocks": blocks, "o": [b.attention.dense for b in blocks], "mlp": [b.mlp for b in blocks],
+        return {"blocks": blocks, "norm1": [b.input_layernorm for b in blocks],
+                "o": [b.attention.dense for b in blocks], "mlp": [b.mlp for b in blocks],
                 "norm2": [b.post_attention_layernorm for b in blocks], "post1": None,
                 "final": model.gpt_neox.final_layer_norm}
     if fam == "gpt2":
         blocks = list(model.transformer.h)
-        return {"blocks": blocks, "o": [b.attn.c_proj for b in blocks], "mlp": [b.mlp for b in blocks],
-                "norm2": [b.ln_2 for b in blocks], "post1": None, "final": model.transformer.ln_f}
+        return {"blocks": blocks, "norm1": [b.ln_1 for b in blocks], "o": [b.attn.c_proj for b in blocks],
+                "mlp": [b.mlp for b in blocks], "norm2": [b.ln_2 for b in blocks], "post1": None,
+                "final": model.transformer.ln_f}
     blocks = list(model.model.layers)
-    gemma = fam == "gemma2"
-    return {"blocks": blocks, "o": [b.self_attn.o_proj for b in blocks],
+    if fam == "olmo2":  # no pre-norms: h = x + post1(attn(x)); out = h + post2(mlp(h))
+        return {"blocks": blocks, "norm1": [None for _ in blocks], "o": [b.self_attn.o_proj for b in blocks],
+                "mlp": [b.post_feedforward_layernorm for b in blocks], "norm2": [b.mlp for b in blocks],
+                "post1": [b.post_attention_layernorm for b in blocks], "final": model.model.norm}
+    gemma = fam in family_models.GEMMA
+    return {"blocks": blocks, "norm1": [b.input_layernorm for b in blocks], "o": [b.self_attn.o_proj for b in blocks],
             "mlp": [b.post_feedforward_layernorm if gemma else b.mlp for b in blocks],
             "norm2": [b.pre_feedforward_layernorm if gemma else b.post_attention_layernorm for b in blocks],
             "post1": [b.post_attention_layernorm for b in blocks] if gemma else None, "final": model.model.norm}
 
 
-def hf_mlp_block(model: torch.nn.Module, fam: str, l: int, resid: torch.Tensor) -> torch.Tensor:
+def hf_mlp_block(model: Any, fam: str, l: int, resid: torch.Tensor) -> torch.Tensor:
     """What HF's block l MLP adds when it reads `resid` (its own norm / MLP / post-norm modules)."""
     if fam == "neox":
         b = model.gpt_neox.layers[l]
@@ -145,8 +156,10 @@ def hf_mlp_block(model: torch.nn.Module, fam: str, l: int, resid: torch.Tensor) 
         b = model.transformer.h[l]
         return b.mlp(b.ln_2(resid))
     b = model.model.layers[l]
-    if fam == "gemma2":
+    if fam in family_models.GEMMA:
         return b.post_feedforward_layernorm(b.mlp(b.pre_feedforward_layernorm(resid)))
+    if fam == "olmo2":
+        return b.post_feedforward_layernorm(b.mlp(resid))
     return b.mlp(b.post_attention_layernorm(resid))
 
 
@@ -244,7 +257,7 @@ def unembed_by_hand(path: Path, resid: torch.Tensor) -> torch.Tensor:
         return x @ W.T
     x = resid / torch.sqrt(resid.pow(2).mean(-1, keepdim=True) + cfg["rms_norm_eps"])
     w = sd["model.norm.weight"]
-    x = x * (1 + w) if fam == "gemma2" else x * w
+    x = x * (1 + w) if fam in family_models.GEMMA else x * w
     logits = x @ sd.get("lm_head.weight", sd["model.embed_tokens.weight"]).T
     cap = cfg.get("final_logit_softcapping")
     return cap * torch.tanh(logits / cap) if cap else logits
@@ -260,7 +273,7 @@ def json_config(path: Path) -> dict[str, Any]:
 
 
 def test_builders_are_deterministic_and_float32(tmp_path: Path) -> None:
-    for fam in family_models.FAMILIES:
+    for fam in ALL_FAMILIES:
         a = family_models.build(fam, tmp_path / f"{fam}-a")
         b = family_models.build(fam, tmp_path / f"{fam}-b")
         assert sorted(p.name for p in a.iterdir()) == ["config.json", "model.safetensors"]
@@ -268,24 +281,28 @@ def test_builders_are_deterministic_and_float32(tmp_path: Path) -> None:
         assert digest[0] == digest[1], fam
         sd = load_file(str(a / "model.safetensors"))
         assert {t.dtype for t in sd.values()} == {torch.float32}
-        for k, t in sd.items():  # norms and biases perturbed away from identity (1, or 0 for Gemma's 1 + w)
+        # norms (q_norm / k_norm too) and biases perturbed away from identity (1, or 0 for Gemma's 1 + w)
+        for k, t in sd.items():
             if k.endswith("bias") or "norm" in k or ".ln_" in k:
-                ident = 0.0 if fam == "gemma2" or k.endswith("bias") else 1.0
+                ident = 0.0 if fam in family_models.GEMMA or k.endswith("bias") else 1.0
                 assert (t - ident).abs().max() > 0.1, k
 
 
-@pytest.mark.parametrize("name", family_models.FAMILIES)
+@pytest.mark.parametrize("name", ALL_FAMILIES)
 def test_builders_exercise_the_features(model_dirs: dict[str, Path], name: str) -> None:
-    """Sharp attention, soft caps biting, sliding windows cutting (positions before the window agree)."""
+    """Sharp attention (with a QK norm too), soft caps biting, sliding windows cutting (positions before the window
+    agree), QK norms where the family has them."""
     o = oracle(model_dirs[name])
     r = o.run(BASE)
     for p in r["pattern"]:
         assert float(p[:, :, 3:].max(-1).values.mean()) > 0.5  # not near-uniform
     assert o.n_layers >= 2 and o.n_heads == 4
+    assert (o.qk_norm is not None) == (name in QK_NORM)
+    assert all((lay.q_norm is not None) == (lay.k_norm is not None) == (name in QK_NORM) for lay in o.layers)
     if o.final_softcap:
         pre = o.norm(r["resid_final"], o.norm_f) @ o.W_U
         assert float(pre.abs().max()) > 2 * o.final_softcap
-        q, k = o.rotary(r["q"][0]), o.rotary(r["k"][0])
+        q, k = o.rotary(r["q"][0], 0), o.rotary(r["k"][0], 0)
         scores = torch.einsum("nqhe,nkhe->nhqk", q, k) * o.attn_scale
         assert o.attn_softcap and float(scores.abs().max()) > 2 * o.attn_softcap
     windows = [w for w in o.windows if w is not None]
@@ -319,7 +336,7 @@ def test_oracle_matches_transformers(model_dirs: dict[str, Path], name: str) -> 
         assert close(r["mlp_in"][l], ref["mlp_in"][l], 1e-9), l
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma2", "neox"])
+@pytest.mark.parametrize("name", ["llama", "gemma2", "neox", "gemma3"])
 def test_float64_mode_only_removes_rounding(model_dirs: dict[str, Path], name: str) -> None:
     """The plain float64 HF model (float32 upcasts inside) agrees with the oracle at float32 precision."""
     path = model_dirs[name]
@@ -333,7 +350,21 @@ def _set_rotary(o: Oracle, dims: int, theta: float | None = None) -> None:
     o.set_rotary(dims, theta or float(o.config["rope_parameters"]["rope_theta"]))
 
 
-SLIDING = ("mistral", "gemma2", "qwen2-sliding")
+def _unscaled_rope(o: Oracle) -> None:
+    """Every layer's rope as the default formula of its own theta (drops linear / llama3 scaling)."""
+    rp = o.config["rope_parameters"]
+    thetas = ([rp["full_attention" if w is None else "sliding_attention"]["rope_theta"] for w in o.windows]
+              if "full_attention" in rp else [rp["rope_theta"]] * o.n_layers)
+    o.set_inv_freq([Oracle.rope_inv_freq({"rope_theta": t}, o.d_head) for t in thetas])
+
+
+def _set_layers(o: Oracle, **fields: Callable[[Any], Any]) -> None:
+    for lay in o.layers:
+        for k, f in fields.items():
+            setattr(lay, k, f(getattr(lay, k)))
+
+
+SLIDING = ("mistral", "gemma2", "qwen2-sliding", "gemma3")
 
 
 MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Oracle], None]]] = {
@@ -341,14 +372,21 @@ MUTATIONS: dict[str, tuple[tuple[str, ...], Callable[[Oracle], None]]] = {
     "window+1": (SLIDING, lambda o: setattr(o, "windows", [w and w + 1 for w in o.windows])),
     "window-1": (SLIDING, lambda o: setattr(o, "windows", [w and w - 1 for w in o.windows])),
     "kv-interleaved": (GQA, lambda o: setattr(o, "kv_of", torch.arange(o.n_heads) % o.n_kv_heads)),
-    "scale-1/sqrt(d_head)": (("gemma2",), lambda o: setattr(o, "attn_scale", o.d_head**-0.5)),
+    "scale-1/sqrt(d_head)": (("gemma2", "gemma3"), lambda o: setattr(o, "attn_scale", o.d_head**-0.5)),
     "no-attn-softcap": (("gemma2",), lambda o: setattr(o, "attn_softcap", None)),
     "no-final-softcap": (("gemma2",), lambda o: setattr(o, "final_softcap", None)),
-    "unscaled-embed": (("gemma2",), lambda o: setattr(o, "embed_scale", 1.0)),
+    "unscaled-embed": (("gemma2", "gemma3"), lambda o: setattr(o, "embed_scale", 1.0)),
     "sequential": (("neox",), lambda o: setattr(o, "parallel", False)),
     "full-rotary": (("neox",), lambda o: _set_rotary(o, o.d_head)),
     "even-rotary-floor": (("neox-odd-rotary",), lambda o: _set_rotary(o, 2)),
-    "theta-1e4": (("mistral", "qwen2"), lambda o: _set_rotary(o, o.d_head, theta=1e4)),
+    "theta-1e4": (("mistral", "qwen2", "qwen3"), lambda o: _set_rotary(o, o.d_head, theta=1e4)),
+    "no-qk-norm": (QK_NORM, lambda o: _set_layers(o, q_norm=lambda w: None, k_norm=lambda w: None)),
+    "qk-norm-other-scope": (("qwen3", "olmo2"),  # per head <-> over the whole projection
+                            lambda o: setattr(o, "qk_norm", "all" if o.qk_norm == "head" else "head")),
+    "qk-norm-w-not-1+w": (("gemma3",), lambda o: _set_layers(o, q_norm=lambda w: w - 1, k_norm=lambda w: w - 1)),
+    "no-post-norms": (("olmo2",), lambda o: _set_layers(o, post1=lambda n: None, post2=lambda n: None)),
+    "unscaled-rope": (("llama3", "gemma3"), _unscaled_rope),
+    "one-rope-for-all-layers": (("gemma3",), lambda o: o.set_inv_freq([o.layer_inv_freq[0]] * o.n_layers)),
 }
 
 
@@ -358,6 +396,113 @@ def test_comparison_detects_misread_architecture(model_dirs: dict[str, Path], na
     o = Oracle(path)
     MUTATIONS[mutation][1](o)
     assert rel_err(o.run(BASE)["logits"], hf_run(hf(path), family(path), BASE)["logits"]) > 1e-4
+
+
+def hf_rotary(model: torch.nn.Module) -> torch.nn.Module:
+    (rot,) = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    return rot
+
+
+def hf_inv_freq(rot: torch.nn.Module, config: Any, l: int) -> torch.Tensor:
+    """Layer l's inv_freq in a transformers rotary module (Gemma 3 keeps one per layer type)."""
+    types = getattr(config, "layer_types", None)
+    name = f"{types[l]}_inv_freq" if types is not None and hasattr(rot, f"{types[l]}_inv_freq") else "inv_freq"
+    freq: torch.Tensor = getattr(rot, name)
+    return freq
+
+
+@pytest.mark.parametrize("name", ROTARY)  # GPT-2 has no rotary
+def test_rope_frequencies_match_transformers(model_dirs: dict[str, Path], name: str) -> None:
+    """Each layer's inv_freq (default, linear, llama3; per layer type for Gemma 3) equals transformers' own
+    rotary module's, built in float64."""
+    path = model_dirs[name]
+    o, model = oracle(path), hf(path)
+    rot = hf_rotary(model)
+    for l in range(o.n_layers):
+        assert close(o.layer_inv_freq[l], hf_inv_freq(rot, model.config, l), 1e-14), l
+
+
+def test_scaled_ropes_are_exercised(model_dirs: dict[str, Path]) -> None:
+    """llama3: of the frequencies some are unchanged, some divided by the factor and some interpolated strictly
+    between; Gemma 3: sliding layers use theta 1e4 unscaled, full layers theta 1e6 divided by 8."""
+    o = oracle(model_dirs["llama3"])
+    rp = o.config["rope_parameters"]
+    ratio = o.inv_freq / Oracle.rope_inv_freq({"rope_theta": rp["rope_theta"]}, o.d_head)
+    f = rp["factor"]
+    kept, divided = (ratio - 1).abs() < 1e-14, (ratio - 1 / f).abs() < 1e-14
+    between = (ratio > 1 / f + 1e-3) & (ratio < 1 - 1e-3)
+    assert int(kept.sum()) >= 2 and int(divided.sum()) >= 2 and int(between.sum()) >= 2
+    assert bool((kept | divided | between).all())
+    g = oracle(model_dirs["gemma3"])
+    assert g.windows[0] is not None and g.windows[1] is None
+    for l, w in enumerate(g.windows):
+        want = (Oracle.rope_inv_freq({"rope_theta": 1e4}, g.d_head) if w is not None
+                else Oracle.rope_inv_freq({"rope_theta": 1e6}, g.d_head) / 8)
+        assert close(g.layer_inv_freq[l], want, 1e-15), l
+
+
+DROP = object()  # a config.json key to remove
+
+
+def with_config(src: Path, dst: Path, changes: dict[str, Any]) -> Path:
+    """A copy of the model directory `src` whose config.json has `changes` (DROP: the key removed)."""
+    import json
+    import shutil
+
+    dst.mkdir(parents=True)
+    shutil.copy(src / "model.safetensors", dst / "model.safetensors")
+    cfg = {**json_config(src), **changes}
+    (dst / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not DROP}))
+    return dst
+
+
+LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 256}
+LEGACY_ROPE: dict[str, dict[str, Any]] = {
+    "gemma3": {"rope_parameters": DROP, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+               "rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+    "llama3": {"rope_parameters": DROP, "rope_theta": 1e4, "rope_scaling": {"rope_type": "llama3", **LLAMA3_ROPE}},
+}
+
+
+@pytest.mark.parametrize("name", list(LEGACY_ROPE))
+def test_legacy_rope_keys_are_read_as_transformers_reads_them(model_dirs: dict[str, Path], tmp_path: Path,
+                                                             name: str) -> None:
+    """Older config.json forms (top-level rope_theta, rope_scaling, Gemma 3's rope_local_base_freq) give the same
+    frequencies in the oracle as the current form, and as transformers' rotary module built from that config."""
+    path = model_dirs[name]
+    legacy = with_config(path, tmp_path / name, LEGACY_ROPE[name])
+    old, new = Oracle(legacy), oracle(path)
+    config_class: Any = type(hf(path).config)
+    config = config_class.from_pretrained(str(legacy))
+    with Float64():
+        rot = type(hf_rotary(hf(path)))(config)
+    for l in range(new.n_layers):
+        assert close(old.layer_inv_freq[l], new.layer_inv_freq[l], 0.0), l
+        assert close(old.layer_inv_freq[l], hf_inv_freq(rot, config, l), 1e-14), l
+
+
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    ("llama3", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, "'dynamic' not impl"),
+    ("llama3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "'yarn' not impl"),
+    ("llama3", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, **LLAMA3_ROPE, "attention_factor": 2.0}},
+     "attention_factor"),
+    ("llama3", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0,
+                                    "partial_rotary_factor": 0.5}}, "partial rotary"),
+    ("gemma3", {"attn_logit_softcapping": 5.0}, "ignores it"),
+    ("gemma3", {"use_bidirectional_attention": True}, "bidirectional"),
+    ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                    "full_attention": {"rope_type": "longrope", "rope_theta": 1e6}}}, "'longrope'"),
+    ("gemma3", {"layer_types": ["sliding_attention", "chunked_attention", "sliding_attention"]}, "chunked"),
+    ("qwen3", {"model_type": "qwen2"}, "q_norm"),  # the QK-norm weights left over
+    ("qwen3", {"model_type": "olmo2"}, "post_feedforward_layernorm"),
+    ("olmo2", {"model_type": "qwen3"}, "input_layernorm"),
+]
+
+
+def test_unimplemented_configs_are_refused(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    for i, (name, changes, match) in enumerate(REFUSED):
+        with pytest.raises(ValueError, match=match):
+            Oracle(with_config(model_dirs[name], tmp_path / str(i), changes))
 
 
 # ---------------------------------------------------------------------------- patching: identities
@@ -423,6 +568,35 @@ def test_gqa_edge_changes_only_its_query_head(model_dirs: dict[str, Path], name:
 # ---------------------------------------------------------------------------- by hand
 
 
+@pytest.mark.parametrize("name", ["llama", *QK_NORM])
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_edge_into_a_head_input_through_transformers_modules(model_dirs: dict[str, Path], name: str,
+                                                            which: str) -> None:
+    """A -> B.x with transformers computing the receiver: a run whose layer-L x_proj output is replaced by
+    x_proj(norm1(resid_pre_L + D)) (every head's x reads r'; then HF's own QK norm, per head or over the whole
+    projection, rotary and attention) gives B's z'_B, as B's z depends only on q_B and its KV head's k / v; a
+    second run with only B's z replaced by it gives the logits the oracle's edge must give."""
+    path = model_dirs[name]
+    o, fam, model = oracle(path), family(path), hf(path)
+    L, B = o.n_layers - 1, 2
+    D = o.sender_delta(BASE, SOURCE, ("head", 0, 1))
+    base = hf_run(model, fam, BASE)
+    m = hf_modules(model, fam)
+    proj, norm1 = getattr(m["blocks"][L].self_attn, f"{which}_proj"), m["norm1"][L]
+    r_new = base["resid_pre"][L] + D
+    with Float64(), torch.no_grad():
+        x_new = proj(norm1(r_new) if norm1 is not None else r_new)
+    handle = proj.register_forward_hook(lambda mod, args, out: x_new)
+    try:
+        z_B = hf_run(model, fam, BASE)["z"][L][:, :, B]
+    finally:
+        handle.remove()
+    want = hf_run(model, fam, BASE, z_edit={(L, B): z_B})["logits"]
+    got = o.patched_logits(BASE, SOURCE, (("head", 0, 1), (which, L, B)))
+    assert close(got, want, 1e-9), rel_err(got, want)
+    assert rel_err(got, base["logits"]) > 1e-4
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_head_delta_and_edge_to_logits_by_hand(model_dirs: dict[str, Path], name: str) -> None:
     """D of a head from HF's own z (o_proj inputs) and the saved W_O; logits = final norm / unembedding /
@@ -432,7 +606,7 @@ def test_head_delta_and_edge_to_logits_by_hand(model_dirs: dict[str, Path], name
     base, src = hf_run(model, fam, BASE), hf_run(model, fam, SOURCE)
     for l, h in [(0, 1), (o.n_layers - 1, 3)]:
         dz = src["z"][l][:, :, h] - base["z"][l][:, :, h]
-        if o.post_norms:  # Gemma 2: D = post1(P + dz W_O[h]) - post1(P), with HF's own norm module
+        if o.post_norms:  # Gemma, OLMo 2: D = post1(P + dz W_O[h]) - post1(P), with HF's own norm module
             P = base["attn_pre_norm"][l]
             post1 = hf_modules(model, fam)["post1"][l]
             write = head_write_by_hand(path, l, h, dz)
@@ -448,10 +622,10 @@ def test_head_delta_and_edge_to_logits_by_hand(model_dirs: dict[str, Path], name
     assert close(o.patched_logits(BASE, None, (("embed",), ("logits",)), "zero"), want, 1e-9)
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gemma2-bias", "llama"])
+@pytest.mark.parametrize("name", ["gemma2", "gemma2-bias", "llama", "gemma3", "olmo2"])
 def test_head_groups_change_jointly_per_layer(model_dirs: dict[str, Path], name: str) -> None:
-    """Heads of one layer: one joint post1 call (not the sum of single-head changes, for Gemma 2); groups over
-    layers: the sum of per-layer changes."""
+    """Heads of one layer: one joint post1 call (not the sum of single-head changes, for Gemma 2 / 3 and OLMo 2);
+    groups over layers: the sum of per-layer changes."""
     path = model_dirs[name]
     o, fam, model = oracle(path), family(path), hf(path)
     base, src = hf_run(model, fam, BASE), hf_run(model, fam, SOURCE)
@@ -493,7 +667,7 @@ def test_paths_by_hand(model_dirs: dict[str, Path], name: str) -> None:
         assert close(o.patched_logits(BASE, SOURCE, (sender, ("mlp", m))), want, 1e-9), sender
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma2", "neox", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "gemma2", "neox", "gpt2", "olmo2"])
 def test_path_through_a_head_hop(model_dirs: dict[str, Path], name: str) -> None:
     """A -> L1H h.v -> logits: the hop's write change (via HF's post1 for Gemma) of z'_B, where z'_B is the z of
     the edge A -> L1H h.v's forward (Patch route)."""

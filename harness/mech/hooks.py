@@ -8,7 +8,7 @@ values, before W_O), replacing only that head's slice:
 
 * zero:     z_h <- 0                       (b_O is shared by all heads and kept)
 * mean:     z_h[n, p] <- mean_m z_h^ref[m, p]   per position over reference prompts
-            other than n (mech.reference.Reference; fixed length required)
+            other than n (mech.runs.reference.Reference; fixed length required)
 * resample: z_h[n, p] <- z_h^corrupted[n, p]    (the paired corrupted prompt)
 
 The head's output is then z_h W_O^h, so its contribution to every later
@@ -205,7 +205,7 @@ def for_architecture(bridge: Any, wanted: list[str]) -> list[str]:
     there is no hook_pos_embed (embed is the token embedding alone); with parallel blocks no
     resid_mid (an MLP reads resid_pre, which is cached instead); rotary models add the rotation
     (cos, sin) that attention recomputed by hand applies; a layer with a norm after its
-    attention adds its pre-norm attention sum wherever its z is cached (mech.writes)."""
+    attention adds its pre-norm attention sum wherever its z is cached (mech.edges.writes)."""
     arch = architecture.of(bridge)
     out: list[str] = []
     for name in dict.fromkeys(wanted):
@@ -326,7 +326,7 @@ def ablation_plan(heads: list[Head], kind: str, corrupted_z: dict[int, Float[Ten
 
     corrupted_z: {layer: z [n, seq, n_heads, d_head]} of the paired corrupted run (resample);
     mean_z: {layer: z [1 or n, seq, n_heads, d_head]}, the per-position means that replace
-    them (mean; mech.reference.Reference takes them over prompts other than the ablated ones).
+    them (mean; mech.runs.reference.Reference takes them over prompts other than the ablated ones).
     """
     if kind not in ABLATIONS:
         raise ValueError(f"unknown ablation {kind!r}; allowed: {', '.join(ABLATIONS)}")

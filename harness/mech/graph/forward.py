@@ -1,4 +1,4 @@
-"""Forward passes over a model's edge graph (mech.graph): every receiver reads its own input.
+"""Forward passes over a model's edge graph (mech.graph.structure): every receiver reads its own input.
 
 In the model each layer's heads and MLP read one shared residual stream.  Here every
 receiver v (a head's q, k or v input, an MLP's input, the logits) gets its own copy, so
@@ -20,7 +20,7 @@ residual before block 0.
 
 Each receiver's input is normalised and projected separately (a head input by its own
 head's W_Q, or the W_K / W_V of its key/value head with grouped-query attention); rotary
-positions, soft caps and sliding windows are applied as the model does (mech.torch_blocks,
+positions, soft caps and sliding windows are applied as the model does (mech.block.arith,
 held to the model's cached activations before use).  A norm after the attention (Gemma 2)
 makes a head's write depend on the other heads of its layer: such models are refused.
 
@@ -28,7 +28,7 @@ makes a head's write depend on the other heads of its layer: such models are ref
 prompts, the circuits stacked along the batch in chunks of a memory budget, and returns
 the metric of every (circuit, prompt).  `GraphModel.receiver_gradients` returns
 d(sum of the metric)/d(input_v) of every receiver at every position with every edge kept,
-from a given residual at the embedding (mech.attribution integrates it).
+from a given residual at the embedding (mech.graph.attribution integrates it).
 """
 
 from __future__ import annotations
@@ -39,24 +39,25 @@ from typing import Any
 
 import numpy as np
 
-from .. import cost, memory
-from ..errors import UnsupportedError
-from ..model import architecture
-from ..model.shape import vocab_out
-from ..spec import names
-from ..spec.names import hook_mlp_out, hook_resid_post, hook_resid_pre, hook_z
-from . import torch_blocks as blocks
-from . import torch_check, torch_weights, writes
-from .attention import rotate
-from .edge_sets import cache_names as block_cache_names
-from .graph import Graph
+from ... import cost, memory
+from ...errors import UnsupportedError
+from ...model import architecture
+from ...model.shape import vocab_out
+from ...spec import names
+from ...spec.names import hook_mlp_out, hook_resid_post, hook_resid_pre, hook_z
+from ..block import arith as blocks
+from ..block import fidelity, read
+from ..block.attention import rotate
+from ..edges import writes
+from ..edges.sets import cache_names as block_cache_names
+from .structure import Graph
 
 BUDGET = 256 * 2**20  # working memory of one chunk of rows (circuit x prompt)
 
 
 def cache_names(n_layers: int, has_mlp: bool) -> list[str]:
     """Hooks a base run caches for graph runs: every sender's activation (embed, z, MLP outputs)
-    and what mech.torch_check.check holds the arithmetic to."""
+    and what mech.block.fidelity.check holds the arithmetic to."""
     out = block_cache_names(n_layers)
     return out + ([hook_mlp_out(layer) for layer in range(n_layers)] if has_mlp else [])
 
@@ -175,7 +176,7 @@ class GraphModel:
 
     @classmethod
     def build(cls, bridge: Any, base: dict[str, Any], positions: Any) -> GraphModel:
-        """The checked arithmetic for a batch whose base run cached `cache_names` (mech.torch_check.check);
+        """The checked arithmetic for a batch whose base run cached `cache_names` (mech.block.fidelity.check);
         UnsupportedError for a model whose heads' writes are not separable (norms after the attention)."""
         arch = architecture.of(bridge)
         if arch.post_norms:
@@ -192,8 +193,8 @@ class GraphModel:
         import torch
 
         with torch.no_grad():
-            model, w = torch_weights.build(bridge, ref.dtype, ref.device, trimmed)
-            torch_check.check(model, w, trimmed)
+            model, w = read.build(bridge, ref.dtype, ref.device, trimmed)
+            fidelity.check(model, w, trimmed)
         if hook_resid_post(L - 1) not in trimmed:
             raise UnsupportedError("edge graph: the base run did not cache the final residual")
         return cls(Graph.of(bridge), model, arch, s, vocab_out(bridge.cfg))

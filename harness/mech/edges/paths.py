@@ -5,7 +5,7 @@ For a path  n0 -> n1 -> ... -> nm  (names.Path; m = 1 is an edge), a base run b
 and a source run s:
 
     D_0 = the change of n0's write when its members' activations are replaced
-          (mech.writes: sum of (z' - z) W_O over heads without post norms)
+          (mech.edges.writes: sum of (z' - z) W_O over heads without post norms)
     D_k = write_nk(input_b + D_{k-1}) - write_nk(input_b)     k = 1 .. m-1 (intermediate hops)
 
 where a hop reads the change only through its listed input and its own output
@@ -13,8 +13,8 @@ change goes only to the next hop (nothing else sees it):
 
 * a head input `LlHh.x`: x = norm1_l(resid_pre_l + D) W_x + b_x for head h alone, the
   other two of q/k/v from the base residual, then h's attention as the model computes
-  it (rotary, grouped keys and values, soft cap, sliding window: mech.attention); its
-  write z W_O[h], or inside the layer's post-attention norm (Gemma 2, mech.writes);
+  it (rotary, grouped keys and values, soft cap, sliding window: mech.block.attention); its
+  write z W_O[h], or inside the layer's post-attention norm (Gemma 2, mech.edges.writes);
 * an MLP `Ll.mlp`: MLP_l(norm2_l(resid_mid_l + D)) (it reads the residual after its
   layer's attention, so the heads of layer l can feed it), then its post norm where the
   model has one.  With parallel blocks (GPT-NeoX) the MLP reads the block's input,
@@ -28,7 +28,7 @@ into the residual stream: every later reader sees it in an ordinary forward pass
 from there (a head input: as patching.fast_plan; an MLP: its `hook_mlp_out` is
 replaced; `logits`: the final residual gets + D_{m-1}).  Everything else reads the
 base run.  Replacements: `resample` (the source run's activation), `mean` (the
-per-position mean over reference prompts, mech.reference.Reference), `zero`.
+per-position mean over reference prompts, mech.runs.reference.Reference), `zero`.
 
 The changes are computed in float64 from the base and source runs' caches, with
 the model's own norm and MLP modules; only the last hop runs inside a forward.
@@ -53,11 +53,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import UnsupportedError
-from ..model import architecture
-from ..model.devices import like, of, wide
-from ..spec import names
-from ..spec.names import (
+from ...errors import UnsupportedError
+from ...model import architecture
+from ...model.devices import like, of, wide
+from ...spec import names
+from ...spec.names import (
     HOOK_EMBED,
     HOOK_POS_EMBED,
     hook_mlp_out,
@@ -66,9 +66,10 @@ from ..spec.names import (
     hook_resid_pre,
     hook_z,
 )
-from ..spec.vocabulary import Replacement
-from . import attention, patching, writes
-from .hooks import Cache, Plan, cache_hooks, run_plan
+from ...spec.vocabulary import Replacement
+from ..block import attention
+from ..hooks import Cache, Plan, cache_hooks, run_plan
+from . import patching, writes
 
 if TYPE_CHECKING:
     from jaxtyping import Float
@@ -148,13 +149,13 @@ def node_output(bridge: Any, cache: Cache, node: names.Node) -> Residual:
 
 
 def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
-    """A sender's write (a group's: its members' joint write; mech.writes)."""
+    """A sender's write (a group's: its members' joint write; mech.edges.writes)."""
     return writes.output(bridge, cache, sender)
 
 
 def first_change(bridge: Any, base: Cache, source: Cache | None, sender: names.Sender, replacement: str,
                  means: dict[Any, Any] | None = None) -> Residual:
-    """D_0: the sender's replacement write minus its base write (mech.writes.sender_change)."""
+    """D_0: the sender's replacement write minus its base write (mech.edges.writes.sender_change)."""
     return writes.sender_change(bridge, base, source, sender, replacement, means)
 
 
@@ -176,7 +177,7 @@ def mlp_output(bridge: Any, layer: int, resid: Residual) -> Residual:
 
 def head_z(bridge: Any, receiver: names.HeadInput, resid_pre: Residual, changed: Residual, base: Cache) -> Any:
     """Head h's z when its input `receiver.which` reads `changed` and the other two read
-    `resid_pre` (its attention recomputed by hand, mech.attention; float64)."""
+    `resid_pre` (its attention recomputed by hand, mech.block.attention; float64)."""
     inputs = {w: changed if w == receiver.which else resid_pre for w in "qkv"}
     return attention.head_z(bridge, receiver.head, inputs, base)
 

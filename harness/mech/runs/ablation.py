@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import memory
-from ..model.shape import vocab_out
-from ..spec.names import Head, hook_z
-from .hooks import Plan, logits_bytes, run_from
+from ... import memory
+from ...model.shape import vocab_out
+from ...spec.names import Head, hook_z
+from ..hooks import Plan, logits_bytes, run_from
 
 DEFAULT_BUDGET = 64 * 2**20  # stacking saves per-forward overhead; larger stacks were not faster on a CPU
 

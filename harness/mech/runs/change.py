@@ -27,7 +27,7 @@ to the last scored one, or (last layer) the scored positions.  A path: the chang
 its first hop reads.
 Head ablation (each ablated head h):  Δ = out_h(replacement) - out_h(clean),
 with out_h = z_h W_O[h] (inside the layer's post-attention norm where the model has one:
-mech.writes) and the replacement of the ablation type (zero: -out_h),
+mech.edges.writes) and the replacement of the ablation type (zero: -out_h),
 over every position up to the last scored one (what any later reader may read),
 and, for the record, at the scored positions alone.  A change there that no
 reader's weights pick up is not detected here: it shows as an ablation type
@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from ..model.devices import wide
-from ..spec import names
-from ..spec.names import hook_mlp_out, hook_pattern, hook_z
-from ..spec.vocabulary import Ablation, Direction, Replacement
-from . import paths, writes
-from .runs import PerPrompt, Runs
+from ...model.devices import wide
+from ...spec import names
+from ...spec.names import hook_mlp_out, hook_pattern, hook_z
+from ...spec.vocabulary import Ablation, Direction, Replacement
+from ..edges import paths, writes
+from .cached import PerPrompt, Runs
 
 UP_TO_LAST = "every position up to the last scored one"
 

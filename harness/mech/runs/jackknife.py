@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .runs import Runs
+from .cached import Runs
 
 MIN_PROMPTS = 20  # prompts the replicates are measured on, at least
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ..model import architecture
-from ..spec import names
+from ...model import architecture
+from ...spec import names
 
 SENDER_KINDS = ("embed", "head", "mlp")
 RECEIVER_KINDS = ("q", "k", "v", "mlp", "logits")

@@ -34,7 +34,7 @@ Weight processing (`processing`):
             are left as they are.
 
 The scores, their rotation null and the context numbers are computed in
-factored form by mech.factored (and mech.rotation_null); this module holds the
+factored form by mech.weights.factored (and mech.weights.null); this module holds the
 weights they start from and the record they produce.
 
 Monte Carlo resolution: the smallest attainable p is 1/(1 + n_draws), so with
@@ -46,7 +46,7 @@ recorded per pair.
 
 A route stands out (`stands_out`) when its score is at least `min_ratio` times the median
 of its peers' scores, the peers being every other earlier head's route into the same
-receiver input (mech.factored.peers):
+receiver input (mech.weights.factored.peers):
 
     peer_ratio = C / median(C_peers) >= min_ratio
 
@@ -75,12 +75,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..evidence.details import Num, Record, optional
-from ..model import architecture
-from ..model.shape import vocab_out
-from ..spec.vocabulary import MODES
-from ..spec.vocabulary import WEIGHT_PROCESSING as PROCESSING
-from ..threads import single_threaded
+from ...evidence.details import Num, Record, optional
+from ...model import architecture
+from ...model.shape import vocab_out
+from ...spec.vocabulary import MODES
+from ...spec.vocabulary import WEIGHT_PROCESSING as PROCESSING
+from ...threads import single_threaded
 
 __all__ = ["MODES", "PROCESSING", "HeadWeights", "head_weights", "copying_score", "CopyingScore",
            "CompositionResult", "draws_needed"]
@@ -96,11 +96,11 @@ class HeadWeights:
     W_O [L, H, dh, d].  The vocabulary matrices W_E [vocab, d] and W_U [d, vocab] are read
     only when asked for: whole on first use of `W_E` / `W_U` (copying scores; a 50k
     vocabulary makes them 300 MB each in float64), or in blocks of VOCAB_CHUNK tokens by
-    `vocab_products` (mech.explain's token readouts), which never holds more than a block.
+    `vocab_products` (mech.weights.explain's token readouts), which never holds more than a block.
     W_pos [n_ctx, d] is None for a model without learned absolute positions.  Under grouped-query
     attention W_K and W_V are each query head's key/value head's (repeated over its group), so
     every stack is per query head.  `rotary`: the model rotates q and k by position (Q- and
-    K-composition are one-sided, mech.factored)."""
+    K-composition are one-sided, mech.weights.factored)."""
 
     W_Q: Any
     W_K: Any

@@ -3,13 +3,13 @@
 Only the receiver sees the sender's changed write; every other reader sees the
 base run.  For a receiver head B (query head b of layer L) and input x in {q, k, v}:
 
-    r'   = resid_pre_L(base) + D                     (D: the sender's change of write, mech.writes)
+    r'   = resid_pre_L(base) + D                     (D: the sender's change of write, mech.edges.writes)
     x_B' = norm1_L(r') W_x + b_x                     (the norm recomputed on r'; W_x, b_x of query
                                                       head b for q, of its key/value head for k, v)
 
 then B's attention as the model computes it: rotary positions rotate q and k after
 the projection at B's own positions, the scale, soft cap and (sliding-window) causal
-mask of layer L apply (mech.attention).  Only head B's input changes: under
+mask of layer L apply (mech.block.attention).  Only head B's input changes: under
 grouped-query attention the other query heads of B's key/value group keep reading
 the base keys and values.  For `-> logits` the final residual gets the change:
 logits' = out(ln_final(resid_final + D)), with the model's output transform (a soft
@@ -23,7 +23,7 @@ Directions:
 * denoising (base = corrupted, replacement from the clean run): sufficiency.
 Replacement (noising only for mean and zero): `resample` = the other run's
 activation (default), `mean` = the sender's activation averaged per position over
-reference prompts other than the patched one (mech.reference.Reference), `zero` = 0.
+reference prompts other than the patched one (mech.runs.reference.Reference), `zero` = 0.
 
 `fast_plan` hooks the receiver's own slice of q/k/v where the model has one (the
 model then rotates and attends); for a shared key/value head it sets the receiver's z
@@ -43,13 +43,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import UnsupportedError
-from ..model import architecture
-from ..model.devices import like, of, wide
-from ..spec import names
-from ..spec.names import hook_input, hook_pattern, hook_resid_post, hook_resid_pre, hook_z
-from . import attention, writes
-from .hooks import Cache, Plan, output_transform, run_plan
+from ...errors import UnsupportedError
+from ...model import architecture
+from ...model.devices import like, of, wide
+from ...spec import names
+from ...spec.names import hook_input, hook_pattern, hook_resid_post, hook_resid_pre, hook_z
+from ..block import attention
+from ..hooks import Cache, Plan, output_transform, run_plan
+from . import writes
 
 if TYPE_CHECKING:
     from jaxtyping import Float
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 
 def cache_names(edges: list[names.Edge], n_layers: int) -> list[str]:
     """Hooks to cache in both runs for these edges (a head or embed into a head input or
-    logits; MLP ends and groups of senders are mech.paths's).  hooks.cache_hooks adapts the
+    logits; MLP ends and groups of senders are mech.edges.paths's).  hooks.cache_hooks adapts the
     list to the architecture (the rotation, post-norm sums, no learned positions)."""
     out = []
     for e in edges:
@@ -92,7 +93,7 @@ def receiver_residual(bridge: Any, base: Cache, receiver: names.Receiver) -> Res
 
 
 def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
-    """The sender's write into the residual stream [n, pos, d_model] (float64; mech.writes)."""
+    """The sender's write into the residual stream [n, pos, d_model] (float64; mech.edges.writes)."""
     return writes.output(bridge, cache, sender)
 
 
@@ -122,7 +123,7 @@ class EdgePatch:
 
 def prepare(bridge: Any, edge: names.Edge, base: Cache, source: Cache | None, replacement: str,
             means: dict[Any, Any] | None = None) -> EdgePatch:
-    """r' = (the receiver's base residual) + D, D the sender's change of write (mech.writes);
+    """r' = (the receiver's base residual) + D, D the sender's change of write (mech.edges.writes);
     `means`: per member, the reference mean activation (mean replacement)."""
     change = writes.sender_change(bridge, base, source, edge.sender, replacement, means)
     resid = receiver_residual(bridge, base, edge.receiver)
@@ -142,7 +143,7 @@ def final_logits(bridge: Any, resid: Residual) -> Any:
 def fast_plan(bridge: Any, patch: EdgePatch, base: Cache | None = None) -> Plan:
     """Hooks that apply the patch: the receiver's q/k/v slice of `blocks.L.attn.hook_x` where the
     model has one for that query head alone (q always; k and v unless the key/value head is
-    shared), else the receiver's z, from its attention recomputed by hand (mech.attention; this
+    shared), else the receiver's z, from its attention recomputed by hand (mech.block.attention; this
     needs the `base` run); `-> logits`: the final residual."""
     plan = Plan()
     r = patch.edge.receiver
@@ -209,7 +210,7 @@ def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: Cache) -> Floa
 
     q, k, v of head B are computed from norm1 of the base residual, except the patched
     input, computed from norm1 of the patched residual; then rotation, scale, soft cap, the
-    causal (and sliding-window) mask and the softmax as the model does (mech.attention).
+    causal (and sliding-window) mask and the softmax as the model does (mech.block.attention).
     For `-> logits`, the final norm, the unembedding and the output transform are applied
     by hand to the patched final residual.
     """

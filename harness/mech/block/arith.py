@@ -1,5 +1,5 @@
 """The model's arithmetic written out in torch, for the batched edge sweep
-(mech.batched_edges): norms (LayerNorm, RMSNorm), dense layers with their activations
+(mech.edges.batched): norms (LayerNorm, RMSNorm), dense layers with their activations
 (oneDNN's fused linear on the CPU in float32), plain and gated MLPs, attention (rotary
 positions, grouped key/value heads, soft caps, sliding windows: the features of
 model.architecture), sequential and parallel blocks with or without norms after each
@@ -15,8 +15,8 @@ after the sublayers where the model has them (else the identity):
     parallel:   post = x + post1(P(norm1(x))) + post2(MLP(norm2(x)))
 
 This module is the arithmetic; `mech.torch_weights.build` reads a bridge's weights into
-these pieces, and `mech.torch_check.check` holds them to the model's own modules and cached
-activations.  Imports: mech.attention (torch lazily).
+these pieces, and `mech.block.fidelity.check` holds them to the model's own modules and cached
+activations.  Imports: mech.block.attention (torch lazily).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def gelu_tanh(x: Any) -> Any:
 
 
 def tracked(x: Any) -> bool:
-    """Whether autograd records operations on x (mech.attribution differentiates through these
+    """Whether autograd records operations on x (mech.graph.attribution differentiates through these
     functions; in-place steps and oneDNN's fused linear are then avoided)."""
     import torch
 

@@ -6,16 +6,16 @@ per prompt on each.  Every intervention starts from these caches:
   (hooks.ablation_plan), optionally with every attention pattern frozen;
 * `patched(edge, direction, replacement)`: exact edge patching
   (patching.prepare / fast_plan, run by Runs.run) in the given direction; paths,
-  MLP ends and groups of senders through mech.paths.
+  MLP ends and groups of senders through mech.edges.paths.
 
 Each returns the metric per prompt (numpy, float64).  A `Runs` is for one
 corruption (`corrupt`, `m_corrupt`); `with_corruption(name)` gives the view
 for another.
 
-Means (mean ablation, mean replacement) come from a `Reference` (mech.reference):
+Means (mean ablation, mean replacement) come from a `Reference` (mech.runs.reference):
 per position, over reference prompts other than the one being intervened on.
 `drop=k` leaves out the k-th of its groups as well (the delete-a-group jackknife;
-claims.effects, mech.jackknife).
+claims.effects, mech.runs.jackknife).
 
 `prompts(lo, hi)` is the same runs on a range of their prompts (views); every
 ablation and edge patch runs over chunks of them sized by the memory budget
@@ -30,26 +30,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .. import memory
-from ..data.dataset import Dataset
-from ..errors import UnsupportedError
-from ..model import architecture, shape
-from ..progress import progress
-from ..spec import names
-from ..spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
-from ..spec.vocabulary import Ablation, Direction, Replacement
-from . import (
-    attribution,
-    batched_ablation,
-    batched_edges,
-    graph_patches,
-    graph_run,
-    hooks,
-    patching,
-    paths,
-    writes,
-)
-from .hooks import Cache
+from ... import memory
+from ...data.dataset import Dataset
+from ...errors import UnsupportedError
+from ...model import architecture, shape
+from ...progress import progress
+from ...spec import names
+from ...spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
+from ...spec.vocabulary import Ablation, Direction, Replacement
+from .. import hooks
+from ..edges import batched, patching, paths, writes
+from ..graph import attribution, forward, patches
+from ..hooks import Cache
+from . import ablation
 from .reference import Lazy, Reference
 
 if TYPE_CHECKING:
@@ -60,7 +53,7 @@ PerPrompt = np.ndarray  # float64 [n_prompts]: the metric (or a change of it) pr
 
 
 def part_key(metric: str) -> str:
-    """Where a base run keeps another metric's values per prompt (mech.base_runs `parts`)."""
+    """Where a base run keeps another metric's values per prompt (mech.runs.build `parts`)."""
     return f"metric:{metric}"
 
 
@@ -89,7 +82,7 @@ class Runs:
     metric_rows: Callable[[Any, Any], Any] | None = None
     graph_source: Lazy = field(default_factory=lambda: Lazy(None))  # the edge-graph arithmetic, made on first use
     graph_probe: Lazy = field(default_factory=lambda: Lazy(None))  # a run of the first prompts caching every write
-    #: the batched edge path's checked arithmetic (batched_edges.checked_model, or the UnsupportedError its check
+    #: the batched edge path's checked arithmetic (batched.checked_model, or the UnsupportedError its check
     #: raised), made on first use and shared by every view: prompt chunks do not build and check it again
     edge_source: Lazy = field(default_factory=lambda: Lazy(None))
     #: (dataset, clean log-probabilities, metric name or None for these runs') -> (metric, metric_at, metric_rows) of
@@ -198,7 +191,7 @@ class Runs:
 
     def mean_activations(self, sender: names.Sender, drop: int | None = None) -> dict[Any, Any]:
         """Each of the sender's members' activations averaged per position over the reference
-        prompts (mech.writes.reference_means)."""
+        prompts (mech.edges.writes.reference_means)."""
         return writes.reference_means(self.bridge, self.reference, sender, drop)
 
     def run(self, tokens: Any, base: Cache, plan: hooks.Plan, freeze: bool = False) -> PerPrompt:
@@ -249,7 +242,7 @@ class Runs:
     def ablated_many(self, head_sets: Sequence[Sequence[names.Unit]], kind: str,
                      drops: Sequence[int | None] | None = None) -> list[PerPrompt]:
         """`ablated(head_sets[v], kind, drop=drops[v])` for every v, the variants stacked along the
-        batch (mech.batched_ablation; heads only) when the runs allow it, else one by one."""
+        batch (mech.runs.ablation; heads only) when the runs allow it, else one by one."""
         drops = list(drops) if drops is not None else [None] * len(head_sets)
         todo = [v for v, (hs, dr) in enumerate(zip(head_sets, drops, strict=True))
                 if self._key(hs, kind, False, dr) not in self.memo and hs
@@ -264,10 +257,10 @@ class Runs:
         key = hook_resid_pre(start)
         if todo and self.metric_at is not None and hooks.can_start_inside(self.bridge, self.clean, start,
                                                                           self.ds.positions):
-            variants = [batched_ablation.Variant(_heads(head_sets[v]), self._sources(_heads(head_sets[v]), kind,
+            variants = [ablation.Variant(_heads(head_sets[v]), self._sources(_heads(head_sets[v]), kind,
                                                                                      drops[v]))
                         for v in todo]
-            got = batched_ablation.ablated_metrics(self.bridge, self.clean[key], start, self.ds.positions, variants,
+            got = ablation.ablated_metrics(self.bridge, self.clean[key], start, self.ds.positions, variants,
                                                    self.metric_at, rotation=hooks.rotation(self.clean))
             for v, m in zip(todo, got, strict=True):
                 self.memo[self._key(head_sets[v], kind, False, drops[v])] = m
@@ -291,8 +284,8 @@ class Runs:
         """Metric with `edge` patched: noising runs the clean prompts with the sender's
         replacement output (resample: from the corrupted run) where the receiver reads it;
         denoising runs the corrupted prompts with the clean output there.  A path (or an
-        edge with an MLP end or a group of senders) is patched by mech.paths; a one-hop
-        path is its edge; all routes: mech.paths.AllRoutes."""
+        edge with an MLP end or a group of senders) is patched by mech.edges.paths; a one-hop
+        path is its edge; all routes: mech.edges.paths.AllRoutes."""
         if isinstance(edge, names.Path) and edge.as_edge is not None:
             edge = edge.as_edge
         key = self.edge_key(edge, direction, replacement, freeze, drop)
@@ -317,7 +310,7 @@ class Runs:
     def patched_many(self, edges: Sequence[names.Edge], direction: str, replacement: str,
                      budget: int | None = None, progress: Callable[..., Any] | None = None) -> list[PerPrompt]:
         """`patched(e, direction, replacement)` for every edge, through the batched path
-        (mech.batched_edges: many edges per pass, from each receiver's layer, chunks of `budget`
+        (mech.edges.batched: many edges per pass, from each receiver's layer, chunks of `budget`
         bytes) when the base runs cached what it reads and the replacement is resample or zero;
         else one by one."""
         todo = list(dict.fromkeys(e for e in edges if self.edge_key(e, direction, replacement, False, None)
@@ -329,9 +322,9 @@ class Runs:
                 self.memo[self.edge_key(e, direction, replacement, False, None)] = m
             todo = []
         if len(todo) > 1:
-            batched_edges.patch_into(self, todo, direction, replacement,
+            batched.patch_into(self, todo, direction, replacement,
                                      memory.working(BATCH_BUDGET) if budget is None else budget, progress)
-        graph_patches.patch_mlp_ends(self, edges, direction, replacement)
+        patches.patch_mlp_ends(self, edges, direction, replacement)
         return [self.patched(e, direction, replacement) for e in edges]
 
     def edge_key(self, edge: paths.Route, direction: str, replacement: str, freeze: bool,
@@ -356,7 +349,7 @@ class Runs:
         memory.release()
 
     def edge_blocks(self) -> Any:
-        """The batched edge path's arithmetic (batched_edges.checked_model), checked on the clean run
+        """The batched edge path's arithmetic (batched.checked_model), checked on the clean run
         when it cached every layer's residual, else on the run of the first prompts that did; made
         once for every view of these runs (UnsupportedError, every time, where the check failed)."""
         got = self.edge_source.get()
@@ -368,22 +361,22 @@ class Runs:
         every = [hook_resid_pre(layer) for layer in range(self.n_layers)]
         check = self.clean if all(n in self.clean for n in every) else self.graph_probe.get()
         try:
-            return batched_edges.checked_model(self.bridge, check)
+            return batched.checked_model(self.bridge, check)
         except UnsupportedError as exc:
             return exc
 
-    def graph_model(self) -> graph_run.GraphModel:
-        """The model's arithmetic with one input per receiver (mech.graph_run), checked on the clean run
+    def graph_model(self) -> forward.GraphModel:
+        """The model's arithmetic with one input per receiver (mech.graph.forward), checked on the clean run
         (or, when the base runs did not cache every sender's write, on a run of the first prompts that
         does: `graph_check`)."""
         gm = self.graph_source.get()
         if gm is None:
             raise ValueError("these runs were not built for edge circuits")
-        return cast(graph_run.GraphModel, gm)
+        return cast(forward.GraphModel, gm)
 
     def has_writes(self, run: Cache) -> bool:
         """Whether `run` cached every sender's write (what whole-graph forwards read)."""
-        names_ = graph_run.cache_names(self.n_layers, architecture.of(self.bridge).has_mlp)
+        names_ = forward.cache_names(self.n_layers, architecture.of(self.bridge).has_mlp)
         return all(n in run for n in hooks.for_architecture(self.bridge, names_))
 
     def graph_check(self) -> tuple[Cache, int]:
@@ -395,19 +388,19 @@ class Runs:
         probe = self.graph_probe.get()
         return probe, int(probe[hook_resid_pre(0)].shape[0])
 
-    def writes(self, run: Cache, layers: set[int] | None = None) -> graph_run.Writes:
-        """Every sender's write in `run` (mech.graph_run.run_writes), at the positions the graph computes;
+    def writes(self, run: Cache, layers: set[int] | None = None) -> forward.Writes:
+        """Every sender's write in `run` (mech.graph.forward.run_writes), at the positions the graph computes;
         with `layers`, embed's and those of the senders in these layers only."""
         gm = self.graph_model()
         if layers is None and not self.has_writes(run):
             raise ValueError("these base runs did not cache every sender's write (a whole-graph forward reads them)")
-        return graph_run.run_writes(self.bridge, run, gm.s, run[names.HOOK_EMBED].dtype, layers)
+        return forward.run_writes(self.bridge, run, gm.s, run[names.HOOK_EMBED].dtype, layers)
 
-    def mean_writes(self, drop: int | None = None) -> graph_run.Writes:
+    def mean_writes(self, drop: int | None = None) -> forward.Writes:
         """Every sender's per-position mean write over the reference prompts (see Reference.mean)."""
         ref, s = self.reference, self.graph_model().s
-        ref_writes = graph_run.run_writes(self.bridge, ref.cache, s, ref.cache[hook_z(0)].dtype)
-        return graph_run.Writes(ref.mean(ref_writes.embed, drop), [ref.mean(z, drop) for z in ref_writes.z],
+        ref_writes = forward.run_writes(self.bridge, ref.cache, s, ref.cache[hook_z(0)].dtype)
+        return forward.Writes(ref.mean(ref_writes.embed, drop), [ref.mean(z, drop) for z in ref_writes.z],
                                 [None if m is None else ref.mean(m, drop) for m in ref_writes.mlp])
 
     def edge_scores(self, method: str, *, steps: int = 5, direction: str = Direction.NOISING,
@@ -415,7 +408,7 @@ class Runs:
                     progress: Callable[..., Any] | None = None, resamples: np.ndarray | None = None
                     ) -> attribution.Scores:
         """The attribution score of every edge between this clean run and this corruption's run
-        (mech.attribution.edge_scores, its formulas and sign convention; `resamples`: prompt weights)."""
+        (mech.graph.attribution.edge_scores, its formulas and sign convention; `resamples`: prompt weights)."""
         return attribution.edge_scores(self.graph_model(), self.writes(self.clean), self.writes(self.corrupt),
                                        self.ds.positions, self.rows_metric, method=method, steps=steps,
                                        direction=direction, wanted=wanted, batch=batch, progress=progress,
@@ -424,7 +417,7 @@ class Runs:
     def edge_prompt_scores(self, edge: names.Edge, method: str, *, steps: int = 5,
                            batch: int | None = None) -> np.ndarray:
         """[n]: one edge's noising attribution score per prompt, from the gradient at its receiver alone
-        (mech.attribution.edge_prompt_scores: `steps` forwards and backwards to the receiver's layer)."""
+        (mech.graph.attribution.edge_prompt_scores: `steps` forwards and backwards to the receiver's layer)."""
         if isinstance(edge.sender, names.Group):
             raise ValueError(f"{edge}: an attribution score is of one sender")
         gm = self.graph_model()
@@ -436,10 +429,10 @@ class Runs:
                                               method=method, steps=steps, batch=batch)
 
     def edge_circuits(self, masks: Sequence[np.ndarray], kind: str, drop: int | None = None) -> list[PerPrompt]:
-        """Metric of the clean prompts keeping only each mask's edges ([senders, receivers] bool, mech.graph),
+        """Metric of the clean prompts keeping only each mask's edges ([senders, receivers] bool, mech.graph.structure),
         every other edge carrying `kind`'s replacement (resample: this corruption's run; mean: the
         reference means, group `drop` left out; zero); each distinct circuit computed once per run."""
-        return graph_patches.circuit_metrics(self, masks, kind, drop)
+        return patches.circuit_metrics(self, masks, kind, drop)
 
 
 def _heads(units: Sequence[names.Unit]) -> list[names.Head]:

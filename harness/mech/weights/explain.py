@@ -9,9 +9,9 @@ W_V W_O (.v).  The route is the product
 
     P = X Y          (Y^T X^T, i.e. "Y X", in the column convention)
 
-and C = ||P||_F / (||X||_F ||Y||_F) (mech.weights).
+and C = ||P||_F / (||X||_F ||Y||_F) (mech.weights.scores).
 
-**Singular directions, in factored form** (mech.factored): X = Q_v core_X and
+**Singular directions, in factored form** (mech.weights.factored): X = Q_v core_X and
 Y = core_Y Q_b^T, so P = Q_v M Q_b^T with the r x r matrix M = core_X core_Y
 (r = d_head).  With M = U S V^T, P = (Q_v U) S (Q_b V)^T: P's nonzero singular values
 sigma_i are M's, its left singular vectors a_i = Q_v u_i (the sender-input direction:
@@ -42,7 +42,7 @@ computed as scipy.linalg.subspace_angles does: arccos of the cosines, arcsin of 
 sines (singular values of the part of one basis outside the other) where
 cos^2 >= 1/2, so small angles are accurate too.
 
-**Null.** The rotation null of the composition score (mech.rotation_null) keeps both
+**Null.** The rotation null of the composition score (mech.weights.null) keeps both
 spectra and draws their relative orientation: G becomes F, the top-left r x r block of
 a Haar matrix of dimension null_dim, and M becomes S_x F S_y.  The same statistics
 (shares, normalised singular values sigma_i / (||X|| ||Y||), principal angles: the
@@ -53,7 +53,7 @@ p = (1 + #{null share_1 >= share_1}) / (1 + draws); n_aligned counts the angles 
 the null interval of the angle of the same rank.
 
 **Readouts** (the direct path: what a direction means for the embeddings, ignoring
-earlier layers), with the embeddings processed as the scores are (mech.weights:
+earlier layers), with the embeddings processed as the scores are (mech.weights.scores:
 centred when LayerNorm is folded, which is what a LayerNorm reader sees; a_i is
 orthogonal to the all-ones direction then, so centring does not change a load):
 
@@ -87,14 +87,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import memory
-from ..evidence.details import Explained, ExplainedDirection, TokenLoad
-from ..spec.names import Head, HeadInput
-from ..streams import Stream, derive_seed
-from ..threads import single_threaded
+from ... import memory
+from ...evidence.details import Explained, ExplainedDirection, TokenLoad
+from ...spec.names import Head, HeadInput
+from ...streams import Stream, derive_seed
+from ...threads import single_threaded
 from .factored import receiver_factors, spectrum_rank
-from .rotation_null import CHUNK, TOL, haar_blocks
-from .weights import HeadWeights
+from .null import CHUNK, TOL, haar_blocks
+from .scores import HeadWeights
 
 RANK_TOL = 1e-10  # singular values below this times the largest (for P: times ||X|| ||Y||) count as zero
 TIE_TOL = 1e-6  # singular values within this times the largest are equal (multiplicity)

@@ -30,11 +30,11 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import UnsupportedError
-from ..model import architecture
-from ..model.devices import of, wide
-from ..spec import names
-from ..spec.names import HOOK_ROT_COS, HOOK_ROT_SIN, hook_resid_pre, hook_z
+from ...errors import UnsupportedError
+from ...model import architecture
+from ...model.devices import of, wide
+from ...spec import names
+from ...spec.names import HOOK_ROT_COS, HOOK_ROT_SIN, hook_resid_pre, hook_z
 
 if TYPE_CHECKING:
     from jaxtyping import Float

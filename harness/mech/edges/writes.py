@@ -24,7 +24,7 @@ own write in the base run is what it adds compared with not being there at all:
 out = D(a -> 0) negated, which is z_h W_O[h] without post norms.
 
 Replacement activations: `resample` = the source run's, `mean` = a per-position mean
-over reference prompts (mech.reference.Reference), `zero` = 0.  Everything is float64 on the
+over reference prompts (mech.runs.reference.Reference), `zero` = 0.  Everything is float64 on the
 activations' device.
 """
 
@@ -33,12 +33,12 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any, cast
 
-from ..model import architecture
-from ..model.devices import of, wide
-from ..spec import names
-from ..spec.names import HOOK_EMBED, HOOK_POS_EMBED, hook_attn_sum, hook_mlp_out, hook_z
-from ..spec.vocabulary import REPLACEMENTS, Replacement
-from .attention import _layer_weight, apply_norm
+from ...model import architecture
+from ...model.devices import of, wide
+from ...spec import names
+from ...spec.names import HOOK_EMBED, HOOK_POS_EMBED, hook_attn_sum, hook_mlp_out, hook_z
+from ...spec.vocabulary import REPLACEMENTS, Replacement
+from ..block.attention import _layer_weight, apply_norm
 
 if TYPE_CHECKING:
     from jaxtyping import Float
@@ -155,5 +155,5 @@ def sender_change(bridge: Any, base: Cache, source: Cache | None, sender: names.
 
 def reference_means(bridge: Any, reference: Any, sender: names.Sender, drop: int | None = None) -> dict[Member, Any]:
     """Each member's per-position mean activation over the reference prompts
-    (mech.reference.Reference.mean: each prompt left out of its own mean when they are the clean ones)."""
+    (mech.runs.reference.Reference.mean: each prompt left out of its own mean when they are the clean ones)."""
     return {m: reference.mean(activation(bridge, reference.cache, m), drop) for m in members(sender)}

@@ -1,11 +1,11 @@
-"""A bridge's weights read into the torch arithmetic of mech.torch_blocks.
+"""A bridge's weights read into the torch arithmetic of mech.block.arith.
 
 `build(bridge, dtype, device, base)` reads every block (norm1's affine folded into the
 projections after it: norm(x) W + b = standardize(x) (diag(w_norm) W) + (b_norm W + b)),
 ln_final and the unembedding, in the activations' dtype and on their device, unchecked (see
-mech.torch_check).  `build_layer(w, L, torch_ln1, torch_mlp)` rebuilds one block with the model's
+mech.block.fidelity).  `build_layer(w, L, torch_ln1, torch_mlp)` rebuilds one block with the model's
 own norm1 or MLP module where the torch version does not reproduce it.
-Imports: mech.torch_blocks, mech.hooks, model.architecture, spec.names (torch lazily).
+Imports: mech.block.arith, mech.hooks, model.architecture, spec.names (torch lazily).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UnsupportedError
-from ..model import architecture
-from ..spec.names import HOOK_ROT_COS, HOOK_ROT_SIN
-from .hooks import output_transform
-from .torch_blocks import Dense, Layer, Model, Norm, activation, dnn_ok, fold, tracked
+from ...errors import UnsupportedError
+from ...model import architecture
+from ...spec.names import HOOK_ROT_COS, HOOK_ROT_SIN
+from ..hooks import output_transform
+from .arith import Dense, Layer, Model, Norm, activation, dnn_ok, fold, tracked
 
 
 def through(module: Any) -> Callable[..., Any]:

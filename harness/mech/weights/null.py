@@ -55,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from ..streams import Stream, derive_seed
-from ..threads import single_threaded
+from ...streams import Stream, derive_seed
+from ...threads import single_threaded
 
 CHUNK = 1000  # draws per seeded chunk
 PAIRS = 128  # pairs per contraction in SharedNull.pair_samples

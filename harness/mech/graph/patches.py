@@ -1,6 +1,6 @@
-"""Through the edge graph (mech.graph_run), many at a time: edges with an MLP end, patched
+"""Through the edge graph (mech.graph.forward), many at a time: edges with an MLP end, patched
 together instead of one forward each (what Runs.patched_many does for the edges the batched
-head path, mech.batched_edges, does not take), and edge circuits (Runs.edge_circuits)."""
+head path, mech.edges.batched, does not take), and edge circuits (Runs.edge_circuits)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import names
-from ..spec.names import hook_resid_post, hook_resid_pre
-from ..spec.vocabulary import Direction, Replacement
-from . import paths
+from ...spec import names
+from ...spec.names import hook_resid_post, hook_resid_pre
+from ...spec.vocabulary import Direction, Replacement
+from ..edges import paths
 
 
 def patch_mlp_ends(runs: Any, edges: Sequence[names.Edge], direction: str, replacement: str) -> None:
     """Edges with an MLP end among `edges`, patched together through the edge graph of `runs`
-    (mech.runs.Runs; mech.graph_run: each edge is the circuit of every edge but it, with the base
+    (mech.runs.cached.Runs; mech.graph.forward: each edge is the circuit of every edge but it, with the base
     run's writes kept and the source's replacing it), when the base runs cached what the graph
     reads; memoised in runs.memo as Runs.patched would.  Nothing happens for fewer than two such
     edges, or where the graph cannot take them (Runs.patched then runs each on its own)."""
@@ -57,7 +57,7 @@ def patch_mlp_ends(runs: Any, edges: Sequence[names.Edge], direction: str, repla
 
 def circuit_metrics(runs: Any, masks: Sequence[np.ndarray], kind: str, drop: int | None = None) -> list[np.ndarray]:
     """Runs.edge_circuits: the metric of the clean prompts keeping only each mask's edges, many
-    circuits per whole-graph pass (mech.graph_run.GraphModel.circuits), each distinct circuit
+    circuits per whole-graph pass (mech.graph.forward.GraphModel.circuits), each distinct circuit
     (by corruption, replacement, left-out group and the mask's bits) computed once per run and
     memoised in runs.memo."""
     import hashlib

@@ -23,7 +23,7 @@ All cross-layer pairs of a mode are one matrix product per sender layer:
 the model's device (the CPU for MPS, which has no float64: model.devices.float64_home), the
 receivers in chunks of layers sized by the working memory (memory.working).  `Composition`
 computes the cores, spectra and score grids of one `HeadWeights` once, and holds the shared
-rotation null (mech.rotation_null), so claims, the weights-vs-use table, the figures and
+rotation null (mech.weights.null), so claims, the weights-vs-use table, the figures and
 `harness weights` / `harness scan` read the same numbers.
 """
 
@@ -35,14 +35,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import memory
-from ..model.devices import float64_home, of
-from ..progress import progress
-from ..spec.names import Head, HeadInput
-from ..threads import single_threaded
-from . import weights
-from .rotation_null import CHUNK, SharedNull, mc_or_bound_p, mc_p, normalised_squares, tail_bound
-from .weights import CompositionResult, HeadWeights
+from ... import memory
+from ...model.devices import float64_home, of
+from ...progress import progress
+from ...spec.names import Head, HeadInput
+from ...threads import single_threaded
+from . import scores
+from .null import CHUNK, SharedNull, mc_or_bound_p, mc_p, normalised_squares, tail_bound
+from .scores import CompositionResult, HeadWeights
 
 GRID_MEMORY = 256 * 2**20  # bytes a score grid's chunk of receiver layers may hold, outside a budget
 
@@ -62,7 +62,7 @@ def sender_cores(hw: HeadWeights) -> Any:
 
 def receiver_factors(hw: HeadWeights, mode: str) -> tuple[Any, Any]:
     """(a, b^T) with Y = a b for input `mode`, per head: q: (W_Q, W_K); k: (W_K, W_Q);
-    v: (W_V, W_O^T); each [L, H, d, r].  Rotary models (mech.weights): q: (W_Q, I), k: (W_K, I)
+    v: (W_V, W_O^T); each [L, H, d, r].  Rotary models (mech.weights.scores): q: (W_Q, I), k: (W_K, I)
     with I the d_head x d_head identity, so Y = W_Q (W_K): the offset-free one-sided form."""
     if mode in ("q", "k") and hw.rotary:
         import torch
@@ -107,9 +107,9 @@ class Composition:
 
     @classmethod
     def read(cls, bridge: Any, processing: str, seed: int) -> Composition:
-        """The composition of `bridge`'s head weights (weights.head_weights with `processing`), its
+        """The composition of `bridge`'s head weights (scores.head_weights with `processing`), its
         score grids on the bridge's device."""
-        return cls(weights.head_weights(bridge, processing), seed, of(bridge))
+        return cls(scores.head_weights(bridge, processing), seed, of(bridge))
 
     def without_weights(self) -> dict[str, Any]:
         """What this composition computed that does not hold the weights (spectra, score grids, the
@@ -174,7 +174,7 @@ class Composition:
         return float(self.scores(receiver.which)[sender.layer, sender.head, receiver.head.layer, receiver.head.head])
 
     def peers(self, senders: tuple[Head, ...], receiver: HeadInput) -> np.ndarray:
-        """The scores a route is compared with (mech.weights.stands_out): every other earlier head's
+        """The scores a route is compared with (mech.weights.scores.stands_out): every other earlier head's
         into the same receiver input (NaN, no route, left out)."""
         g = self.scores(receiver.which)
         l2, h2 = receiver.head.layer, receiver.head.head
@@ -188,7 +188,7 @@ class Composition:
         """The peer fields of a CompositionResult: the peers' median, C over it, C's rank among the
         route and its peers (1: the highest) and how many peers there are."""
         p = self.peers(senders, receiver)
-        if len(p) < weights.MIN_PEERS or math.isnan(c):
+        if len(p) < scores.MIN_PEERS or math.isnan(c):
             return {"peer_median": None, "peer_ratio": None, "peer_rank": None, "n_peers": int(len(p))}
         median = float(np.median(p))
         return {"peer_median": median, "peer_ratio": c / median if median > 0 else float("inf"),
@@ -390,7 +390,7 @@ def _leave_one_out_ratio(column: np.ndarray) -> np.ndarray:
     out = np.full(column.shape, np.nan)
     ok = np.flatnonzero(~np.isnan(column))
     m = len(ok) - 1  # peers of each defined entry
-    if m < weights.MIN_PEERS:
+    if m < scores.MIN_PEERS:
         return out
     vals = column[ok]
     order = np.argsort(vals, kind="stable")

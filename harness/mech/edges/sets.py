@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..spec import names
-from ..spec.names import hook_attn_out, hook_input, hook_resid_post, hook_resid_pre, hook_z
+from ...spec import names
+from ...spec.names import hook_attn_out, hook_input, hook_resid_post, hook_resid_pre, hook_z
 
 
 def all_edges(n_layers: int, n_heads: int, embed: bool = True, logits: bool = True,

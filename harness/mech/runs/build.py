@@ -1,5 +1,5 @@
 """The one way base runs are built: the clean run and one run per corruption of a dataset,
-each caching the hooks the claims read and the metric per prompt (mech.runs.Runs holds
+each caching the hooks the claims read and the metric per prompt (mech.runs.cached.Runs holds
 them); `harness run` (engine.measure), `harness scan` and `harness discover` call it."""
 
 from __future__ import annotations
@@ -9,15 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from .. import memory
-from ..model import architecture, metrics
-from ..model.devices import wide
-from ..progress import stage
-from ..spec import names
-from . import graph_run, hooks
-from .hooks import Cache
+from ... import memory
+from ...model import architecture, metrics
+from ...model.devices import wide
+from ...progress import stage
+from ...spec import names
+from .. import hooks
+from ..graph import forward
+from ..hooks import Cache
+from .cached import PerPrompt, Runs, part_key
 from .reference import Lazy, Reference
-from .runs import PerPrompt, Runs, part_key
 
 GRAPH_PROBE = 4  # prompts of the run that checks the graph arithmetic when the base runs did not cache every write
 KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)
@@ -100,7 +101,7 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str, parts: S
                 lo = hi
         return Reference.summed(chunks(), m)
 
-    graph_names = graph_run.cache_names(int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp)
+    graph_names = forward.cache_names(int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp)
 
     def probe() -> Cache:  # the first prompts, caching every write: what the graph arithmetic is checked on
         k = min(GRAPH_PROBE, ds.n)
@@ -108,11 +109,11 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str, parts: S
 
     probe_source = Lazy(probe)
 
-    def graph() -> graph_run.GraphModel:
+    def graph() -> forward.GraphModel:
         if all(n in clean for n in hooks.for_architecture(bridge, graph_names)):
-            return graph_run.GraphModel.build(bridge, clean, ds.positions)
+            return forward.GraphModel.build(bridge, clean, ds.positions)
         # the base runs cached the writes some claims read, not all: check the arithmetic on the first prompts
-        return graph_run.GraphModel.build(bridge, probe_source.get(), ds.positions)
+        return forward.GraphModel.build(bridge, probe_source.get(), ds.positions)
 
     default = ds.default_corruption
     return Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],

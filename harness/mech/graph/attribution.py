@@ -1,4 +1,4 @@
-"""Attribution scores of every edge of the model's graph (mech.graph): first-order estimates of
+"""Attribution scores of every edge of the model's graph (mech.graph.structure): first-order estimates of
 what exact edge patching measures, from a few backward passes over a batch of prompts.
 
 For an edge u -> v, with a_clean[u], a_corrupt[u] u's write in the clean and corrupted run
@@ -33,12 +33,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import memory
-from ..progress import progress as quiet_progress
-from ..spec import names
-from ..spec.vocabulary import Direction
-from .graph import Graph
-from .graph_run import GraphModel, Writes
+from ... import memory
+from ...progress import progress as quiet_progress
+from ...spec import names
+from ...spec.vocabulary import Direction
+from .forward import GraphModel, Writes
+from .structure import Graph
 
 METHODS = ("eap", "eap-ig")
 BATCH = 16  # the most prompts per backward pass of every receiver's gradient

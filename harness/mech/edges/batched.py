@@ -4,12 +4,12 @@ receiver's layer, the metric computed only at the scored positions.
 Same definition as patching.py (the per-edge reference).  For an edge
 A -> B.x with B a head of layer L, and base/source caches of one prompt batch:
 
-    r'      = resid_pre_L + D_A                       (D_A: the sender's change of write, mech.writes)
+    r'      = resid_pre_L + D_A                       (D_A: the sender's change of write, mech.edges.writes)
     x_B'    = norm1_L(r') W_x[B] + b_x[B]             (the other two inputs of B from the base run;
                                                        k, v: B's key/value head's weights)
     z_B'    = softmax(cap(scale rot(q_B') rot(k_B')^T) + mask_L) v_B'
     P_L'    = P_L(base) + (z_B' - z_B(base)) W_O[B]   (P: the attention sum before any post norm)
-    post_L' = finish(resid_pre_L, post1(P_L'))         (mech.torch_blocks: + MLP, sequential or parallel)
+    post_L' = finish(resid_pre_L, post1(P_L'))         (mech.block.arith: + MLP, sequential or parallel)
 
 then blocks L+1.. run on post_L', and ln_final + unembed only at the scored
 positions.  `-> logits` edges swap the final residual directly.  Nothing below
@@ -33,11 +33,11 @@ What one patched variant (edge) pays for, and what is shared:
 * positions after the last scored one are never computed (causal attention:
   nothing scored reads them).
 
-The arithmetic is mech.torch_blocks' (norm affines folded into the linear map after them;
+The arithmetic is mech.block.arith' (norm affines folded into the linear map after them;
 ln_final's not, so that W_U, often the tied embedding, is used without a copy; oneDNN's linear
 with the MLP's activation fused on the CPU in float32), read from the bridge by
-mech.torch_weights and held to the model on two prompts of the base run before the sweep
-(mech.torch_check): a norm, MLP or unembedding that does not reproduce the model's module
+mech.block.read and held to the model on two prompts of the base run before the sweep
+(mech.block.fidelity): a norm, MLP or unembedding that does not reproduce the model's module
 falls back to calling it; attention or a block that does not reproduce the cache raises
 UnsupportedError instead of giving wrong numbers (the per-edge path then runs instead).
 
@@ -64,16 +64,18 @@ from typing import Any
 
 import numpy as np
 
-from .. import cost
-from ..errors import UnsupportedError
-from ..model import architecture
-from ..model.devices import like
-from ..spec import names
-from ..spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
-from ..spec.vocabulary import REPLACEMENTS, Direction, Replacement
-from . import hooks, torch_check, torch_weights, writes
-from . import torch_blocks as blocks
-from .edge_sets import bytes_per_edge, cache_names, chunk_size, patch_cost
+from ... import cost
+from ...errors import UnsupportedError
+from ...model import architecture
+from ...model.devices import like
+from ...spec import names
+from ...spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
+from ...spec.vocabulary import REPLACEMENTS, Direction, Replacement
+from .. import hooks
+from ..block import arith as blocks
+from ..block import fidelity, read
+from . import writes
+from .sets import bytes_per_edge, cache_names, chunk_size, patch_cost
 
 # At most this many query positions (prompts x positions) per chunk of patched variants:
 # larger chunks were no faster on the benchmark model (its products are large enough by
@@ -130,7 +132,7 @@ def silent(items: Any, label: str) -> Any:
 
 
 def checked_model(bridge: Any, check: dict[str, Any]) -> blocks.Model:
-    """The torch arithmetic (mech.torch_blocks) built in the dtype and on the device of `check`'s
+    """The torch arithmetic (mech.block.arith) built in the dtype and on the device of `check`'s
     activations and held to the model on its first prompts (`check` cached every layer's residual;
     UnsupportedError where it does not reproduce them).  Building copies the weights and checking
     runs every block: a caller that patches several times on the same model makes it once and passes
@@ -139,8 +141,8 @@ def checked_model(bridge: Any, check: dict[str, Any]) -> blocks.Model:
 
     ref = check[hook_resid_pre(0)]
     with torch.no_grad():
-        model, weights = torch_weights.build(bridge, ref.dtype, ref.device, check)
-        torch_check.check(model, weights, check)
+        model, weights = read.build(bridge, ref.dtype, ref.device, check)
+        fidelity.check(model, weights, check)
     return model
 
 
@@ -154,7 +156,7 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict[str, Any], 
     metric_fn(logits [N, k, vocab], positions [N, k]) -> [N] (the scored positions
     are already selected).  `base`/`source`: caches with `cache_names`; `clean`
     provides the reference set for the `mean` replacement; `check`: the run the torch
-    arithmetic is held to (torch_check.check: its first prompts, every layer's
+    arithmetic is held to (fidelity.check: its first prompts, every layer's
     residual cached; default `base`, which then needs them); `model`: that arithmetic already made
     and checked (`checked_model`), when the caller holds it.  Each row is the per-edge
     path's (patching.prepare + fast_logits) up to float rounding.  Working memory is
@@ -230,7 +232,7 @@ def _trim(cache: dict[str, Any], s: int, n_layers: int) -> dict[str, Any]:
 
 def _deltas(bridge: Any, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any],
             replacement: str) -> Callable[..., Any]:
-    """senders -> [S, n, s, d]: D_A, the change of the sender's write (mech.writes), computed in
+    """senders -> [S, n, s, d]: D_A, the change of the sender's write (mech.edges.writes), computed in
     float64 once per sender.  resample: the source run's activation; mean: its mean over
     `clean`'s prompts; zero: 0."""
     import torch
@@ -420,7 +422,7 @@ def _downstream(sw: _Sweep, L: int, post: Any) -> Any:
 def patch_into(runs: Any, todo: Sequence[names.Edge], direction: str, replacement: str, budget: int,
                progress: Callable[..., Any] | None = None) -> None:
     """Runs.patched_many's batched path: `todo` patched by `batched_metrics` from the base runs of
-    `runs` (mech.runs.Runs) into runs.memo, when those runs cached what it reads, the replacement
+    `runs` (mech.runs.cached.Runs) into runs.memo, when those runs cached what it reads, the replacement
     is resample or zero and the runs score the metric at the scored positions; nothing otherwise,
     or where the arithmetic does not reproduce the model (UnsupportedError: one by one then)."""
     noising = direction == Direction.NOISING

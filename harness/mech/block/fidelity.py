@@ -5,20 +5,20 @@ unembed with the model's modules and puts the modules back where they differ; q/
 attn_out of every layer whose attention the base run cached, each block's output and the
 logits are compared with the cache, and a difference beyond attention.tolerance(dtype) x (1 + max |b|)
 raises UnsupportedError naming the activation and the model's features.
-Imports: mech.attention, mech.torch_blocks, mech.torch_weights, mech.hooks, model.architecture, spec.names.
+Imports: mech.block.attention, mech.block.arith, mech.block.read, mech.hooks, model.architecture, spec.names.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UnsupportedError
-from ..model import architecture
-from ..spec.names import hook_attn_out, hook_input, hook_resid_post, hook_resid_pre, hook_z
+from ...errors import UnsupportedError
+from ...model import architecture
+from ...spec.names import hook_attn_out, hook_input, hook_resid_post, hook_resid_pre, hook_z
+from ..hooks import output_transform
+from .arith import Layer, Model, attend, block, mask
 from .attention import tolerance
-from .hooks import output_transform
-from .torch_blocks import Layer, Model, attend, block, mask
-from .torch_weights import Weights, build_layer, through, unembedding
+from .read import Weights, build_layer, through, unembedding
 
 CHECK_PROMPTS = 2  # prompts of the base run the torch arithmetic is checked on
 

@@ -1,7 +1,7 @@
 """Every cross-layer composition score of a model, per mode, in one record (`WeightsTables`):
-C, the rotation-null p-value of each pair (mech.factored's shared null, extended for pairs
+C, the rotation-null p-value of each pair (mech.weights.factored's shared null, extended for pairs
 below alpha), its Benjamini-Hochberg adjustment over all pairs of that mode, and
-C_max = min(s1(X)/||X||_F, s1(Y)/||Y||_F) and the peer ratio C / median(peers) (mech.weights:
+C_max = min(s1(X)/||X||_F, s1(Y)/||Y||_F) and the peer ratio C / median(peers) (mech.weights.scores:
 a pair composes when p_adj < alpha and the ratio reaches min_ratio).  `harness weights` renders it (tools.weights_table)
 and draws it (report.weights_figure)."""
 
@@ -13,11 +13,11 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import stats
-from ..model.devices import of
-from ..progress import stage
-from ..spec.settings import MIN_PEER_RATIO
-from . import weights
+from ... import stats
+from ...model.devices import of
+from ...progress import stage
+from ...spec.settings import MIN_PEER_RATIO
+from . import scores
 from .factored import Composition
 
 MAX_DRAWS = 20_000  # default cap on a pair's extended null (harness weights --max-draws)
@@ -35,7 +35,7 @@ class ModeTable:
     c_max: np.ndarray  # min(s1(X)/||X||_F, s1(Y)/||Y||_F): the largest C the spectra allow
     n_extended: int  # pairs extended past n_draws
     by_bound: int  # pairs whose p is the tail bound (below the Monte Carlo floor)
-    peer_ratio: np.ndarray  # C / the median of every other earlier head's C into the same input (mech.weights)
+    peer_ratio: np.ndarray  # C / the median of every other earlier head's C into the same input (mech.weights.scores)
     composes: np.ndarray | None = None  # WeightsTables.composes_grid, made on first use
 
 
@@ -48,7 +48,7 @@ class WeightsTables:
     n_draws: int
     max_draws: int
     extend_to: int  # draws a pair with p < alpha is extended to
-    needed: int  # draws BH would need (weights.draws_needed)
+    needed: int  # draws BH would need (scores.draws_needed)
     alpha: float
     seed: int
     rotary: bool
@@ -73,7 +73,7 @@ class WeightsTables:
         return None if math.isnan(r) else r
 
     def composes(self, mode: str, q: tuple[int, int, int, int]) -> bool:
-        """mech.weights.composes: significant and standing out among its peers."""
+        """mech.weights.scores.composes: significant and standing out among its peers."""
         return bool(self.composes_grid(mode)[q])
 
     def composes_grid(self, mode: str) -> np.ndarray:
@@ -82,7 +82,7 @@ class WeightsTables:
         if m.composes is None:
             m.composes = np.zeros(m.scores.shape, dtype=bool)
             for q in self.pairs():
-                m.composes[q] = weights.composes(float(m.p_adj[q]), self.ratio(mode, q), self.alpha, self.min_ratio)
+                m.composes[q] = scores.composes(float(m.p_adj[q]), self.ratio(mode, q), self.alpha, self.min_ratio)
         return m.composes
 
 
@@ -99,29 +99,29 @@ def _c_max(comp: Composition, mode: str) -> np.ndarray:
 
 
 def composition_data(bridge: Any, *, processing: str, n_draws: int, alpha: float, seed: int,
-                     modes: tuple[str, ...] = weights.MODES, max_draws: int = MAX_DRAWS,
+                     modes: tuple[str, ...] = scores.MODES, max_draws: int = MAX_DRAWS,
                      min_ratio: float = MIN_PEER_RATIO) -> WeightsTables | None:
     """The numbers of every mode (None for a single-layer model); pairs with p < alpha after
-    n_draws are extended towards the draws BH needs (weights.draws_needed), at most `max_draws`."""
-    hw = weights.head_weights(bridge, processing)
+    n_draws are extended towards the draws BH needs (scores.draws_needed), at most `max_draws`."""
+    hw = scores.head_weights(bridge, processing)
     L, H = hw.n_layers, hw.n_heads
     if L < 2:
         return None
     comp = Composition(hw, seed, of(bridge))
     n_pairs = H * H * L * (L - 1) // 2
-    needed = weights.draws_needed(n_pairs, alpha)
+    needed = scores.draws_needed(n_pairs, alpha)
     out = WeightsTables(processing, L, H, hw.null_dim, n_draws, max_draws, min(needed, max(max_draws, n_draws)),
                         needed, alpha, seed, bool(hw.rotary), min_ratio)
     pairs = out.pairs()
     idx = tuple(np.array(pairs).T)
     for mode in modes:
         stage(f"harness weights: {mode.upper()}-composition, {n_pairs} pairs")
-        scores = comp.scores(mode)
+        grid = comp.scores(mode)
         pv, used = comp.p_values(mode, n_draws, out.extend_to, alpha)
         adj = np.full(pv.shape, np.nan)
         adj[idx] = stats.benjamini_hochberg([float(v) for v in pv[idx]])
-        sc = np.full(scores.shape, np.nan)
-        sc[idx] = scores[idx]
+        sc = np.full(grid.shape, np.nan)
+        sc[idx] = grid[idx]
         by_bound = int(np.sum(pv[idx] < 1 / (1 + used[idx])))
         out.modes[mode] = ModeTable(mode, sc, pv, adj, used, _c_max(comp, mode),
                                     int(np.sum(used[idx] > n_draws)), by_bound, comp.peer_ratios(mode))

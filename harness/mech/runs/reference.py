@@ -5,7 +5,7 @@ over: reference prompts other than the one being intervened on, so no prompt's o
 is part of its replacement; separate reference prompts are held as per-group sums, not prompt
 by prompt; `drop=k` leaves out the k-th of `groups` groups as well (the
 delete-a-group jackknife that carries the mean's own uncertainty into intervals;
-claims.effects, mech.jackknife).  `Lazy`: a value computed on first use (mech.runs.Runs holds
+claims.effects, mech.runs.jackknife).  `Lazy`: a value computed on first use (mech.runs.cached.Runs holds
 the reference, the edge graph and its probe run this way).
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .hooks import Cache
+from ..hooks import Cache
 
 GROUPS = 10  # reference groups of the delete-a-group jackknife
 

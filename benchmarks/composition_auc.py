@@ -10,9 +10,9 @@ Every edge from an earlier head into the q/k/v inputs (`--modes`) of every head 
 repeated-tokens generator's explore split, first_half corruption, or `--data`: a YAML file's
 data mapping on its explore split, with `--metric`; claims.edge_test: BH over
 the edges, `used` as an edge claim decides it with the default stats).  Beside each edge's
-use, its composition statistics (mech.factored on folded weights): the score C, the rotation
+use, its composition statistics (mech.weights.factored on folded weights): the score C, the rotation
 null's p-value (uncorrected, 1,000 draws; the tail bound below the Monte Carlo floor) and the
-peer ratio C / median(peers) (mech.weights.stands_out).  Printed per statistic: the area
+peer ratio C / median(peers) (mech.weights.scores.stands_out).  Printed per statistic: the area
 under the ROC curve for telling `used` edges from the rest (the Mann-Whitney U over the two
 groups: the probability that a used edge outranks an unused one; 0.5 is chance), and the
 share of used edges among the edges the rule "composes" picks (p < 0.01 alone, and with the
@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     from harness.claims.edge_test import USED, EdgeTestSpec, edge_tests
     from harness.data.sources import generated
     from harness.engine.data_source import build_dataset, from_data_file
-    from harness.mech import weights
-    from harness.mech.base_runs import base_runs
-    from harness.mech.factored import Composition
+    from harness.mech.runs.build import base_runs
+    from harness.mech.weights import scores
+    from harness.mech.weights.factored import Composition
     from harness.model import metrics
     from harness.model.devices import of
     from harness.model.ref import load_model
@@ -99,14 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     used = np.array([t.use == USED for t in tests])
     print(f"patched in {time.perf_counter() - t0:.0f} s; {int(used.sum())} of {len(edges)} edges used", file=sys.stderr)
 
-    comp = Composition(weights.head_weights(m.bridge, "folded"), args.seed)
+    comp = Composition(scores.head_weights(m.bridge, "folded"), args.seed)
     at = [(e.sender.layer, e.sender.head, e.receiver.head.layer, e.receiver.head.head) for e in edges]
     by_mode = {w: (comp.scores(w), comp.p_values(w, 1000)[0], comp.peer_ratios(w)) for w in args.modes}
     score = np.array([by_mode[e.receiver.which][0][a] for e, a in zip(edges, at, strict=True)])
     p = np.array([by_mode[e.receiver.which][1][a] for e, a in zip(edges, at, strict=True)])
     ratio = np.array([by_mode[e.receiver.which][2][a] for e, a in zip(edges, at, strict=True)])
     null_rule = p < st.composition_alpha
-    peer_rule = np.array([weights.composes(pi, None if ri != ri else ri, st.composition_alpha,
+    peer_rule = np.array([scores.composes(pi, None if ri != ri else ri, st.composition_alpha,
                                            st.composition_min_ratio) for pi, ri in zip(p, ratio, strict=True)])
     top = np.argsort(-np.nan_to_num(score))[:args.show]
     for i in sorted(set(top) | set(np.flatnonzero(used)[:args.show]), key=lambda i: -np.nan_to_num(score[i])):

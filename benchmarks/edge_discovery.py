@@ -11,7 +11,7 @@ torch threads for every contender:
 1. harness's EAP scores of every edge of the graph (32,491 edges for GPT-2 small: embed,
    heads and MLPs into every later head's q/k/v, MLP input and the logits), denoising
    (TransformerLens's direction), over `--prompts` prompts: the base runs (clean and
-   corrupted, caching what the graph reads) and the scores (`mech.attribution.edge_scores`),
+   corrupted, caching what the graph reads) and the scores (`mech.graph.attribution.edge_scores`),
    timed apart;
 2. TransformerLens 4.3's `attribution_patch(..., EdgeAttributionConfig(granularity="edge"))`,
    which scores one clean/corrupted pair per call, looped over the first `--tl-prompts`
@@ -50,10 +50,10 @@ import numpy as np
 from scale_files import build_model, gpt2_shape  # benchmarks/ is on sys.path when run as a script
 
 from harness.data import dataset as data
-from harness.mech import attribution, graph_run
-from harness.mech.base_runs import base_runs
-from harness.mech.graph import Graph
-from harness.mech.runs import Runs
+from harness.mech.graph import attribution, forward
+from harness.mech.graph.structure import Graph
+from harness.mech.runs.build import base_runs
+from harness.mech.runs.cached import Runs
 from harness.model.ref import ModelRef
 from harness.spec.settings import Stats
 from harness.spec.vocabulary import Direction
@@ -81,7 +81,7 @@ def runs_on(bridge: Any, n_layers: int, vocab: int, n: int, seed: int, first: in
     ds = data.repeated_tokens(n, SEGMENT, vocab, seed=seed, bos_token=min(BOS, vocab - 1))
     if first is not None:
         ds = ds.select(list(range(first)))
-    return base_runs(bridge, ds, graph_run.cache_names(n_layers, True), metric)
+    return base_runs(bridge, ds, forward.cache_names(n_layers, True), metric)
 
 
 def scores(runs: Runs, method: str, direction: str) -> attribution.Scores:

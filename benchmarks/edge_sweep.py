@@ -10,7 +10,7 @@ denoising (TransformerLens's direction), one thread for every contender.  Times
 
 1. `transformer_lens.patching.get_act_patch_direct_path_all_sources` for q, k and v;
 2. the harness per-edge path (one hooked forward per edge), once;
-3. the harness batched path (`mech.batched_edges.batched_metrics`, 32 MiB chunk
+3. the harness batched path (`mech.edges.batched.batched_metrics`, 32 MiB chunk
    budget, the `harness scan` default);
 4. one plain forward of the same prompt batch, the unit of the per-edge cost;
 
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.data import dataset as data
-from harness.mech import batched_edges, edge_sets
-from harness.mech import patching as P
+from harness.mech.edges import batched, sets
+from harness.mech.edges import patching as P
 from harness.mech.hooks import cache_hooks
 from harness.model import metrics
 from harness.model.ref import load_model
@@ -64,12 +64,12 @@ def build_model(folder: Path, n_layers: int = 2) -> Any:
 def setup(folder: Path, n_prompts: int, n_layers: int = 2) -> tuple[Any, Any, Any, Any]:
     bridge = build_model(folder, n_layers)
     ds = data.repeated_tokens(n_prompts, 20, VOCAB, seed=0)
-    hooks = edge_sets.cache_names(n_layers)
+    hooks = sets.cache_names(n_layers)
     return bridge, ds, cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
 
 
 def edges(n_layers: int = 2) -> list:
-    return edge_sets.all_edges(n_layers, N_HEADS, embed=False, logits=False)
+    return sets.all_edges(n_layers, N_HEADS, embed=False, logits=False)
 
 
 def probe_edges(n_layers: int) -> list:
@@ -143,7 +143,7 @@ def run_batched(bridge: Any, ds: Any, clean: dict, corrupt: dict, es: list, per_
 def batched_clocks(bridge: Any, ds: Any, clean: dict, corrupt: dict, es: list, per_prompt: Callable,
                    budget: int) -> tuple[float, float, list[float]]:
     """(wall-clock s, CPU s, mean metric per edge) of one batched sweep."""
-    wall, cpu, vals = clocks(lambda: batched_edges.batched_metrics(
+    wall, cpu, vals = clocks(lambda: batched.batched_metrics(
         bridge, es, corrupt, clean, clean, ds.positions, per_prompt, replacement="resample", budget_bytes=budget))
     return wall, cpu, [float(v) for v in vals.mean(1)]
 

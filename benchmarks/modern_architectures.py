@@ -8,7 +8,7 @@ with transformers (seed 0; `--keep DIR` keeps them between runs):
 1. **Batched sweep** on a 2-layer Llama-style model (rotary positions, RMSNorm, gated MLP,
    8 query heads over 2 key/value heads, d_model 64, vocab 128), 50 prompts of 41 tokens,
    every head -> later head .q/.k/.v edge, denoising (TransformerLens's direction), one
-   thread for everyone: harness's batched sweep (`mech.batched_edges`) against
+   thread for everyone: harness's batched sweep (`mech.edges.batched`) against
    TransformerLens's `get_act_patch_direct_path_all_sources` where it supports the model
    (it refuses .k/.v edges under grouped-query attention: "per-query-head K/V semantics
    are undefined"), and against harness's own per-edge path for all three; the largest
@@ -91,8 +91,9 @@ def sweep(root: Path) -> dict[str, Any]:
     import torch
 
     from harness.data import dataset as data
-    from harness.mech import batched_edges, edge_sets
-    from harness.mech import patching as P
+    from harness.mech.edges import patching as P
+    from harness.mech.edges import sets
+    from harness.mech.edges.batched import batched_metrics
     from harness.mech.hooks import cache_hooks
     from harness.model import metrics
     from harness.model.ref import load_model
@@ -100,9 +101,9 @@ def sweep(root: Path) -> dict[str, Any]:
     torch.set_num_threads(1)
     bridge = load_model(build("llama-2l", root / "llama-2l"), device="cpu").bridge
     ds = data.repeated_tokens(N_PROMPTS, SEGMENT, 128, seed=0)
-    hooks = edge_sets.cache_names(2)
+    hooks = sets.cache_names(2)
     clean, corrupt = cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
-    edges = edge_sets.all_edges(2, 8, embed=False, logits=False)
+    edges = sets.all_edges(2, 8, embed=False, logits=False)
     _print(f"sweep model: 2-layer Llama shape (rotary, RMSNorm, gated MLP, 8 query heads / 2 key-value heads), "
            f"{N_PROMPTS} prompts x {ds.seq_len} tokens, {len(edges)} edges, 1 thread")
 
@@ -113,7 +114,7 @@ def sweep(root: Path) -> dict[str, Any]:
         return metrics.per_prompt(logits, ds.positions, ds.answers, "logprob").mean()
 
     def batched() -> Any:
-        return batched_edges.batched_metrics(bridge, edges, corrupt, clean, clean, ds.positions, per_prompt,
+        return batched_metrics(bridge, edges, corrupt, clean, clean, ds.positions, per_prompt,
                                              replacement="resample", budget_bytes=32 * 2**20)
 
     def per_edge() -> list[float]:
@@ -164,7 +165,7 @@ def sweep(root: Path) -> dict[str, Any]:
         with torch.no_grad():
             for _ in range(3):
                 t = time.perf_counter()
-                batched_edges.batched_metrics(bridge, q_edges, corrupt, clean, clean, ds.positions, per_prompt,
+                batched_metrics(bridge, q_edges, corrupt, clean, clean, ds.positions, per_prompt,
                                               replacement="resample", budget_bytes=32 * 2**20)
                 q_times.append(time.perf_counter() - t)
         t_q_batched = float(np.median(q_times))

@@ -199,7 +199,7 @@ def child_tl_attribution_patch(c: Child) -> dict[str, Any]:
     """TransformerLens's attribution_patch, one pair per call, on the first tl_pairs prompts."""
     import torch
 
-    from harness.mech import attribution
+    from harness.mech.graph import attribution
 
     sw, m, ds = start(c)
     _, _, edge = _names(c)

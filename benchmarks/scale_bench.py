@@ -35,14 +35,14 @@ Rows of the results table, per model size (the hypothesis files are written by
   model with the same loader and calls TransformerLens's
   `TransformerBridge.all_composition_scores(mode)` for Q, K and V.  TransformerLens
   has no null, so this compares the whole command with scores only.
-* `composition scores only`: in-process seconds of `mech.weights.head_weights`
+* `composition scores only`: in-process seconds of `mech.weights.scores.head_weights`
   (folded) and every cross-layer pair's score for q, k and v
-  (`mech.factored.Composition.scores`, or `mech.weights.all_scores` before that
+  (`mech.weights.factored.Composition.scores`, or `mech.weights.scores.all_scores` before that
   module existed), against in-process seconds of `all_composition_scores` Q, K, V
   (unprocessed weights as loaded); each the median of 3 fresh computations.  The
   like-for-like part of the row above.
 * `edge sweep, s per edge`: in-process seconds per edge of
-  `mech.batched_edges.batched_metrics` (denoising: base = the corrupted run,
+  `mech.edges.batched.batched_metrics` (denoising: base = the corrupted run,
   source = the clean run, resample, its default chunk budget, logprob metric;
   caches from `mech.hooks.cache_hooks` with `edge_sets.cache_names`; after a
   one-edge warm-up) on a fixed subset of 91 edges (with 12 heads): embed and every

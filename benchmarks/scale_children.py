@@ -1,9 +1,9 @@
 """The in-process timings of `.venv/bin/python benchmarks/scale_bench.py`, each run in its own
 subprocess (`--child KIND`) so that its wall time and peak memory are its own:
 
-* `scores` / `tl-scores`: harness composition scores (head_weights + mech.factored, every
+* `scores` / `tl-scores`: harness composition scores (head_weights + mech.weights.factored, every
   cross-layer pair for q, k, v) against TransformerLens's `all_composition_scores`;
-* `edges` / `tl-edges`: batched edge patching (mech.batched_edges) on a fixed subset of
+* `edges` / `tl-edges`: batched edge patching (mech.edges.batched) on a fixed subset of
   edges, and on the edges TransformerLens's `get_act_patch_direct_path` sweeps, against it.
 
 Each writes its numbers to a JSON file (`run_child`).
@@ -18,9 +18,10 @@ from typing import Any
 
 from harness.data import dataset as data
 from harness.errors import UserError
-from harness.mech import batched_edges, edge_sets, weights
-from harness.mech.factored import Composition
+from harness.mech.edges import batched, sets
 from harness.mech.hooks import cache_hooks
+from harness.mech.weights import scores
+from harness.mech.weights.factored import Composition
 from harness.model import metrics
 from harness.model.ref import load_model
 from harness.model.tokenizer import model_bos
@@ -44,8 +45,8 @@ SCORE_REPEATS = 3
 
 
 def _score_function(hw: Any) -> tuple[str, Any]:
-    """The harness's all-pairs score grid of one mode, computed afresh (mech.factored)."""
-    return "mech.factored.Composition.scores", Composition(hw, 0).scores
+    """The harness's all-pairs score grid of one mode, computed afresh (mech.weights.factored)."""
+    return "mech.weights.factored.Composition.scores", Composition(hw, 0).scores
 
 
 def _median_of(repeats: int, work: Any) -> tuple[float, list[float]]:
@@ -68,10 +69,10 @@ def child_scores(model: str) -> dict[str, Any]:
     api: list[str] = []
 
     def work() -> None:
-        name, scores = _score_function(weights.head_weights(m.bridge, "folded"))
+        name, score = _score_function(scores.head_weights(m.bridge, "folded"))
         api[:] = [name]
         for x in "qkv":
-            scores(x)
+            score(x)
 
     seconds, times = _median_of(SCORE_REPEATS, work)
     return {"seconds": seconds, "times": times, "api": api[0]}
@@ -129,7 +130,7 @@ def child_edges(model: str, n_prompts: int, segment: int) -> dict[str, Any]:
 
     m = _load(model)
     bridge, ds = m.bridge, _prompts(m, n_prompts, segment)
-    hooks = edge_sets.cache_names(m.n_layers)
+    hooks = sets.cache_names(m.n_layers)
     clean, corrupt = cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
 
     def per_prompt(logits: Any, pos: Any) -> Any:
@@ -137,7 +138,7 @@ def child_edges(model: str, n_prompts: int, segment: int) -> dict[str, Any]:
 
     def sweep(edges: list[Any]) -> tuple[float, list[float]]:
         t = time.perf_counter()
-        vals = batched_edges.batched_metrics(bridge, edges, corrupt, clean, clean, ds.positions, per_prompt,
+        vals = batched.batched_metrics(bridge, edges, corrupt, clean, clean, ds.positions, per_prompt,
                                              replacement="resample")
         return time.perf_counter() - t, [float(v) for v in vals.mean(1)]
 

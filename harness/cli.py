@@ -38,7 +38,7 @@ from .engine.runner import run
 from .errors import ExitCode, HarnessError, SanityCheckError, SpecError, UserError
 from .evidence.result import Evidence
 from .hypothesis.loading import load, load_all
-from .mech.composition_table import composition_data
+from .mech.weights.table import composition_data
 from .model.devices import check_form, resolve_device
 from .model.ref import load_model
 from .progress import clock, stage

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import __version__
 from .data.settings import MAX_PROMPTS
-from .mech.composition_table import MAX_DRAWS
+from .mech.weights.table import MAX_DRAWS
 from .model import metrics
 from .spec.vocabulary import WEIGHT_PROCESSING
 from .sweep.executors import EXECUTORS

@@ -23,10 +23,10 @@ class Stream(IntEnum):
     SCAN_EFFECT = 8  #: `harness scan`: bootstrap of edge i's effect; key: i
     SCAN_PERMUTATION = 9  #: `harness scan`: sign-flip test of edge i; key: i
     #: the rotation null shared by every composition pair of a run, `harness weights` and
-    #: `harness scan` (mech.rotation_null); keys: block size r (d_head), null_dim, chunk index
+    #: `harness scan` (mech.weights.null); keys: block size r (d_head), null_dim, chunk index
     #: (1000 draws per chunk).  Streams 1, 4, 5, 6 and 10 (one null per pair) are retired.
     ROTATION_NULL = 11
-    #: `explain` (mech.explain): the rotation null of a route's spectrum statistics (the blocks F
+    #: `explain` (mech.weights.explain): the rotation null of a route's spectrum statistics (the blocks F
     #: themselves, drawn as ROTATION_NULL's); keys: block size r (d_head), null_dim, chunk index
     EXPLAIN_NULL = 12
     DISCOVER = 13  #: `harness discover`: the split into discovery and confirmation prompts; no key

@@ -1,5 +1,5 @@
 """Base runs of a shipped hypothesis file's prompts that cache what the edge graph reads
-(mech.graph_run) and what one-at-a-time patching of every edge reads, for the edge-graph,
+(mech.graph.forward) and what one-at-a-time patching of every edge reads, for the edge-graph,
 attribution and discovery tests."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from pathlib import Path
 
 from harness.engine import runner
 from harness.hypothesis.loading import load
-from harness.mech import graph_run, paths
-from harness.mech.base_runs import base_runs
-from harness.mech.graph import Graph
-from harness.mech.runs import Runs
+from harness.mech.edges import paths
+from harness.mech.graph import forward
+from harness.mech.graph.structure import Graph
+from harness.mech.runs.build import base_runs
+from harness.mech.runs.cached import Runs
 from harness.model.ref import ModelRef
 from harness.tools.scan import scan_hooks
 
@@ -31,7 +32,7 @@ def graph_runs(hypothesis: str, n: int, *, corruption: str | None = None, refere
     if not reference:
         ds = dataclasses.replace(ds, reference=None)
     g = Graph.of(m.bridge)
-    wanted = scan_hooks(m.n_layers, m.has_mlp) + graph_run.cache_names(m.n_layers, m.has_mlp)
+    wanted = scan_hooks(m.n_layers, m.has_mlp) + forward.cache_names(m.n_layers, m.has_mlp)
     for e in g.edges():
         if paths.needs_paths(e):
             wanted += paths.cache_names(e, m.n_layers)

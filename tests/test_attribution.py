@@ -1,4 +1,4 @@
-"""Attribution scores (mech.attribution) against independent oracles:
+"""Attribution scores (mech.graph.attribution) against independent oracles:
 
 * EAP (denoising) equals TransformerLens 4.3's `attribution_patch(..., EdgeAttributionConfig(
   granularity="edge"))`, one pair at a time, its per-position edges summed over positions and
@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from harness.data import dataset as data
-from harness.mech import attribution, graph_run
-from harness.mech.base_runs import base_runs
-from harness.mech.graph import Graph
-from harness.mech.runs import Runs
+from harness.mech.graph import attribution, forward
+from harness.mech.graph.structure import Graph
+from harness.mech.runs.build import base_runs
+from harness.mech.runs.cached import Runs
 from harness.model.ref import ModelRef
 from harness.spec import names
 from harness.spec.vocabulary import Direction, Replacement
@@ -78,7 +78,7 @@ def random_runs(family: str, tmp_path, n: int = 4) -> Runs:
     folder = family_models.build(family, tmp_path / family, seed=3, **over)
     m = ModelRef.parse(str(folder)).load("cpu")
     ds = data.repeated_tokens(n, 6, m.d_vocab, seed=0, bos_token=1, n_ctx=m.n_ctx)
-    return base_runs(m.bridge, ds, graph_run.cache_names(m.n_layers, m.has_mlp), "logprob")
+    return base_runs(m.bridge, ds, forward.cache_names(m.n_layers, m.has_mlp), "logprob")
 
 
 def assert_tl_parity(runs: Runs, float64: Any = None) -> None:
@@ -174,7 +174,7 @@ def handbuilt_runs(tmp_path, metric: str = "logprob") -> Runs:
     ds = data.repeated_tokens(16, 5, m.d_vocab, seed=1, n_ctx=m.n_ctx, bos_token=0, corruptions=("second_half",))
     if metric == "logit_diff":
         ds = dataclasses.replace(ds, wrong=(ds.answers + 1) % m.d_vocab)
-    return base_runs(m.bridge, ds, graph_run.cache_names(m.n_layers, m.has_mlp), metric)
+    return base_runs(m.bridge, ds, forward.cache_names(m.n_layers, m.has_mlp), metric)
 
 
 def test_eap_ig_converges_to_exact_patching_where_one_edge_carries_everything(tmp_path):
@@ -223,7 +223,7 @@ def test_attribution_refuses_a_model_whose_head_writes_are_not_separable():
     from harness.errors import UnsupportedError
 
     with pytest.raises(UnsupportedError, match="norm after the attention"):
-        graph_run.GraphModel.build(_gemma_bridge(), {}, torch.zeros(1, 1, dtype=torch.long))
+        forward.GraphModel.build(_gemma_bridge(), {}, torch.zeros(1, 1, dtype=torch.long))
 
 
 def _gemma_bridge():

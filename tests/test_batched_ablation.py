@@ -1,4 +1,4 @@
-"""Stacked ablations (mech.batched_ablation via Runs.ablated_many) and forwards that
+"""Stacked ablations (mech.runs.ablation via Runs.ablated_many) and forwards that
 start inside the model (hooks.run_from via Runs.run) against whole forwards with the
 same hooks (hooks.run_plan), on a GPT-2 model with MLPs and on a native model."""
 
@@ -8,8 +8,8 @@ import torch
 
 from harness.data import dataset as data
 from harness.mech import hooks
-from harness.mech.reference import Lazy, Reference
-from harness.mech.runs import Runs
+from harness.mech.runs.cached import Runs
+from harness.mech.runs.reference import Lazy, Reference
 from harness.model import metrics
 from harness.model.ref import load_model
 from harness.spec.names import Head, hook_pattern, hook_resid_pre, hook_z
@@ -56,7 +56,7 @@ def whole_forward(runs, heads, kind, drop=None, freeze=False):
     means = runs.mean_z({h.layer for h in heads}, drop) if kind == "mean" else {}
     plan = hooks.ablation_plan(heads, kind, runs.z(runs.corrupt), means)
     if freeze:
-        from harness.mech.patching import freeze_patterns_plan
+        from harness.mech.edges.patching import freeze_patterns_plan
 
         plan.hooks += freeze_patterns_plan(runs.patterns(runs.clean)).hooks
     return runs.metric(hooks.run_plan(runs.bridge, runs.ds.clean, plan))

@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from harness.data import dataset as data
-from harness.mech import batched_edges, edge_sets, torch_blocks, writes
-from harness.mech import patching as P
+from harness.mech.block import arith
+from harness.mech.edges import patching as P
+from harness.mech.edges import sets, writes
+from harness.mech.edges.batched import batched_metrics
 from harness.mech.hooks import cache_hooks
 from harness.model import metrics
 
@@ -28,13 +30,13 @@ def batched(bridge, ds, edges, base, source, clean, replacement, budget):
     def mf(logits, pos):
         return metrics.per_prompt(logits, pos, ds.answers.repeat(logits.shape[0] // ds.n, 1), "logprob")
 
-    return batched_edges.batched_metrics(bridge, edges, base, source, clean, ds.positions, mf,
+    return batched_metrics(bridge, edges, base, source, clean, ds.positions, mf,
                                          replacement=replacement, budget_bytes=budget)
 
 
 def runs(bridge, n_layers, vocab, seq=5, n=6):
     ds = data.repeated_tokens(n, seq, vocab, seed=3)
-    hooks = edge_sets.cache_names(n_layers)
+    hooks = sets.cache_names(n_layers)
     return ds, cache_hooks(bridge, ds.clean, hooks), cache_hooks(bridge, ds.corrupted, hooks)
 
 
@@ -48,7 +50,7 @@ def test_three_layer_native_model(replacement, budget):
     cfg = tiny_config(n_layers=3, seed=5)
     b = TransformerBridge.boot_native(TransformerBridgeConfig(**cfg), dtype=torch.float64)
     ds, clean, corrupt = runs(b, 3, cfg["d_vocab"])
-    edges = edge_sets.all_edges(3, 2)
+    edges = sets.all_edges(3, 2)
     assert len(edges) == (18 + 1) + 2 * (12 + 1) + 2 * (6 + 1) + 2 * 1  # senders embed, L0, L1, L2
     fast = batched(b, ds, edges, clean, corrupt, clean, replacement, budget)
     slow = per_edge(b, ds, edges, clean, corrupt, clean, ds.clean, replacement)
@@ -59,7 +61,7 @@ def test_three_layer_native_model(replacement, budget):
 def test_fixture_all_edges_noising(fixture_model):
     b = fixture_model.bridge
     ds, clean, corrupt = runs(b, 2, 128, seq=10, n=12)
-    edges = edge_sets.all_edges(2, 8)
+    edges = sets.all_edges(2, 8)
     fast = batched(b, ds, edges, clean, corrupt, clean, "resample", 32 * 2**20)
     slow = per_edge(b, ds, edges, clean, corrupt, clean, ds.clean, "resample")
     np.testing.assert_allclose(fast, slow, atol=1e-4)
@@ -74,15 +76,15 @@ def test_gpt2_with_mlps_denoising(tmp_path):
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "m")
     b = load_model(tmp_path / "m", dtype=torch.float64).bridge
     ds, clean, corrupt = runs(b, 2, 30)
-    edges = edge_sets.all_edges(2, 4, embed=False)
+    edges = sets.all_edges(2, 4, embed=False)
     fast = batched(b, ds, edges, corrupt, clean, clean, "resample", 1)
     slow = per_edge(b, ds, edges, corrupt, clean, clean, ds.corrupted, "resample")
     np.testing.assert_allclose(fast, slow, atol=1e-10)
 
 
 def test_chunk_size_follows_budget():
-    per = edge_sets.bytes_per_edge(100, 41, 64, 16, 19, 128)
-    assert edge_sets.chunk_size(10 * per, per) == 10 and edge_sets.chunk_size(1, per) == 1
+    per = sets.bytes_per_edge(100, 41, 64, 16, 19, 128)
+    assert sets.chunk_size(10 * per, per) == 10 and sets.chunk_size(1, per) == 1
 
 
 # -- the batched path's arithmetic (written out in torch) against the per-edge path --------------------------
@@ -124,7 +126,7 @@ def test_four_layer_gpt2_every_receiver(tmp_path, replacement):
     one edge per chunk and everything in one chunk."""
     b = gpt2(tmp_path, 4, torch.float64, n_head=2, n_embd=8)
     ds, clean, corrupt = runs(b, 4, 30, seq=6, n=5)
-    edges = edge_sets.all_edges(4, 2)
+    edges = sets.all_edges(4, 2)
     slow = per_edge(b, ds, edges, clean, corrupt, clean, ds.clean, replacement)
     for budget in (1, 2**30):
         fast = batched(b, ds, edges, clean, corrupt, clean, replacement, budget)
@@ -137,7 +139,7 @@ def test_scattered_positions(tmp_path):
     b = gpt2(tmp_path, 3, torch.float64, n_head=2, n_embd=8)
     ds, clean, corrupt = runs(b, 3, 30, seq=7, n=4)
     ds = scattered(ds)
-    edges = edge_sets.all_edges(3, 2)
+    edges = sets.all_edges(3, 2)
     fast = batched(b, ds, edges, corrupt, clean, clean, "resample", 2**20)
     slow = per_edge(b, ds, edges, corrupt, clean, clean, ds.corrupted, "resample")
     np.testing.assert_allclose(fast, slow, atol=1e-10)
@@ -147,7 +149,7 @@ def test_float32_gpt2(tmp_path):
     """float32 on the CPU: oneDNN's linear with the GELU fused, where available."""
     b = gpt2(tmp_path, 3, torch.float32, n_head=2, n_embd=16)
     ds, clean, corrupt = runs(b, 3, 30, seq=8, n=6)
-    edges = edge_sets.all_edges(3, 2)
+    edges = sets.all_edges(3, 2)
     fast = batched(b, ds, edges, corrupt, clean, clean, "resample", 32 * 2**20)
     slow = per_edge(b, ds, edges, corrupt, clean, clean, ds.corrupted, "resample")
     np.testing.assert_allclose(fast, slow, atol=1e-4)
@@ -167,7 +169,7 @@ def test_native_mlp_variants(over):
     cfg = tiny_config(n_layers=3, seed=7, attn_only=False, d_mlp=12, **over)
     b = boot_random_native(cfg, seed=2)
     ds, clean, corrupt = runs(b, 3, cfg["d_vocab"])
-    edges = edge_sets.all_edges(3, 2)
+    edges = sets.all_edges(3, 2)
     fast = batched(b, ds, edges, clean, corrupt, clean, "resample", 2**20)
     slow = per_edge(b, ds, edges, clean, corrupt, clean, ds.clean, "resample")
     np.testing.assert_allclose(fast, slow, atol=1e-10)
@@ -184,7 +186,7 @@ def test_torch_arithmetic_checked_against_the_cache(tmp_path):
     bad = dict(clean)
     bad[hook_z(1)] = clean[hook_z(1)] + 0.5
     with pytest.raises(UnsupportedError, match="blocks.1.attn.hook_z"):
-        batched(b, ds, edge_sets.all_edges(2, 4), bad, corrupt, clean, "resample", 2**20)
+        batched(b, ds, sets.all_edges(2, 4), bad, corrupt, clean, "resample", 2**20)
 
 
 @pytest.mark.parametrize("act", [None, "gelu_new", "gelu", "relu", "silu"])
@@ -192,8 +194,8 @@ def test_dense_matches_addmm(act):
     """_Dense (oneDNN's linear with the activation fused, where available) = act(x W + b)."""
     g = torch.Generator().manual_seed(0)
     x, W, b = torch.randn(37, 16, generator=g), torch.randn(16, 24, generator=g), torch.randn(24, generator=g)
-    fn = torch_blocks.activation(act)
-    dense = torch_blocks.Dense(W, b, dnn=True, act=fn)
+    fn = arith.activation(act)
+    dense = arith.Dense(W, b, dnn=True, act=fn)
     want = torch.addmm(b, x, W)
     want = want if fn is None else fn[0](want)
     torch.testing.assert_close(dense(x.view(37, 1, 16)).view(37, 24), want, rtol=1e-5, atol=1e-5)
@@ -201,4 +203,4 @@ def test_dense_matches_addmm(act):
 
 def test_gelu_tanh_form():
     x = torch.linspace(-12, 12, 1001, dtype=torch.float64)
-    torch.testing.assert_close(torch_blocks.gelu_tanh(x), torch.nn.functional.gelu(x, approximate="tanh"))
+    torch.testing.assert_close(arith.gelu_tanh(x), torch.nn.functional.gelu(x, approximate="tanh"))

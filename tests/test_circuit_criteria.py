@@ -211,7 +211,7 @@ def test_equivalence_and_independence_on_the_constructed_model(models, tmp_path)
 @pytest.mark.slow
 def test_edge_circuit_criteria_match_the_node_circuit(models, tmp_path):
     """The node circuit {L0H0, L0H1, L1H0} is the edge circuit of every edge among its nodes
-    (mech.graph.Graph.node_mask): equivalence and independence read the same circuits, so the
+    (mech.graph.structure.Graph.node_mask): equivalence and independence read the same circuits, so the
     same numbers; minimality of the edge circuit judges each edge."""
     heads = ["L0H0", "L0H1", "L1H0"]
     edges = [f"embed -> {h}.{w}" for h in heads for w in "qkv"] + [

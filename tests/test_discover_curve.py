@@ -1,6 +1,6 @@
 """The pieces of discovery's reading of a ranking, each against a hand computation: the Jaccard
 stability of resampled rankings (tools.stability), the curve's drops (tools.curve), and the
-resampled attribution scores, which must be the per-prompt scores reweighted (mech.attribution)."""
+resampled attribution scores, which must be the per-prompt scores reweighted (mech.graph.attribution)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import yaml
 import harness
 from harness.claims.circuit_plans import EdgeCircuit
 from harness.claims.circuit_spec import CircuitClaim
-from harness.mech.graph import Graph
+from harness.mech.graph.structure import Graph
 from harness.spec import names
 
 from .graph_helpers import ROOT, graph_runs

@@ -1,7 +1,7 @@
-"""The edge graph (mech.graph) and edge circuits (mech.graph_run, Runs.edge_circuits) against
+"""The edge graph (mech.graph.structure) and edge circuits (mech.graph.forward, Runs.edge_circuits) against
 independent oracles: every edge kept is the clean run and none kept the corrupted run (exactly,
 to float precision); every edge but one is the exact noising patch of that edge (Runs.patched,
-mech.patching / mech.paths, which know nothing of the graph); the edge circuit of every edge
+mech.edges.patching / mech.edges.paths, which know nothing of the graph); the edge circuit of every edge
 among a node circuit's nodes is the node circuit (Runs.ablated on hook_z); and per prompt an edge
 circuit's faithfulness equals TransformerLens's `faithfulness` for the same circuit and pair."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.mech.graph import Graph
+from harness.mech.graph.structure import Graph
 from harness.spec import names
 from harness.spec.vocabulary import Direction, Replacement
 
@@ -80,7 +80,7 @@ def test_every_edge_but_one_is_the_exact_patch_of_that_edge(case):
 @pytest.mark.parametrize("case", ["names", "rotary"])
 def test_mlp_edges_patched_together_equal_one_at_a_time(case):
     """Runs.patched_many takes edges with an MLP end through the graph, each from its receiver's layer
-    (GraphModel.edge_patches): the same numbers as mech.paths one edge at a time, in both directions,
+    (GraphModel.edge_patches): the same numbers as mech.edges.paths one edge at a time, in both directions,
     on a GPT-2-style model and a rotary one."""
     runs = graph_runs(case, 12)
     mlp_edges = [e for e in runs.graph_model().graph.edges()
@@ -115,7 +115,7 @@ def test_faithfulness_per_prompt_equals_transformer_lens():
     import torch
     from transformer_lens.tools.analysis.attribution_patching import faithfulness
 
-    from harness.mech.attribution import transformer_lens_nodes
+    from harness.mech.graph.attribution import transformer_lens_nodes
 
     from .test_attribution import tl_prompt_metric
 

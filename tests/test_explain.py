@@ -1,4 +1,4 @@
-"""What flows through a route (mech.explain): hand-built weights with known shared
+"""What flows through a route (mech.weights.explain): hand-built weights with known shared
 directions, dense references (numpy SVDs of the explicit d x d product, scipy's
 subspace angles, explicit Haar rotations), basis freedom, and the command, report and
 figure that show it."""
@@ -13,9 +13,9 @@ from scipy.stats import ks_2samp, ortho_group
 
 from harness.cli import main
 from harness.evidence.details import Explained, ExplainedDirection, TokenLoad
-from harness.mech import weights as W
-from harness.mech.explain import Explainer, principal_angles
-from harness.mech.factored import Composition
+from harness.mech.weights import scores as W
+from harness.mech.weights.explain import Explainer, principal_angles
+from harness.mech.weights.factored import Composition
 from harness.report import explain_figure, figures
 from harness.report.markdown import explained_block, render_markdown
 from harness.spec.names import Head, HeadInput

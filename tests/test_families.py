@@ -18,8 +18,10 @@ import pytest
 import torch
 
 from harness.errors import UnsupportedError
-from harness.mech import attention, hooks, paths, writes
-from harness.mech import patching as P
+from harness.mech import hooks
+from harness.mech.block import attention
+from harness.mech.edges import patching as P
+from harness.mech.edges import paths, writes
 from harness.model import architecture
 from harness.spec import names
 
@@ -109,7 +111,7 @@ def test_unpatched_logits_equal_the_oracle(fam):
 
 
 def test_hand_attention_reproduces_every_layer(fam):
-    """mech.attention recomputes every head's z from the cached residual, as the model does."""
+    """mech.block.attention recomputes every head's z from the cached residual, as the model does."""
     cache = fam.cache(BASE, [n for L in range(fam.arch.n_layers) for n in (names.hook_resid_pre(L), names.hook_z(L))])
     with Float64():
         for L in range(fam.arch.n_layers):
@@ -228,26 +230,26 @@ def test_a_misread_architecture_is_refused(fam, monkeypatch):
 @pytest.mark.parametrize("replacement", ["resample", "zero"])
 @pytest.mark.parametrize("budget", [1, 2**30])  # one edge per chunk vs everything at once
 def test_batched_sweep_equals_the_per_edge_path(fam, replacement, budget):
-    """Every edge of the model through mech.batched_edges (its own arithmetic: rotary, grouped
+    """Every edge of the model through mech.edges.batched (its own arithmetic: rotary, grouped
     keys, gated and parallel MLPs, post norms, soft caps, windows) equals the per-edge path."""
     import numpy as np
 
-    from harness.mech import batched_edges, edge_sets
+    from harness.mech.edges import batched, sets
     from harness.model import metrics
 
     arch = fam.arch
-    edges = edge_sets.all_edges(arch.n_layers, arch.n_heads)
+    edges = sets.all_edges(arch.n_layers, arch.n_heads)
     n, s = BASE.shape
     positions = torch.arange(4, s - 1).expand(n, -1).contiguous()
     answers = BASE.gather(1, positions + 1)
-    wanted = edge_sets.cache_names(arch.n_layers)
+    wanted = sets.cache_names(arch.n_layers)
     base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
 
     def mf(logits, pos):
         return metrics.per_prompt(logits, pos, answers.repeat(logits.shape[0] // n, 1), "logprob")
 
     with Float64():
-        got = batched_edges.batched_metrics(fam.bridge, edges, base, source, base, positions, mf,
+        got = batched.batched_metrics(fam.bridge, edges, base, source, base, positions, mf,
                                             replacement=replacement, budget_bytes=budget)
         want = np.stack([metrics.per_prompt(P.fast_logits(fam.bridge, BASE, P.prepare(fam.bridge, e, base, source,
                                                                                        replacement), base=base),
@@ -280,8 +282,8 @@ def test_composition_scores_follow_the_architecture(fam):
     """C for L0H1 -> L1H2.{q,k,v} from the harness's Composition equals ||X Y|| / (||X|| ||Y||)
     built by hand from the oracle's weights: one-sided Y = W_Q / W_K under rotary positions
     (offset-free), W_Q W_K^T otherwise; grouped keys and values from the key/value head."""
-    from harness.mech.factored import Composition
-    from harness.mech.weights import head_weights
+    from harness.mech.weights.factored import Composition
+    from harness.mech.weights.scores import head_weights
 
     comp = Composition(head_weights(fam.bridge, "folded"), seed=0)
     A, B = folded_from_oracle(fam, 0, 1), folded_from_oracle(fam, 1, 2)
@@ -328,7 +330,7 @@ def test_copying_score_reads_the_folded_unembedding(fam):
     weights (final norm folded into W_U, Gemma's 1 + w, LN centring)."""
     import numpy as np
 
-    from harness.mech.weights import copying_score, head_weights
+    from harness.mech.weights.scores import copying_score, head_weights
 
     o = fam.oracle
     hw = head_weights(fam.bridge, "folded")
@@ -346,9 +348,9 @@ def test_copying_score_reads_the_folded_unembedding(fam):
 def test_explain_reads_the_same_route(fam):
     """`explain` decomposes the Y the score uses: its C equals the composition score, and a
     rotary model's q/k route has no receiver-side token readouts."""
-    from harness.mech.explain import Explainer
-    from harness.mech.factored import Composition
-    from harness.mech.weights import head_weights
+    from harness.mech.weights.explain import Explainer
+    from harness.mech.weights.factored import Composition
+    from harness.mech.weights.scores import head_weights
 
     hw = head_weights(fam.bridge, "folded")
     sender, receiver = names.Head(0, 1), names.HeadInput(names.Head(1, 2), "k")

@@ -34,7 +34,7 @@ from .documents import write
 
 N_LAYER, N_HEAD, D_MODEL, VOCAB, SEQ, N = 3, 2, 8, 20, 6, 12
 TOL = 1e-6
-GROUPS = 10  # mech.runs.GROUPS
+GROUPS = 10  # mech.runs.cached.GROUPS
 NUMERICAL_TOL = 1e-5  # claims.effects.NUMERICAL_TOL
 ROOT = Path(__file__).resolve().parent.parent
 STATS = {"bootstrap": 200, "permutations": 200, "null_draws": 99, "min_gap": 0.1, "min_prompt_gap": 0.05}

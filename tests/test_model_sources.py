@@ -448,7 +448,7 @@ def test_bfloat16_model_is_patched_within_its_own_precision(tmp_path, monkeypatc
     from dataclasses import replace
 
     from harness.errors import UnsupportedError
-    from harness.mech import attention
+    from harness.mech.block import attention
     from harness.model import architecture
     from harness.model.devices import wide
     from harness.spec import names

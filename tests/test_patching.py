@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from harness.data import dataset as data
-from harness.mech import patching as P
-from harness.mech import writes
+from harness.mech.edges import patching as P
+from harness.mech.edges import writes
 from harness.mech.hooks import cache_hooks
 from harness.model import metrics
 from harness.spec import names

@@ -1,4 +1,4 @@
-"""Path patching (harness.mech.paths.patch_path) against tests/path_oracle.py, a plain
+"""Path patching (harness.mech.edges.paths.patch_path) against tests/path_oracle.py, a plain
 float64 GPT-2 written from the definition straight from the HF state dict.
 
 One random float64 GPT-2 (3 layers, 2 heads, d_model 8, vocab 20, MLPs, random LayerNorm
@@ -140,7 +140,7 @@ def test_oracle_refuses_backward_paths():
 
 @pytest.mark.parametrize(("path", "replacement"), CASES)
 def test_patch_path_matches_oracle(bridge, weights, tokens, path, replacement):
-    from harness.mech.paths import patch_path
+    from harness.mech.edges.paths import patch_path
     from harness.spec import names
 
     base, source, reference = tokens
@@ -154,7 +154,7 @@ def test_patch_path_matches_oracle(bridge, weights, tokens, path, replacement):
 
 
 def test_patch_path_takes_an_edge(bridge, weights, tokens):
-    from harness.mech.paths import patch_path
+    from harness.mech.edges.paths import patch_path
     from harness.spec import names
 
     base, source, _ = tokens
@@ -175,7 +175,7 @@ def test_all_routes_match_oracle(bridge, weights, tokens, edge, replacement):
     """The receiver's input recomputed with the sender replaced in a whole forward (the oracle
     replaces the senders' outputs in its own plain forward) equals paths.AllRoutes; where a
     component sits between the ends, the result differs from the direct edge."""
-    from harness.mech.paths import AllRoutes, patch_path
+    from harness.mech.edges.paths import AllRoutes, patch_path
     from harness.spec import names
 
     base, source, reference = tokens
@@ -195,7 +195,7 @@ def test_all_routes_match_oracle(bridge, weights, tokens, edge, replacement):
 
 def test_all_routes_into_logits_is_the_sender_patched(bridge, weights, tokens):
     """Every route into logits is the sender's whole effect: the sender's output replaced."""
-    from harness.mech.paths import AllRoutes, patch_path
+    from harness.mech.edges.paths import AllRoutes, patch_path
     from harness.spec import names
 
     base, source, _ = tokens

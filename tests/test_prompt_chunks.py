@@ -8,8 +8,8 @@ fixture (MLPs; means over the other prompts, leave-one-out, as a prompt file has
 import numpy as np
 import pytest
 
-from harness.mech.graph import Graph
-from harness.mech.runs import Runs
+from harness.mech.graph.structure import Graph
+from harness.mech.runs.cached import Runs
 from harness.spec import names
 from harness.spec.vocabulary import Direction
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from scipy.stats import ks_2samp, ortho_group
 
-from harness.mech import weights as W
-from harness.mech.factored import Composition, receiver_cores, sender_cores
-from harness.mech.rotation_null import CHUNK, PAIRS, SharedNull, haar_block_squares, mc_or_bound_p, tail_bound
+from harness.mech.weights import scores as W
+from harness.mech.weights.factored import Composition, receiver_cores, sender_cores
+from harness.mech.weights.null import CHUNK, PAIRS, SharedNull, haar_block_squares, mc_or_bound_p, tail_bound
 from harness.spec.names import Head, HeadInput
 
 from .conftest import tiny_config
@@ -170,7 +170,7 @@ def test_group_composition_is_the_stacked_write_against_its_own_null(processing)
         R = torch.as_tensor(R)
         explicit.append(float(torch.linalg.norm(Xs @ R @ Ys) / (torch.linalg.norm(Xs) * torch.linalg.norm(Ys))))
     shared = comp.group_result(senders, receiver, 2000)
-    from harness.mech.rotation_null import SharedNull, normalised_squares
+    from harness.mech.weights.null import SharedNull, normalised_squares
 
     sx = torch.linalg.svdvals(X.double())[:min(2 * hw.W_V.shape[-1], n)]  # rank <= 2 d_head: the rest are 0
     sy = comp.spectrum("k")[1, 1]

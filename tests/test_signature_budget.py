@@ -60,8 +60,8 @@ def test_base_runs_cache_only_what_the_chosen_patches_read(monkeypatch):
 
     from harness.engine import figure_data, measure, runner
     from harness.hypothesis.loading import load
-    from harness.mech.factored import Composition
-    from harness.mech.weights import head_weights
+    from harness.mech.weights.factored import Composition
+    from harness.mech.weights.scores import head_weights
     from harness.spec.names import hook_z
 
     from .graph_helpers import ROOT

@@ -91,7 +91,7 @@ def test_narrower_output_vocabulary_runs_every_claim_kind(tmp_path):
     assert ev.baseline["no_information"] == pytest.approx(-np.log(OUT), abs=1e-12)
     # copying over the ids both vocabularies have, against float64 eigenvalues of the full
     # circuit W_E[:100] OV W_U (folded weights, as the claim reads them)
-    from harness.mech.weights import head_weights
+    from harness.mech.weights.scores import head_weights
 
     loaded = harness.load_model(narrow, device="cpu")
     hw = head_weights(loaded.bridge, "folded")

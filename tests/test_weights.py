@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from harness import stats
-from harness.mech import weights as W
-from harness.mech.factored import Composition
-from harness.mech.rotation_null import haar_block_squares
+from harness.mech.weights import scores as W
+from harness.mech.weights.factored import Composition
+from harness.mech.weights.null import haar_block_squares
 from harness.model.ref import load_model
 from harness.spec.names import Head, HeadInput
 
@@ -70,7 +70,7 @@ def test_raw_scores_match_transformer_lens_on_random_model(mode):
 def test_scores_in_chunks_of_receiver_layers_match_transformer_lens(layers_a_chunk, monkeypatch):
     """The grid's receiver layers in chunks of 1, 2 or 3 (what a small working memory gives a wide
     model): every pair as TransformerLens's dense scores, to float64 rounding."""
-    from harness.mech import factored
+    from harness.mech.weights import factored
 
     L, H, r, d = 5, 3, 2, 10
     monkeypatch.setattr(factored, "GRID_MEMORY", layers_a_chunk * 8 * (2 * d + H * r) * H * r)

@@ -13,9 +13,9 @@ import pytest
 
 from harness import stats
 from harness.cli import main
-from harness.mech import composition_table as CT
-from harness.mech import weights as W
-from harness.mech.factored import Composition
+from harness.mech.weights import scores as W
+from harness.mech.weights import table as CT
+from harness.mech.weights.factored import Composition
 from harness.model.ref import load_model
 from harness.report.figures import text_problems
 from harness.tools import weights_table as WT

@@ -10,7 +10,7 @@ the metric's units.  Every number is reported, with a sign-flip permutation
 p-value of mean(d) = 0.  Mean ablation takes the mean over reference prompts and
 carries its uncertainty into the intervals (claims.effects).
 
-Non-vacuity (mech.change): when the ablation leaves the heads' outputs as they
+Non-vacuity (mech.runs.change): when the ablation leaves the heads' outputs as they
 were (mean relative change below `min_change`), it tests nothing and the claim is
 INCONCLUSIVE whatever the number.  `sensitivity: true` repeats the claim under
 each ablation type.
@@ -30,8 +30,8 @@ from ..evidence.details import CI, Num, Sensitivity, Summary, optional
 from ..evidence.format import fmt
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE, threshold_verdict
-from ..mech import jackknife
-from ..mech.runs import Runs
+from ..mech.runs import jackknife
+from ..mech.runs.cached import Runs
 from ..spec.fields import BoundedCausalClaim, UnitList
 from ..spec.names import hook_pattern, hook_resid_pre, unit_hook
 from ..spec.settings import Stats

@@ -1,4 +1,4 @@
-"""Claim kind `attribution`: an edge's attribution score (EAP or EAP-IG, mech.attribution)
+"""Claim kind `attribution`: an edge's attribution score (EAP or EAP-IG, mech.graph.attribution)
 estimates that patching it would move the metric (`used`) or would not (`unused`).  An
 estimate, not an intervention: its own evidence type and its own rung of the evidence
 ladder ("attribution", below every intervention); an edge claim on the same edge tests it.
@@ -26,8 +26,8 @@ from ..evidence.details import CI, Summary, optional
 from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE
-from ..mech import change as read_change
-from ..mech import patching, writes
+from ..mech.edges import patching, writes
+from ..mech.runs import change as read_change
 from ..spec import names
 from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.vocabulary import Direction, LadderStatus, Replacement, Rung, UseStatus

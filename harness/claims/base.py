@@ -33,11 +33,11 @@ from typing import Any, ClassVar, Generic, TypeVar
 from ..evidence.details import Details, Explained, PassRegion, Sensitivity, WeightsVsUseRow
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import EvidenceType, Verdict
-from ..mech.explain import Explainer
-from ..mech.factored import Composition
-from ..mech.paths import Route
-from ..mech.runs import Runs
-from ..mech.weights import HeadWeights, head_weights
+from ..mech.edges.paths import Route
+from ..mech.runs.cached import Runs
+from ..mech.weights.explain import Explainer
+from ..mech.weights.factored import Composition
+from ..mech.weights.scores import HeadWeights, head_weights
 from ..model.devices import of
 from ..model.tokenizer import bridge_tokenizer
 from ..spec import names
@@ -82,7 +82,7 @@ class FrozenPatternsPath:
 
 @dataclass(frozen=True)
 class EdgeCircuitPath:
-    """Edge circuits (mech.graph_run): checked with every edge removed and the clean run's own
+    """Edge circuits (mech.graph.forward): checked with every edge removed and the clean run's own
     writes as the replacement, which must give the clean run."""
 
 
@@ -178,13 +178,13 @@ class Context:
         return self.runs.with_corruption(corruption)
 
     def weights(self) -> HeadWeights:
-        """The head weights (mech.weights.HeadWeights), read once per run."""
+        """The head weights (mech.weights.scores.HeadWeights), read once per run."""
         if self._weights is None:
             self._weights = head_weights(self.runs.bridge, self.processing)
         return self._weights
 
     def composition(self) -> Composition:
-        """Composition scores and the shared rotation null on those weights (mech.factored),
+        """Composition scores and the shared rotation null on those weights (mech.weights.factored),
         computed once per run and read by claims, the weights-vs-use table and the figures."""
         if self._composition is None:
             self._composition = Composition(self.weights(), self.seed, of(self.runs.bridge),
@@ -192,7 +192,7 @@ class Context:
         return self._composition
 
     def explainer(self) -> Explainer:
-        """What flows through head routes (mech.explain) on the same weights, token texts from
+        """What flows through head routes (mech.weights.explain) on the same weights, token texts from
         the model's tokenizer when it has one; made once per run."""
         if self._explainer is None:
             tok = bridge_tokenizer(self.runs.bridge, "the model")

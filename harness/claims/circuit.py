@@ -6,9 +6,9 @@ A node circuit (`heads:`) keeps its heads (and MLPs) and ablates every other hea
 other head and MLP when it names an MLP) on `hook_z` / `hook_mlp_out`.  An edge circuit
 (`edges:`) keeps exactly its edges: every other edge from a sender (embed, a head, an MLP) to
 a receiver (a head's q/k/v input, an MLP's input, the logits) carries the sender's
-replacement write, each receiver's input rebuilt exactly (mech.graph_run).  A node circuit
+replacement write, each receiver's input rebuilt exactly (mech.graph.forward).  A node circuit
 is the edge circuit of all edges among its nodes, from embed and to the logits
-(mech.graph.Graph.node_mask: the two give the same numbers).
+(mech.graph.structure.Graph.node_mask: the two give the same numbers).
 
     faithfulness F = sum(m_C - m_empty) / sum(m_full - m_empty)
 
@@ -23,7 +23,7 @@ anytime-valid at `alpha`) stops as soon as it decides.  PASS needs the bound met
 deciding "more"; FAIL when the bound fails, the test decides "not more", or after every draw
 the share of circuits beaten is at most beat_rate.
 
-Non-vacuity (mech.change): ablating a head outside C (for an edge circuit: a sender whose
+Non-vacuity (mech.runs.change): ablating a head outside C (for an edge circuit: a sender whose
 edges are removed) that leaves its output as it was does not test whether C needs it; a
 PASS with such a head is INCONCLUSIVE, naming the heads.
 """
@@ -41,8 +41,9 @@ from ..evidence.details import Summary
 from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_verdict
-from ..mech import graph_run, jackknife
-from ..mech.runs import Runs
+from ..mech.graph import forward
+from ..mech.runs import jackknife
+from ..mech.runs.cached import Runs
 from ..spec import names
 from ..spec.names import hook_mlp_out, hook_resid_pre, hook_z
 from ..spec.settings import Stats
@@ -87,7 +88,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
     def hooks(self, claim: CircuitClaim, n_layers: int) -> list[str]:
         if claim.edges is not None:
-            return graph_run.cache_names(n_layers, True)
+            return forward.cache_names(n_layers, True)
         mlps = [hook_mlp_out(layer) for layer in range(n_layers)] if with_mlps(claim) else []
         return [hook_z(layer) for layer in range(n_layers)] + mlps + [hook_resid_pre(0)]  # Runs.run starts there
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from .. import stats
 from ..errors import UnsupportedError
-from ..mech.graph import Graph
-from ..mech.runs import Runs
+from ..mech.graph.structure import Graph
+from ..mech.runs.cached import Runs
 from ..progress import stage
 from ..spec import names
 from ..spec.settings import Stats

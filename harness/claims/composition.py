@@ -4,11 +4,11 @@ the route is used).
 
     C = ||X Y||_F / (||X||_F ||Y||_F),  X = OV_sender,  Y = QK (q), QK^T (k), OV (v) of the receiver
 
-against a rotation null that keeps both spectra (mech.weights).  The one-sided
+against a rotation null that keeps both spectra (mech.weights.scores).  The one-sided
 p-values of a file's composition claims are Benjamini-Hochberg adjusted
 together.  "composes" when p_adj < composition_alpha and the route stands out
 among its peers, C >= composition_min_ratio x the median score of every other
-earlier head into the same receiver input (mech.weights.composes);
+earlier head into the same receiver input (mech.weights.scores.composes);
 "does_not_compose" otherwise.
 
 `route_evidence` is the same computation for any list of head -> head-input
@@ -27,8 +27,8 @@ from ..evidence.details import Details, Explained, optional
 from ..evidence.format import fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, PASS
-from ..mech import weights
-from ..mech.factored import Composition
+from ..mech.weights import scores
+from ..mech.weights.factored import Composition
 from ..spec import names
 from ..spec.fields import ClaimSpec, HeadRouteName
 from ..spec.settings import Stats
@@ -46,15 +46,15 @@ class CompositionClaim(ClaimSpec):
     expect: Literal["composes", "does_not_compose"] = "composes"
 
 
-class CompositionDetails(weights.CompositionResult, Details):
-    """Every field of mech.weights.CompositionResult, then the multiple-testing fields."""
+class CompositionDetails(scores.CompositionResult, Details):
+    """Every field of mech.weights.scores.CompositionResult, then the multiple-testing fields."""
 
     edge: str
     p_adjusted: float
     alpha: float
     correction: str
     n_tested: int
-    explained: Explained | None = optional()  # what flows (mech.explain); absent in older documents
+    explained: Explained | None = optional()  # what flows (mech.weights.explain); absent in older documents
     min_peer_ratio: float | None = optional()  # stats.composition_min_ratio (absent in older documents)
     composes: bool | None = optional()  # the rule's outcome (older documents: p_adjusted < alpha alone)
 
@@ -63,20 +63,20 @@ class CompositionDetails(weights.CompositionResult, Details):
 class RouteEvidence:
     """Composition of one head -> head-input edge, with its BH-adjusted p-value."""
 
-    result: weights.CompositionResult
+    result: scores.CompositionResult
     p_adjusted: float
-    composes: bool  # mech.weights.composes: the null rejected and the route stands out among its peers
+    composes: bool  # mech.weights.scores.composes: the null rejected and the route stands out among its peers
 
 
 def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats,
                    max_draws: int | None = None) -> list[RouteEvidence]:
     """Composition evidence for head -> head-input edges (a group of sender heads: their
     combined write, Composition.group_result); p-values BH-adjusted over them.  Every pair
-    reads the same shared null draws (mech.rotation_null), so an edge has the same score,
+    reads the same shared null draws (mech.weights.null), so an edge has the same score,
     null and raw p in a claim, the weights-vs-use table and the figures.  A pair whose p from
     `st.null_draws` draws is below alpha gets more draws, as many as BH over these edges needs
-    (weights.draws_needed), at most `max_draws` (the signature plot's budget)."""
-    extend = weights.draws_needed(len(edges), st.composition_alpha)
+    (scores.draws_needed), at most `max_draws` (the signature plot's budget)."""
+    extend = scores.draws_needed(len(edges), st.composition_alpha)
     if max_draws is not None:
         extend = min(extend, max(st.null_draws, max_draws))
     pairs, groups = [], {}
@@ -92,7 +92,7 @@ def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats,
     singles = iter(comp.results(pairs, st.null_draws, extend, st.composition_alpha))
     results = [groups[i] if i in groups else next(singles) for i in range(len(edges))]
     adjusted = stats.benjamini_hochberg([r.p_value for r in results])
-    return [RouteEvidence(r, p, weights.composes(p, r.peer_ratio, st.composition_alpha, st.composition_min_ratio))
+    return [RouteEvidence(r, p, scores.composes(p, r.peer_ratio, st.composition_alpha, st.composition_min_ratio))
             for r, p in zip(results, adjusted, strict=True)]
 
 
@@ -138,7 +138,7 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
                                details=details, rule="no route: the sender's OV or the receiver's matrix is zero "
                                                      "(score undefined, p = 1)")
         null = p_adjusted < alpha
-        out = weights.stands_out(r.peer_ratio, min_ratio)
+        out = scores.stands_out(r.peer_ratio, min_ratio)
         peers = ("no peers to stand out from" if r.peer_ratio is None else
                  f"{r.peer_ratio:.2f} x the median of its {r.n_peers} peers ({r.peer_median:.3f}; rank "
                  f"{r.peer_rank}) {'>=' if out else '<'} {min_ratio:g}")

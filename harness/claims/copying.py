@@ -3,7 +3,7 @@
     copying = Re(sum lambda) / sum |lambda|
 
 over the eigenvalues lambda of the head's full OV circuit W_E OV W_U
-(mech.weights.copying_score); 1 = pure copying.  Exact (no sampling, no CI):
+(mech.weights.scores.copying_score); 1 = pure copying.  Exact (no sampling, no CI):
 PASS when the value meets the bound.  Undefined (INCONCLUSIVE) when the OV
 circuit never reaches the unembedding (sum |lambda| ~ 0).
 
@@ -21,7 +21,7 @@ from pydantic import model_validator
 from ..evidence.details import Details
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS
-from ..mech import weights
+from ..mech.weights import scores
 from ..spec.fields import BoundedClaim, HeadName
 from ..spec.vocabulary import Rung
 from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
@@ -74,10 +74,10 @@ class CopyingKind(ClaimKind[CopyingClaim, CopyingDetails]):
                             f"copying score {value}")]
 
     def measure(self, claims: Sequence[Indexed[CopyingClaim]], ctx: Context) -> Measured:
-        return Measured({i: self.evaluate(c, weights.copying_score(ctx.weights(), c.head.layer, c.head.head))
+        return Measured({i: self.evaluate(c, scores.copying_score(ctx.weights(), c.head.layer, c.head.head))
                          for i, c in claims})
 
-    def evaluate(self, claim: CopyingClaim, score: weights.CopyingScore) -> ClaimResult:
+    def evaluate(self, claim: CopyingClaim, score: scores.CopyingScore) -> ClaimResult:
         expectation = f"copying score of {claim.head} {claim.bound_text()}"
         details = CopyingDetails(sum_abs_eigenvalues=score.sum_abs_eigenvalues, n_eigenvalues=score.n_eigenvalues,
                                  processing=score.processing)

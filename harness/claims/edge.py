@@ -1,6 +1,6 @@
 """Claim kind `edge`: patching the edge sender -> receiver moves the metric
 (`used`) or does not (`unused`) (causal evidence; exact edge patching,
-mech.patching).
+mech.edges.patching).
 
 Per prompt n: noising d_n = m_clean,n - m_patched,n (necessity); denoising
 d_n = m_patched,n - m_corrupted,n (sufficiency), floored to exact zeros below the
@@ -12,7 +12,7 @@ leaving out edges whose every d_n is exactly 0 (structurally zero: p = 1).
 Use status, with c the mean raw change mean(d):
 
     untested            the patch does not change the sender's output where the
-                        receiver reads it (mech.change: relative change < min_change)
+                        receiver reads it (mech.runs.change: relative change < min_change)
     used                lo > min_effect, p_adj < alpha and c >= min_raw_change
     used (opposite sign) hi < -min_effect, p_adj < alpha and c <= -min_raw_change
     unused              -tolerance <= lo and hi <= tolerance
@@ -43,7 +43,7 @@ from ..evidence.details import CI, EdgeTest, Num, PassRegion, Sensitivity, Summa
 from ..evidence.format import fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict
-from ..mech import patching, paths
+from ..mech.edges import patching, paths
 from ..spec import names
 from ..spec.fields import CorruptionChoice, EdgeName
 from ..spec.names import hook_pattern
@@ -142,7 +142,7 @@ class EdgeClaim(RouteClaim):
 
     kind: Literal["edge"]
     edge: EdgeName  # names.EDGE_RULE: heads, MLPs, embed or a group of them -> a later head input, MLP or logits
-    routes: Literal["direct", "all"] = "direct"  # all: through every component in between (mech.paths.AllRoutes)
+    routes: Literal["direct", "all"] = "direct"  # all: through every component in between (mech.edges.paths.AllRoutes)
 
     @property
     def route(self) -> names.Edge | paths.AllRoutes:

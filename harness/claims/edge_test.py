@@ -2,7 +2,7 @@
 for edge and path claims (claims.edge), the signature plot (engine.figure_data) and
 `harness scan` (tools.scan).
 
-For a route patched in one direction with one replacement (mech.runs.Runs.patched; the
+For a route patched in one direction with one replacement (mech.runs.cached.Runs.patched; the
 batched sweep fills the same memo, Runs.patched_many), per prompt n:
 
     noising    d_n = m_clean,n - m_patched,n      (necessity)
@@ -12,7 +12,7 @@ floored to exact zeros below the numerical tolerance (claims.effects.floor_chang
 The effect is the normalised effect sum(d) / sum(g) with its BCa CI (g: the
 clean-corrupted gap, or the clean-no-information gap with `normalize: baseline`; a
 mean replacement carries the reference mean's jackknife); the sign-flip p-value of d
-over the kept prompts; non-vacuity from mech.change.  A family of tests (`edge_tests`)
+over the kept prompts; non-vacuity from mech.runs.change.  A family of tests (`edge_tests`)
 is Benjamini-Hochberg adjusted over its members whose every d_n is not exactly 0
 (structurally zero routes keep p = 1), and each member's use status follows:
 
@@ -36,9 +36,10 @@ import numpy as np
 
 from .. import stats
 from ..evidence.format import fmt_p
-from ..mech import change as read_change
-from ..mech import jackknife, paths
-from ..mech.runs import Runs
+from ..mech.edges import paths
+from ..mech.runs import change as read_change
+from ..mech.runs import jackknife
+from ..mech.runs.cached import Runs
 from ..spec import names
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Normalization, Replacement, UseStatus
@@ -82,7 +83,7 @@ class EdgeEffect:
 def edge_effect(runs: Runs, edge: paths.Route, direction: str, replacement: str, freeze: bool, st: Stats, *,
                 seed: int, unit: str, baseline: float | None = None, normalize: str = Normalization.CORRUPTED,
                 perm_seed: int | None = None, split: str | None = None) -> EdgeEffect:
-    """Patch `edge` (runs: mech.runs.Runs) and measure its effect (module docstring); `seed` drives
+    """Patch `edge` (runs: mech.runs.cached.Runs) and measure its effect (module docstring); `seed` drives
     the bootstrap, `perm_seed` (default `seed`) the sign-flip test; `split`: the file's metric, to
     split into its parts (claims.metric_parts: the patch once more, scored by the first part)."""
     m_clean, m_corrupt = runs.m_clean, runs.m_corrupt

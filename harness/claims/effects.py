@@ -19,7 +19,7 @@ prompt n, with m the metric:
   metric's units, always shown beside the normalised effect).
 * the mean's own uncertainty (mean ablation, mean replacement): the statistic is
   recomputed with each of the K reference groups left out of the mean (theta_k,
-  mech.reference.Reference).  The delete-a-group jackknife gives the bias a finite
+  mech.runs.reference.Reference).  The delete-a-group jackknife gives the bias a finite
   reference set causes, b = (K-1) (mean theta_k - theta) (a statistic nonlinear in
   the mean, e.g. a circuit with every other head mean-ablated, is biased by O(1/m)
   for m reference prompts), and its variance var_ref = (K-1)/K sum_k (theta_k -
@@ -27,7 +27,7 @@ prompt n, with m the metric:
   [lo, hi] of theta becomes theta' - sqrt((theta - lo)^2 + z^2 var_ref),
   theta' + sqrt((hi - theta)^2 + z^2 var_ref), z the normal quantile of the
   confidence level.
-* intervention change (non-vacuity, mech.change): the mean over prompts of the
+* intervention change (non-vacuity, mech.runs.change): the mean over prompts of the
   relative change r_n the intervention makes where it is read; below `min_change`
   the intervention is vacuous and no "no effect" verdict can pass on it.
 """
@@ -43,7 +43,7 @@ import numpy as np
 from .. import stats
 from ..evidence.details import CI, Details, Num, Record, Sensitivity, Summary, Variant, optional
 from ..evidence.result import ClaimResult
-from ..mech import change as read_change
+from ..mech.runs import change as read_change
 from ..progress import progress
 from ..spec.settings import Stats
 from ..spec.vocabulary import ABLATIONS
@@ -193,7 +193,7 @@ def baseline_fields(base: NormalizedEffect | None, m_base: float | None, clean_m
 
 
 class InterventionChange(Record):
-    """How much the intervention changed what is read (mech.change): non-vacuity."""
+    """How much the intervention changed what is read (mech.runs.change): non-vacuity."""
 
     relative_change: float  # mean over prompts of r_n (the prompts where the sender writes something)
     prompts_changed: float  # fraction of prompts with r_n >= min_change
@@ -220,7 +220,7 @@ def intervention_change(r: np.ndarray, st: Stats, read_at: str, by_head: dict[st
 
 
 def head_change(runs: Any, heads: list[Any], kind: str, st: Stats) -> InterventionChange:
-    """The InterventionChange of ablating `heads` with `kind` (mech.change.head_changes)."""
+    """The InterventionChange of ablating `heads` with `kind` (mech.runs.change.head_changes)."""
     c = read_change.head_changes(runs, heads, kind)
     return intervention_change(c.joint, st, read_change.UP_TO_LAST, {str(h): r for h, r in c.per_head.items()},
                                c.joint_scored)

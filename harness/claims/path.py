@@ -1,9 +1,9 @@
 """Claim kind `path`: patching a multi-hop route moves the metric (`used`) or does
-not (`unused`) (causal evidence; path patching, mech.paths).
+not (`unused`) (causal evidence; path patching, mech.edges.paths).
 
 `path: L0H7 -> L1H5.k -> L2H3.q` carries the first node's change to each hop only
 through its listed input; only the last hop's changed output enters the residual
-stream (mech.paths states the arithmetic).  Everything else is the edge claim's
+stream (mech.edges.paths states the arithmetic).  Everything else is the edge claim's
 (claims.edge): the same keys, per-prompt changes, normalised effect, sign-flip
 p-values (Benjamini-Hochberg adjusted over the file's path claims), use status,
 verdict rules and report lines.  A path of one hop is an edge, with exactly the

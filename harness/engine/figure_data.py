@@ -9,14 +9,14 @@ from the JSON alone.
                (ClaimKind.edges), the cross-layer score matrix and each cell's
                own null 99th percentile (per-cell, uncorrected: a guide to the
                eye; claims use BH), from the run's shared null draws
-               (mech.rotation_null).
+               (mech.weights.null).
 * signature:   for every head input a claim names, every earlier head as a
                candidate sender: composition score (x), BH-adjusted null p over
                the candidates (the shared null draws), and the noising edge
                effect with its CI (y, resample replacement,
                Stream.SIGNATURE_EFFECT) and its use status by the edge claims'
                rule (p BH-adjusted over the patched candidates; `untested`
-               when the patch changes nothing the receiver reads, mech.change);
+               when the patch changes nothing the receiver reads, mech.runs.change);
                claimed edges are marked.  Which candidates are patched follows
                from their composition scores (`signature_patches`), chosen before
                the base runs, which cache what those patches read and no more.
@@ -37,11 +37,12 @@ import numpy as np
 from ..claims.composition import route_evidence
 from ..claims.edge_test import EdgeTestSpec, edge_tests
 from ..claims.registry import kind_of
-from ..mech import edge_sets, weights
-from ..mech.base_runs import base_runs
-from ..mech.edge_sets import patch_cost
-from ..mech.factored import Composition
-from ..mech.runs import Runs
+from ..mech.edges import sets
+from ..mech.edges.sets import patch_cost
+from ..mech.runs.build import base_runs
+from ..mech.runs.cached import Runs
+from ..mech.weights import scores
+from ..mech.weights.factored import Composition
 from ..spec import names
 from ..spec.fields import ClaimSpec
 from ..spec.names import hook_pattern, hook_resid_pre
@@ -104,8 +105,8 @@ def runs_for(runs: Runs, claims: Sequence[ClaimSpec], metric: str,
 def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int,
                  patched: Collection[names.Edge] | None = None) -> list[str]:
     """What the signature plot reads: each receiver's residual, and for a key or value receiver its
-    attention pattern (where it reads: mech.change); and what the batched edge patching of the
-    candidates it patches reads (mech.edge_sets.cache_names: their senders' outputs, the receivers'
+    attention pattern (where it reads: mech.runs.change); and what the batched edge patching of the
+    candidates it patches reads (mech.edges.sets.cache_names: their senders' outputs, the receivers'
     layers).  `patched`: those candidates (`signature_patches`); None: every candidate, so every
     earlier layer's head outputs (what is cached before the composition scores are known)."""
     out = []
@@ -116,9 +117,9 @@ def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int,
     if not out:
         return out
     # each receiver's layer whether or not a patch into it was chosen (embed adds no head outputs): the claims'
-    # own edges into it take the batched path (mech.batched_edges.patch_into) whatever the plot patches
+    # own edges into it take the batched path (mech.edges.batched.patch_into) whatever the plot patches
     reach = [names.Edge(names.Embed(), r) for r in receivers(claims)]
-    return out + edge_sets.cache_names(n_layers, (candidates if patched is None else list(patched)) + reach)
+    return out + sets.cache_names(n_layers, (candidates if patched is None else list(patched)) + reach)
 
 
 def attention(claims: Sequence[ClaimSpec], clean: dict[str, Any], ds: Any,
@@ -162,7 +163,7 @@ def position_labels(ds: Any, piece: Any = None) -> list[str]:
 
 def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> dict[str, Any]:
     """Per mode a claim reads: every cross-layer score and each cell's own null 99th percentile
-    (the shared null draws, mech.rotation_null; `matrix_draws` of them per cell)."""
+    (the shared null draws, mech.weights.null; `matrix_draws` of them per cell)."""
     out = {}
     hw = comp.hw
     L, H = hw.n_layers, hw.n_heads
@@ -233,7 +234,7 @@ def signature(routes: list[tuple[names.Edge, Any]], claims: Sequence[ClaimSpec],
         return {}
     candidates = [e for e, _ in routes]
     found = [r for _, r in routes]
-    capped = weights.draws_needed(len(candidates), st.composition_alpha) > max(st.null_draws, SIGNATURE_MAX_DRAWS)
+    capped = scores.draws_needed(len(candidates), st.composition_alpha) > max(st.null_draws, SIGNATURE_MAX_DRAWS)
     effect_seed = derive_seed(seed, Stream.SIGNATURE_EFFECT)
     patched = [e for e in candidates if e in chosen]
     tests = edge_tests(runs, [EdgeTestSpec(e, seed=effect_seed) for e in patched], st, unit, progress=progress,

@@ -5,7 +5,7 @@ its claims, collect the figures' data.
     plan      hooks = union of each claim's kind.hooks(claim) (+ what the signature plot's patches
               read, those patches chosen first by composition score: signature_patches)
     base runs the clean forward and one per named corruption, caching those hooks
-              (mech.runs.Runs); the reference prompts for means run on first use
+              (mech.runs.cached.Runs); the reference prompts for means run on first use
     baseline  clean, corrupted and gap metric with BCa CIs (seed: the run seed), per
               corruption, and the no-information metric (model.metrics.no_information)
     sanity    engine.sanity over every claim's kind.interventions(claim)
@@ -27,9 +27,9 @@ from ..claims.registry import kind_of
 from ..data.dataset import Dataset
 from ..evidence.details import LadderRow, SanityCheck, WeightsVsUseRow
 from ..evidence.result import ClaimResult
-from ..mech.base_runs import base_runs
-from ..mech.factored import Composition
-from ..mech.runs import Runs
+from ..mech.runs.build import base_runs
+from ..mech.runs.cached import Runs
+from ..mech.weights.factored import Composition
 from ..model import metrics
 from ..model.devices import of
 from ..model.loaded import LoadedModel

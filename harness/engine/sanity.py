@@ -29,9 +29,10 @@ from ..claims.base import EdgeCircuitPath, EdgePatchPath, FrozenPatternsPath, He
 from ..claims.effects import NUMERICAL_TOL
 from ..errors import SanityCheckError
 from ..evidence.details import SanityCheck
-from ..mech import hooks, patching
-from ..mech import paths as routes
-from ..mech.runs import Runs
+from ..mech import hooks
+from ..mech.edges import patching
+from ..mech.edges import paths as routes
+from ..mech.runs.cached import Runs
 from ..spec import names
 from ..spec.names import hook_mlp_out
 from ..spec.settings import Stats

@@ -100,7 +100,7 @@ class EdgeTest(Record):
 
 class TokenLoad(Record):
     """One token of a direction's readout: its id, its text (with the model's tokenizer;
-    absent without one) and how much it loads on the direction (mech.explain)."""
+    absent without one) and how much it loads on the direction (mech.weights.explain)."""
 
     token: int
     text: str | None = optional()
@@ -108,7 +108,7 @@ class TokenLoad(Record):
 
 
 class ExplainedDirection(Record):
-    """One singular direction of a route's product P = X Y (mech.explain): its singular
+    """One singular direction of a route's product P = X Y (mech.weights.explain): its singular
     value, its share of C^2 against the rotation null, and what it means in token space."""
 
     index: int  # 1 = the largest singular value
@@ -127,7 +127,7 @@ class ExplainedDirection(Record):
 
 
 class Explained(Record):
-    """What flows through a head -> head-input route (mech.explain): the spectrum of the
+    """What flows through a head -> head-input route (mech.weights.explain): the spectrum of the
     product against the rotation null, the principal angles between what the sender writes
     and what the receiver reads, and the top singular directions."""
 

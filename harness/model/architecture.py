@@ -21,7 +21,7 @@ attention modules:
 
 What harness cannot reproduce is refused by `check_supported` in one line naming the
 feature.  The rest is held to the model's own activations on every run
-(mech.attention.check, mech.torch_check.check): a mismatch stops the run rather than
+(mech.block.attention.check, mech.block.fidelity.check): a mismatch stops the run rather than
 giving numbers that are not the model's.
 """
 

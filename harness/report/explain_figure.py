@@ -1,5 +1,5 @@
 """The explain figure (a report's `explain.png`, and `harness explain --out`): what flows
-through head -> head-input routes (mech.explain), one row per route, drawn from the
+through head -> head-input routes (mech.weights.explain), one row per route, drawn from the
 evidence alone:
 
 * left:   the product's singular values sigma_i / (||X||_F ||Y||_F) (their squares sum

@@ -1,6 +1,6 @@
 """What flows through a route, in words: the lines the report (under a composition claim
 and under the weights-vs-use table) and `harness explain` print from an `Explained`
-record (mech.explain).  Token texts come from the model's tokenizer, so they pass
+record (mech.weights.explain).  Token texts come from the model's tokenizer, so they pass
 through `esc` (md_text in Markdown, plain on a terminal)."""
 
 from __future__ import annotations

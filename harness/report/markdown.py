@@ -26,7 +26,7 @@ FIGURE_CAPTIONS = {
     "effects.png": ("Observational and causal claims, one panel per unit: estimate and CI (colour = verdict), "
                     "per-prompt values in grey, and the PASS region (green, dashed bound) the CI must lie in; a "
                     "claim whose value is undefined says why in its row."),
-    "explain.png": ("What flows through the claimed head routes, one row per route (mech.explain): left, the "
+    "explain.png": ("What flows through the claimed head routes, one row per route (mech.weights.explain): left, the "
                     "product's singular values sigma_i / (||X|| ||Y||) (their squares sum to C²) against the "
                     "rotation null's 95% band; middle, the principal angles between what the sender writes and "
                     "what the receiver reads, against the null's band; right, the top directions' share of C² "

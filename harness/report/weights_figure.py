@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..mech.composition_table import WeightsTables
+from ..mech.weights.table import WeightsTables
 from .figures import MAX_WIDTH_IN, TICKS_MAX, literal, png, pyplot
 
 CMAP = "Blues"
@@ -27,7 +27,7 @@ NOT_A_PAIR = "#cccccc"  # hatching of the blocks with sender layer >= receiver l
 
 def grid(t: WeightsTables, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """(C [(L-1) H, (L-1) H] with NaN off the pairs and where no route, composes [same, bool]: the
-    rotation null rejected and the pair standing out among its peers, mech.weights.composes)."""
+    rotation null rejected and the pair standing out among its peers, mech.weights.scores.composes)."""
     L, H, m = t.n_layers, t.n_heads, t.modes[mode]
     c = m.scores[: L - 1, :, 1:, :].reshape((L - 1) * H, (L - 1) * H)
     return c, t.composes_grid(mode)[: L - 1, :, 1:, :].reshape(c.shape)

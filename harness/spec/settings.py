@@ -26,7 +26,7 @@ class Stats(Strict):
     min_gap: float = Field(0.5, ge=0.0)
     min_prompt_gap: float = Field(0.1, ge=0.0)
     composition_alpha: float = Field(0.01, gt=0.0, lt=1.0)
-    composition_min_ratio: float = Field(MIN_PEER_RATIO, ge=1.0)  # C / median of its peers' (mech.weights)
+    composition_min_ratio: float = Field(MIN_PEER_RATIO, ge=1.0)  # C / median of its peers' (mech.weights.scores)
     null_draws: int = Field(1000, ge=99, le=1_000_000)
     alpha: float = Field(0.05, gt=0.0, lt=1.0)
     min_effect: float = Field(0.1, gt=0.0)

@@ -18,7 +18,7 @@ class AttentionRole(StrEnum):
 
 
 class Replacement(StrEnum):
-    """What replaces a sender's activation in a patch (mech.writes.replacement)."""
+    """What replaces a sender's activation in a patch (mech.edges.writes.replacement)."""
 
     RESAMPLE = "resample"
     MEAN = "mean"

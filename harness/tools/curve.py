@@ -2,7 +2,7 @@
 search for the smallest circuit whose interval clears a bound.
 
 For k edges kept (the top k of the ranking; every other edge resampled from the corrupted run,
-mech.graph_run) the faithfulness on the confirmation prompts is
+mech.graph.forward) the faithfulness on the confirmation prompts is
 
     F_k = sum_K (m_k - m_empty) / sum_K (m_full - m_empty)
 
@@ -37,8 +37,8 @@ import numpy as np
 from .. import stats
 from ..claims import effects
 from ..errors import UserError
-from ..mech.graph import Graph
-from ..mech.runs import Runs
+from ..mech.graph.structure import Graph
+from ..mech.runs.cached import Runs
 from ..progress import stage
 from ..spec.settings import Stats
 from ..spec.vocabulary import Replacement

@@ -3,13 +3,13 @@
 The prompts (a hypothesis file's data on its `explore` split, or `--data`, or for a model the
 repeated-token generator's `explore` prompts) are split at random (seeded, Stream.DISCOVER)
 into a discovery part and a disjoint confirmation part, sizes stated.  On the discovery part
-every edge of the model's graph (mech.graph: embed, heads and MLPs into heads' q/k/v, MLP
+every edge of the model's graph (mech.graph.structure: embed, heads and MLPs into heads' q/k/v, MLP
 inputs and the logits) is scored, by one of
 
     eap-ig   attribution with the gradient averaged over `steps` points from the corrupted to
-             the clean input (mech.attribution; the default, 5 steps)
-    eap      first-order attribution at the clean run (mech.attribution)
-    exact    exact noising patch of every edge, resample (mech.runs.Runs.patched_many)
+             the clean input (mech.graph.attribution; the default, 5 steps)
+    eap      first-order attribution at the clean run (mech.graph.attribution)
+    exact    exact noising patch of every edge, resample (mech.runs.cached.Runs.patched_many)
 
 each the mean over prompts of the noising change m_clean - m_patched it measures or estimates,
 and ranked by |score| summed over positions (`rank: abs`), or by the sum over positions of
@@ -52,9 +52,9 @@ from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
 from ..engine.data_source import for_exploring, from_data_file
 from ..errors import SpecError, UserError
 from ..hypothesis.loading import load
-from ..mech.base_runs import base_runs
-from ..mech.graph import Graph
-from ..mech.runs import Runs
+from ..mech.graph.structure import Graph
+from ..mech.runs.build import base_runs
+from ..mech.runs.cached import Runs
 from ..model import metrics
 from ..model.devices import of, resolve_device
 from ..model.loaded import LoadedModel

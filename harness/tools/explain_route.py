@@ -1,5 +1,5 @@
 """`harness explain EDGE MODEL`: what flows through one head -> head-input route
-(mech.explain): the composition score against its rotation null, C^2 split over the
+(mech.weights.explain): the composition score against its rotation null, C^2 split over the
 singular directions of the product X Y with each share against the null, the principal
 angles between what the sender writes and what the receiver reads, and the top
 directions' token readouts; with `--out FIG.png`, the figure of a report's explain.png
@@ -15,9 +15,9 @@ from tabulate import tabulate
 from ..errors import OutputWriteError, UserError
 from ..evidence.details import Explained
 from ..evidence.format import fmt, fmt_ci, fmt_p
-from ..mech import weights
-from ..mech.explain import Explainer
-from ..mech.factored import Composition
+from ..mech.weights import scores
+from ..mech.weights.explain import Explainer
+from ..mech.weights.factored import Composition
 from ..model.devices import of
 from ..model.ref import load_model
 from ..model.tokenizer import shown_tokenizer
@@ -50,7 +50,7 @@ def explain_route(model: str, edge_text: str, *, top: int = 3, draws: int = 1000
     sender, receiver = edge.sender, edge.receiver
     if not isinstance(sender, names.Head) or not isinstance(receiver, names.HeadInput):  # parse_edge checked
         raise UserError(f"{edge} is not a head -> head-input edge")
-    hw = weights.head_weights(m.bridge, processing)
+    hw = scores.head_weights(m.bridge, processing)
     tok = shown_tokenizer(m)
     record = Explainer(hw, seed, tok.piece if tok is not None else None).record(sender, receiver, draws, top)
     score = Composition(hw, seed, of(m.bridge)).result(sender, receiver, draws)
@@ -65,7 +65,7 @@ def explain_route(model: str, edge_text: str, *, top: int = 3, draws: int = 1000
     return text, record
 
 
-def render(edge: str, model: str, ex: Explained, score: weights.CompositionResult, *, null_dim: int,
+def render(edge: str, model: str, ex: Explained, score: scores.CompositionResult, *, null_dim: int,
            processing: str, seed: int) -> str:
     """The terminal text of one explained route."""
     sender, receiver = (part.strip() for part in edge.split("->"))

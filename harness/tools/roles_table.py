@@ -12,7 +12,7 @@ data file, `--data`, engine.data_source.from_data_file):
   corruption's run (resample), every other edge kept, so the logits read h's corrupted write
   and everything else clean; per prompt e_n = m_clean - m_patched, and the effect is
   DE_h = sum_n e_n / sum_n (m_clean - m_corrupt), the fraction of the clean-corrupted gap that h
-  carries straight to the logits (one pass for all heads: mech.batched_edges, each a forward of
+  carries straight to the logits (one pass for all heads: mech.edges.batched, each a forward of
   the final norm and unembedding).  With `logit_diff` the effect is split into its two parts
   (model.metrics: answer_logit + wrong_logit = logit_diff, prompt by prompt): `direct via
   answer_logit` and `direct via wrong_logit`, each over the same logit_diff gap, so they add up
@@ -47,8 +47,9 @@ from ..data.sources import generated
 from ..engine.data_source import DataSource, DataSpec, build_dataset
 from ..errors import UserError
 from ..evidence.document import to_json
-from ..mech import edge_sets, roles
-from ..mech.base_runs import base_runs
+from ..mech import roles
+from ..mech.edges import sets
+from ..mech.runs.build import base_runs
 from ..model.devices import of
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import start_words
@@ -118,7 +119,7 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     heads = list(names.Head.every(m.n_layers, m.n_heads))
     metric = metric or ("logit_diff" if ds.wrong is not None else "logprob")
     direct = direct and bool(ds.corruptions)
-    edge_hooks = edge_sets.cache_names(m.n_layers) if direct else []  # what the head -> logits patches read
+    edge_hooks = sets.cache_names(m.n_layers) if direct else []  # what the head -> logits patches read
     hooks = [hook_pattern(layer) for layer in range(m.n_layers)] + edge_hooks
     stage(f"head table: {ds.n} prompts ({start_words(m, ds)}), {len(heads)} heads")
     one = ds.keep_corruptions(list(ds.corruptions)[:1]) if ds.corruptions else ds

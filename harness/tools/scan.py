@@ -1,15 +1,15 @@
 """`harness scan`: every edge at once, before writing a hypothesis.
 
-For every edge of the model's graph (mech.graph: embed, heads and MLPs into later heads'
+For every edge of the model's graph (mech.graph.structure: embed, heads and MLPs into later heads'
 .q/.k/.v, MLP inputs and the logits; the count of each class printed and in scan.json), and
 for each corruption asked for (generator: `first_half`, `second_half`, `both`;
 `--data`, a prompt file or a YAML data file: its own corruptions):
 * the causal effect (noising, resample replacement, batched exact edge
-  patching: mech.batched_edges for head and embed edges, the edge graph for edges with an MLP
-  end, mech.graph_run): normalised effect with a BCa CI and a sign-flip
+  patching: mech.edges.batched for head and embed edges, the edge graph for edges with an MLP
+  end, mech.graph.forward): normalised effect with a BCa CI and a sign-flip
   p-value, Benjamini-Hochberg adjusted over the corruption's edges (structurally
   zero edges left out), how much the patch changes the sender's output where the
-  receiver reads it (mech.change), and the use status (claims.edge_test.UseRule,
+  receiver reads it (mech.runs.change), and the use status (claims.edge_test.UseRule,
   with the default `stats` thresholds: `untested` when the patch is vacuous,
   `used (opposite sign)` for a clear effect against the clean behaviour);
 * for head -> head-input edges, the composition score and its rotation-null
@@ -46,10 +46,12 @@ from ..errors import UserError
 from ..evidence.document import to_json
 from ..evidence.format import fmt_p
 from ..hypothesis.loading import load
-from ..mech import edge_sets, graph_run, weights
-from ..mech.base_runs import base_runs
-from ..mech.factored import Composition
-from ..mech.graph import Graph
+from ..mech.edges import sets
+from ..mech.graph import forward
+from ..mech.graph.structure import Graph
+from ..mech.runs.build import base_runs
+from ..mech.weights import scores
+from ..mech.weights.factored import Composition
 from ..model import metrics
 from ..model.devices import of, resolve_device
 from ..model.ref import ModelRef, load_model
@@ -108,10 +110,10 @@ def scan(model_source: str, out: Path, *, device: str | None = None, data_file: 
 
 def scan_hooks(n_layers: int, has_mlp: bool) -> list[str]:
     """What exact patching of every edge reads from the base runs: the batched sweep's hooks
-    (mech.batched_edges), the last layer's pattern (non-vacuity of its keys and values) and the
-    edge graph's (mech.graph_run: edges with an MLP end)."""
-    return list(dict.fromkeys(edge_sets.cache_names(n_layers) + [hook_pattern(n_layers - 1)]
-                              + graph_run.cache_names(n_layers, has_mlp)))
+    (mech.edges.batched), the last layer's pattern (non-vacuity of its keys and values) and the
+    edge graph's (mech.graph.forward: edges with an MLP end)."""
+    return list(dict.fromkeys(sets.cache_names(n_layers) + [hook_pattern(n_layers - 1)]
+                              + forward.cache_names(n_layers, has_mlp)))
 
 
 def explore_dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | None,
@@ -140,7 +142,7 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
     ds, chosen = explore_dataset(m, cfg, given)
     ds = ds.to(of(bridge))
     graph = Graph.of(bridge)
-    head_edges = edge_sets.all_edges(L, H)  # first, in the order that keys their seeds
+    head_edges = sets.all_edges(L, H)  # first, in the order that keys their seeds
     listed = set(head_edges)
     edges = head_edges + [e for e in graph.edges() if e not in listed]
     hooks = scan_hooks(L, m.has_mlp)
@@ -213,7 +215,7 @@ def held_out_mapping(d: DataSpec, source: DataSource) -> dict[str, Any]:
 def _composition(comp: Composition, edges: list[names.Edge], draws: int) -> dict[int, tuple]:
     """{edge index: (score or None, uncorrected null p, peer ratio or None)} for head -> head-input
     edges (the shared null draws; the tail bound below the Monte Carlo floor, as `harness weights`;
-    the peer ratio of mech.weights.stands_out)."""
+    the peer ratio of mech.weights.scores.stands_out)."""
     modes = sorted({e.receiver.which for e in edges if isinstance(e.receiver, names.HeadInput)})
     pv = {x: comp.p_values(x, draws)[0] for x in modes}
     ratios = {x: comp.peer_ratios(x) for x in modes}
@@ -241,7 +243,7 @@ def _rows(tests: list[EdgeTestResult], composition: dict[int, tuple], st: Stats,
                "composition": score, "composition_p": comp_p, "p_adjusted": t.p_adjusted, "use": t.use}
         if comp_p is not None:
             row["peer_ratio"] = ratio
-            row["composes"] = weights.composes(comp_p, ratio, st.composition_alpha, st.composition_min_ratio)
+            row["composes"] = scores.composes(comp_p, ratio, st.composition_alpha, st.composition_min_ratio)
             row["class"] = classify(row["composes"], t.use)
         rows.append(row)
     return rows

@@ -31,7 +31,7 @@ import yaml
 from ..claims import composition
 from ..engine.runner import run
 from ..evidence.verdicts import PASS, Verdict
-from ..mech.edge_sets import all_edges
+from ..mech.edges.sets import all_edges
 from ..model.devices import resolve_device
 from ..report.markdown import key_number
 from ..stats import clopper_pearson

@@ -6,7 +6,7 @@ score under resample b is the weighted mean of its per-prompt scores (summed ove
 
     s_b(e) = sum_n w_b,n s_n(e) / sum_n w_b,n,
 
-taken from the same pass that scored the edges (mech.attribution's `resamples`; for `exact`, the
+taken from the same pass that scored the edges (mech.graph.attribution's `resamples`; for `exact`, the
 per-prompt patches), so stability costs no extra forward.  Resample b ranks the edges by
 |s_b(e)| (the `abs` rank; `positions` would need every position of every resample, and is not
 offered), and at each k its top-k set T_b is compared with the full ranking's T by the Jaccard

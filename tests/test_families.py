@@ -69,7 +69,7 @@ class Family:
         return float(self.oracle.run(BASE)["logits"].abs().max())
 
 
-@pytest.fixture(scope="module", params=family_models.FAMILIES)
+@pytest.fixture(scope="module", params=family_models.FAMILIES + family_models.NEW_FAMILIES)
 def fam(request, tmp_path_factory) -> Family:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -117,7 +117,7 @@ def test_hand_attention_reproduces_every_layer(fam):
         for L in range(fam.arch.n_layers):
             resid = cache[names.hook_resid_pre(L)]
             for h in range(fam.arch.n_heads):
-                z = attention.head_z(fam.bridge, names.Head(L, h), dict.fromkeys("qkv", resid), cache)
+                z = attention.head_z(fam.bridge, names.Head(L, h), dict.fromkeys("qkv", resid))
                 assert torch.allclose(z, cache[names.hook_z(L)][:, :, h].double(), atol=1e-10, rtol=0)
 
 
@@ -260,16 +260,24 @@ def test_batched_sweep_equals_the_per_edge_path(fam, replacement, budget):
 
 def folded_from_oracle(fam: Family, layer: int, head: int) -> dict[str, torch.Tensor]:
     """The folded per-head matrices built from the oracle's own reading of the weights file:
-    readers diag(w1) W (RMS, or Gemma's 1 + w; LN also centred), writers W_O diag(w_post) for
-    a norm after the attention (Gemma 2), then centred for LN; the key/value head's W_K, W_V."""
+    readers diag(w1) W (RMS, or Gemma's 1 + w; LN also centred), then times the QK-norm's gain
+    (q and k), writers W_O diag(w_post) for a norm after the attention (Gemma 2 and 3, OLMo 2),
+    then centred for LN; the key/value head's W_K, W_V."""
     o = fam.oracle
     lay = o.layers[layer]
-    w1 = lay.norm1[0] + 1.0 if o.norm_kind == "rms_1p" else lay.norm1[0]
-    g = int(o.kv_of[head])
     d = o.d_model
+
+    def gain(w: torch.Tensor) -> torch.Tensor:
+        return w + 1.0 if o.norm_kind == "rms_1p" else w
+
+    w1 = torch.ones(d, dtype=torch.float64) if lay.norm1 is None else gain(lay.norm1[0])  # OLMo 2: no norm before
+    g = int(o.kv_of[head])
     P = torch.eye(d, dtype=torch.float64) - (1.0 / d if o.norm_kind == "layer" else 0.0)
     out = {"W_Q": P @ (w1[:, None] * lay.W_Q[head]), "W_K": P @ (w1[:, None] * lay.W_K[g]),
            "W_V": P @ (w1[:, None] * lay.W_V[g])}
+    if lay.q_norm is not None:  # the QK-norm's gain (the head's slice where it spans the projection)
+        out["W_Q"] = out["W_Q"] * gain(lay.q_norm[head])
+        out["W_K"] = out["W_K"] * gain(lay.k_norm[g])
     W_O = lay.W_O[head]
     if lay.post1 is not None:
         wp = lay.post1[0] + 1.0 if o.norm_kind == "rms_1p" else lay.post1[0]

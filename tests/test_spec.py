@@ -172,5 +172,5 @@ def test_hook_names_read_back_their_layer():
     for L in (0, 7, 31):
         for spelled in (names.hook_z(L), names.hook_mlp_out(L), names.hook_resid_mid(L), names.hook_input(L, "k")):
             assert names.hook_layer(spelled) == L
-    assert names.hook_layer(names.HOOK_EMBED) is None and names.hook_layer(names.HOOK_ROT_COS) is None
+    assert names.hook_layer(names.HOOK_EMBED) is None and names.hook_layer(names.HOOK_POS_EMBED) is None
     assert names.hook_layer("blocksX.1.hook_z") is None

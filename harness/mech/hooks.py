@@ -31,8 +31,6 @@ from ..model.shape import vocab_out
 from ..progress import progress
 from ..spec.names import (
     HOOK_POS_EMBED,
-    HOOK_ROT_COS,
-    HOOK_ROT_SIN,
     Head,
     Mlp,
     hook_attn_sum,
@@ -43,6 +41,8 @@ from ..spec.names import (
     hook_z,
 )
 from ..spec.vocabulary import ABLATIONS, Ablation
+from .block import rotary
+from .block.arith import causal, output_transform
 
 if TYPE_CHECKING:
     from jaxtyping import Float, Int
@@ -126,12 +126,9 @@ def logits_bytes(k: int, vocab: int) -> int:
 
 def can_start_inside(bridge: Any, cache: Cache, layer: int, positions: Any) -> bool:
     """Whether blocks can run from `cache`'s residual at `layer` (`run_from`): the residual is
-    cached, and (rotary models) the run's rotation.  Checked once per model: run_from with no
-    hooks must reproduce the cached logits of the first prompts at the scored `positions`
-    (`logits_at`; else every run is a whole forward)."""
+    cached.  Checked once per model: run_from with no hooks must reproduce the cached logits of
+    the first prompts at the scored `positions` (`logits_at`; else every run is a whole forward)."""
     if hook_resid_pre(layer) not in cache:
-        return False
-    if architecture.of(bridge).rotary and HOOK_ROT_COS not in cache:
         return False
     known = _START_INSIDE.get(bridge)
     if known is None and "logits_at" not in cache:
@@ -139,45 +136,39 @@ def can_start_inside(bridge: Any, cache: Cache, layer: int, positions: Any) -> b
     if known is None:
         m = 2
         want = cache["logits_at"][:m]
-        got = run_from(bridge, layer, cache[hook_resid_pre(layer)][:m], Plan(), positions[:m], rotation(cache))
+        got = run_from(bridge, layer, cache[hook_resid_pre(layer)][:m], Plan(), positions[:m])
         known = float((got.double() - want.double()).abs().max()) <= 1e-4 * (1.0 + float(want.abs().max()))
         _START_INSIDE[bridge] = known
     return known
 
 
-def rotation(cache: Cache) -> tuple[Any, Any] | None:
-    """The rotary cos and sin a run cached, or None."""
-    return (cache[HOOK_ROT_COS], cache[HOOK_ROT_SIN]) if HOOK_ROT_COS in cache else None
-
-
 def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], plan: Plan,
-             positions: Int[Tensor, "n k"], rotation: tuple[Any, Any] | None = None) -> Float[Tensor, "n k vocab"]:
+             positions: Int[Tensor, "n k"]) -> Float[Tensor, "n k vocab"]:
     """Blocks `layer`.. of the model from `resid` (that run's blocks.{layer}.hook_resid_pre),
     with the plan's hooks (all on blocks >= layer), then ln_final and the unembedding at the
     scored `positions` only: the logits there [n, k, vocab].  Layers below `layer` are not
     recomputed: an intervention that starts at `layer` cannot change them.  A rotary model's
-    blocks are given the run's `rotation` (cos, sin) and each layer's causal (sliding-window)
-    mask, as the model's own forward gives them."""
+    blocks are given each layer's rotation (mech.block.rotary) and causal (sliding-window)
+    mask (mech.block.arith), as the model's own forward gives them."""
     import torch
 
     start = first_layer(plan)
     if start is not None and start < layer:
         raise ValueError(f"a hook of the plan sits below layer {layer}")
     arch = architecture.of(bridge)
-    if arch.rotary and rotation is None:
-        raise ValueError("a rotary model's blocks need the run's rotation (cos, sin)")
     hooks, fired = _counted(bridge, plan)
     x = resid
     s = x.shape[1]
+    tables = rotary.tables(bridge, s, x.dtype, x.device)
     masks: dict[int | None, Any] = {}
     with torch.no_grad(), bridge.hooks(fwd_hooks=hooks):
         for i, block in enumerate(list(bridge.blocks)[layer:], start=layer):
-            if arch.rotary:
+            table = tables[i]
+            if table is not None:
                 window = arch.windows[i]
                 if window not in masks:
-                    masks[window] = _additive_mask(s, window, x)
-                cos, sin = rotation  # type: ignore[misc]
-                out = block(x, attention_mask=masks[window], position_embeddings=(cos.to(x), sin.to(x)),
+                    masks[window] = causal(s, window, x)[None, None]
+                out = block(x, attention_mask=masks[window], position_embeddings=table,
                             position_ids=torch.arange(s, device=x.device)[None])
             else:
                 out = block(x)
@@ -189,22 +180,10 @@ def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], pla
     return cast("Tensor", logits)
 
 
-def _additive_mask(s: int, window: int | None, ref: Any) -> Any:
-    """[1, 1, s, s]: 0 where key j is visible from query i (j <= i, i - j < window), -inf elsewhere."""
-    import torch
-
-    i = torch.arange(s, device=ref.device)
-    keep = i[None, :] <= i[:, None]
-    if window is not None:
-        keep &= (i[:, None] - i[None, :]) < window
-    return torch.zeros(s, s, dtype=ref.dtype, device=ref.device).masked_fill(~keep, float("-inf"))[None, None]
-
-
 def for_architecture(bridge: Any, wanted: list[str]) -> list[str]:
     """The hooks to cache for `wanted` on this model's architecture: without learned positions
     there is no hook_pos_embed (embed is the token embedding alone); with parallel blocks no
-    resid_mid (an MLP reads resid_pre, which is cached instead); rotary models add the rotation
-    (cos, sin) that attention recomputed by hand applies; a layer with a norm after its
+    resid_mid (an MLP reads resid_pre, which is cached instead); a layer with a norm after its
     attention adds its pre-norm attention sum wherever its z is cached (mech.edges.writes)."""
     arch = architecture.of(bridge)
     out: list[str] = []
@@ -220,22 +199,7 @@ def for_architecture(bridge: Any, wanted: list[str]) -> list[str]:
         out.append(name)
         if L is not None and arch.post_norms and name == hook_z(L):
             out.append(hook_attn_sum(L))
-    if arch.rotary:
-        out += [HOOK_ROT_COS, HOOK_ROT_SIN]
     return list(dict.fromkeys(out))
-
-
-def _shared(parts: list[Any], size: int) -> bool:
-    """Whether batch-chunk activations are one tensor broadcast over the prompts (first dim 1 while a
-    chunk held more prompts)."""
-    return size > 1 and all(p.shape[0] == 1 for p in parts)
-
-
-def output_transform(bridge: Any, logits: Any) -> Any:
-    """The model's transform after the unembedding (Gemma 2's soft cap c tanh(x / c); the
-    identity for most models), as the bridge's forward applies it."""
-    transform = getattr(getattr(bridge, "adapter", None), "apply_output_logits_transform", None)
-    return transform(logits) if transform is not None else logits
 
 
 def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], positions: Any = None,
@@ -294,9 +258,7 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
         if kept:
             logits_parts.append(logits if kept == logits.shape[0] else logits[:kept].clone())
         del logits, cache
-    # an activation shared by every prompt of a batch (the rotation's cos and sin, [1, pos, r]) is kept once
-    out = {name: torch.cat(parts[name]) if len(parts[name]) > 1 and not _shared(parts[name], size) else parts[name][0]
-           for name in names}
+    out = {name: torch.cat(parts[name]) if len(parts[name]) > 1 else parts[name][0] for name in names}
     if logits_parts:
         out["logits" if positions is None else "logits_at"] = (torch.cat(logits_parts) if len(logits_parts) > 1
                                                                else logits_parts[0])

@@ -2,22 +2,29 @@
 
 harness recomputes parts of the forward pass by hand (a receiver head's attention when
 one of its inputs is patched; whole blocks in the batched edge sweep), so it must know
-every feature that changes that arithmetic.  `describe(bridge)` reads them from the
-bridge's config and, for Hugging Face models, from the wrapped model's config and
-attention modules:
+every feature that changes that arithmetic.  `describe(bridge)` finds the model's family
+(model.families: one declarative adapter per family; an architecture no family covers is
+refused, naming those supported) and reads the rest from the bridge's config and, for
+Hugging Face models, from the wrapped model's config and attention modules:
 
 * positions: `learned` (GPT-2: added to the embedding), `rotary` (q and k rotated per
   position after their projections, on the first `rotary_dim` dimensions of each head:
-  all of them for Llama, Qwen2, Mistral, Gemma 2; a quarter for Pythia), or `none`;
+  all of them for Llama, Qwen2/3, Mistral, Gemma 2/3, OLMo 2; a quarter for Pythia), or
+  `none`; `rotary_keys`: per layer, which of the model's rotation tables it uses (Gemma 3:
+  its `layer_types` entry; None: the one table);
 * grouped-query attention: `n_kv_heads` key/value heads shared by groups of
   n_heads / n_kv_heads query heads (query head h reads key/value head `kv_head(h)`);
-* the score scale per layer (1/sqrt(d_head), or Gemma 2's query_pre_attn_scalar^-1/2),
+* the score scale per layer (1/sqrt(d_head), or Gemma's query_pre_attn_scalar^-1/2),
   a soft cap c tanh(s / c) on the scores (`attn_softcap`) and on the final logits
   (`logit_softcap`), and the sliding window of each layer (a key j is visible from query
-  i iff 0 <= i - j < window; None: every earlier key);
+  i iff 0 <= i - j < window; None: every earlier key), as the family declares them read;
+* `qk_norm`: a norm on each head's queries and keys after the projection (`head`: over
+  each head's values, Qwen3 and Gemma 3; `projection`: over all heads' values of the
+  layer, OLMo 2), as the family declares it and the attention modules confirm;
 * blocks: `parallel` (attention and MLP both read the block's input: GPT-NeoX, GPT-J),
-  `post_norms` (a norm after the attention and after the MLP, before the residual add:
-  Gemma 2), `gated_mlp` (SwiGLU / GeGLU), the norm kind (`LN`, `RMS` or `none`).
+  `pre_norms` (a norm before each sublayer; OLMo 2 has none), `post_norms` (a norm after
+  the attention and after the MLP, before the residual add: Gemma 2 and 3, OLMo 2),
+  `gated_mlp` (SwiGLU / GeGLU), the norm kind (`LN`, `RMS` or `none`).
 
 What harness cannot reproduce is refused by `check_supported` in one line naming the
 feature.  The rest is held to the model's own activations on every run
@@ -32,6 +39,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnsupportedError
+from ..registry import RegistryError
+from . import families
 
 POSITIONS = ("learned", "rotary", "none")
 
@@ -55,7 +64,10 @@ class Architecture:
     windows: tuple[int | None, ...]  # per layer: the sliding window, None for full causal attention
     attn_softcap: float | None
     logit_softcap: float | None
-    qk_norm: bool = False  # a norm on each head's query and key (Qwen3, OLMo 2): not reproduced
+    family: str = "native"  # the model.families adapter's name
+    qk_norm: str | None = None  # None | "head" | "projection"
+    pre_norms: bool = True  # a norm before each sublayer (OLMo 2: none)
+    rotary_keys: tuple[str | None, ...] = ()  # per layer, the rotation table it uses (None: the model's one)
 
     @property
     def grouped(self) -> bool:
@@ -79,6 +91,10 @@ class Architecture:
             out.append(f"grouped-query attention ({self.n_kv_heads} key/value heads for {self.n_heads} query heads)")
         if self.norm == "RMS":
             out.append("RMSNorm")
+        if self.qk_norm:
+            out.append("QK-norm " + ("per head" if self.qk_norm == "head" else "over the projection"))
+        if not self.pre_norms:
+            out.append("no norms before the sublayers")
         if self.gated_mlp:
             out.append("gated MLP")
         if self.parallel:
@@ -97,11 +113,12 @@ class Architecture:
 
     def to_dict(self) -> dict[str, Any]:
         """The `model.architecture` record of evidence.json."""
-        return {"name": self.name, "positions": self.positions, "rotary_dim": self.rotary_dim,
+        return {"name": self.name, "family": self.family, "positions": self.positions, "rotary_dim": self.rotary_dim,
                 "n_key_value_heads": self.n_kv_heads, "norm": self.norm, "gated_mlp": self.gated_mlp,
                 "parallel_blocks": self.parallel, "post_norms": self.post_norms,
                 "attn_softcap": self.attn_softcap, "logit_softcap": self.logit_softcap,
-                "sliding_windows": list(self.windows), "features": self.features()}
+                "sliding_windows": list(self.windows), "qk_norm": self.qk_norm, "pre_norms": self.pre_norms,
+                "features": self.features()}
 
 
 def _hf_config(bridge: Any) -> Any | None:
@@ -131,12 +148,56 @@ def _attention_module(bridge: Any, layer: int) -> Any:
     return getattr(attn, "original_component", None) or getattr(attn, "_original_component", None)
 
 
+def family_of(bridge: Any) -> families.Family:
+    """The model.families adapter of a bridge's architecture; UnsupportedError naming the supported
+    architectures when no family covers it."""
+    hf = _hf_config(bridge)
+    if hf is None:
+        name = families.NATIVE
+    else:
+        archs = getattr(hf, "architectures", None) or [type(bridge.original_model).__name__]
+        name = str(archs[0])
+    try:
+        return families.find(name)
+    except RegistryError as exc:
+        raise UnsupportedError(str(exc)) from None
+
+
+def _windows(family: families.Family, hf: Any, cfg: Any, modules: list[Any]) -> list[int | None]:
+    """Each layer's sliding window as the family declares it read (None: full causal attention)."""
+    out: list[int | None] = []
+    for layer, module in enumerate(modules):
+        window = None
+        if family.windows == "module":
+            window = getattr(module, "sliding_window", None)
+        elif family.windows == "config":
+            window = getattr(hf, "sliding_window", None)
+        elif hf is None and getattr(cfg, "use_local_attn", False):
+            types = getattr(cfg, "attn_types", None) or []
+            window = getattr(cfg, "window_size", None) if layer < len(types) and types[layer] == "local" else None
+        out.append(int(window) if isinstance(window, int) and not isinstance(window, bool) else None)
+    return out
+
+
+def _qk_norm(family: families.Family, modules: list[Any], name: str) -> str | None:
+    """The family's QK-norm, confirmed by the attention modules (UnsupportedError when the model has one
+    its family does not declare, or lacks the one it declares)."""
+    present = {any(getattr(m, n, None) is not None for n in ("q_norm", "k_norm")) for m in modules if m is not None}
+    if True in present and not family.qk_norm:
+        raise UnsupportedError(f"{name}: norms on each head's queries and keys (q_norm, k_norm), which its family "
+                               f"adapter ({family.name}) does not declare")
+    if family.qk_norm and present != {True}:
+        raise UnsupportedError(f"{name}: its family ({family.name}) declares a QK-norm the model's attention lacks")
+    return family.qk_norm
+
+
 def describe(bridge: Any) -> Architecture:
     """The architecture of a TransformerBridge (native or Hugging Face)."""
     import math
 
     cfg = bridge.cfg
     hf = _hf_config(bridge)
+    family = family_of(bridge)
     L, H, dh = int(cfg.n_layers), int(cfg.n_heads), int(cfg.d_head)
     n_kv = int(getattr(cfg, "n_key_value_heads", None) or H)
     kind = str(getattr(cfg, "positional_embedding_type", "standard") or "standard")
@@ -150,40 +211,38 @@ def describe(bridge: Any) -> Architecture:
     norm_type = str(getattr(cfg, "normalization_type", None) or "none")
     norm = "RMS" if norm_type.startswith("RMS") else "LN" if norm_type.startswith("LN") else "none"
     block0 = bridge.blocks[0]
-    scales, windows = [], []
-    qk_norm = False
-    for layer in range(L):
-        module = _attention_module(bridge, layer) if hf is not None else None
-        qk_norm = qk_norm or any(getattr(module, n, None) is not None for n in ("q_norm", "k_norm"))
+    modules = [_attention_module(bridge, layer) if hf is not None else None for layer in range(L)]
+    scales = []
+    for module in modules:
         scale = getattr(module, "scaling", None) if module is not None else None
         if scale is None:
             use = getattr(cfg, "use_attn_scale", True)
             a = float(getattr(cfg, "attn_scale", -1.0) or -1.0)
             scale = (1.0 / a if a > 0 else 1.0 / math.sqrt(dh)) if use else 1.0
         scales.append(float(scale))
-        window = None
-        if module is not None and hasattr(module, "sliding_window"):
-            window = module.sliding_window
-        elif hf is not None and getattr(hf, "layer_types", None) is None:
-            window = getattr(hf, "sliding_window", None)  # Mistral: every layer slides when it is set
-        elif hf is None and getattr(cfg, "use_local_attn", False):
-            types = getattr(cfg, "attn_types", None) or []
-            window = getattr(cfg, "window_size", None) if layer < len(types) and types[layer] == "local" else None
-        windows.append(int(window) if isinstance(window, int) and not isinstance(window, bool) else None)
     attn_cap = _positive(getattr(hf, "attn_logit_softcapping", None)) if hf is not None else None
     logit_cap = _positive(getattr(hf, "final_logit_softcapping", None)) if hf is not None else None
     attn_cap = attn_cap or _positive(getattr(cfg, "attn_scores_soft_cap", None))
     logit_cap = logit_cap or _positive(getattr(cfg, "output_logits_soft_cap", None))
-    name = "TransformerLensNative"
+    name = families.NATIVE
     if hf is not None:
         archs = getattr(hf, "architectures", None) or [type(bridge.original_model).__name__]
         name = str(archs[0])
+    keys: tuple[str | None, ...] = (None,) * L
+    if family.rotary == "layer_type" and positions == "rotary":
+        types = list(getattr(hf, "layer_types", None) or [])
+        if len(types) < L:
+            raise UnsupportedError(f"{name}: a rotary table per layer type, but the config's layer_types "
+                                   f"name {len(types)} of {L} layers")
+        keys = tuple(str(t) for t in types[:L])
     return Architecture(
         name=name, n_layers=L, n_heads=H, n_kv_heads=n_kv, d_head=dh, d_model=int(cfg.d_model),
         positions=positions, rotary_dim=rotary_dim, norm=norm, gated_mlp=bool(getattr(cfg, "gated_mlp", False)),
         parallel=bool(getattr(cfg, "parallel_attn_mlp", False)), post_norms=hasattr(block0, "ln1_post"),
-        has_mlp=not bool(getattr(cfg, "attn_only", False)), scales=tuple(scales), windows=tuple(windows),
-        attn_softcap=attn_cap, logit_softcap=logit_cap, qk_norm=qk_norm)
+        has_mlp=not bool(getattr(cfg, "attn_only", False)), scales=tuple(scales),
+        windows=tuple(_windows(family, hf, cfg, modules)), attn_softcap=attn_cap, logit_softcap=logit_cap,
+        family=family.name, qk_norm=_qk_norm(family, modules, name), pre_norms=hasattr(block0, "ln1"),
+        rotary_keys=keys)
 
 
 def check_supported(arch: Architecture, rotary_adjacent_pairs: bool = False) -> None:
@@ -194,9 +253,6 @@ def check_supported(arch: Architecture, rotary_adjacent_pairs: bool = False) -> 
     if rotary_adjacent_pairs:
         raise UnsupportedError(f"{arch.name}: rotary positions on adjacent pairs of dimensions (GPT-J style) are not "
                                "supported (harness rotates the two halves of each head, as Llama and GPT-NeoX do)")
-    if arch.qk_norm:
-        raise UnsupportedError(f"{arch.name}: norms on each head's queries and keys (q_norm, k_norm) are not "
-                               "supported (harness's attention by hand does not apply them)")
     if arch.n_heads % arch.n_kv_heads:
         raise UnsupportedError(f"{arch.name}: {arch.n_heads} query heads cannot be grouped over "
                                f"{arch.n_kv_heads} key/value heads")

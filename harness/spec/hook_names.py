@@ -12,8 +12,6 @@ from .components import Head, Mlp
 
 HOOK_EMBED = "hook_embed"
 HOOK_POS_EMBED = "hook_pos_embed"  # learned absolute positions only
-HOOK_ROT_COS = "rotary_emb.hook_cos"  # rotary models: cos / sin of every position's angles [1 or n, pos, rotary_dim]
-HOOK_ROT_SIN = "rotary_emb.hook_sin"
 QKV = ("q", "k", "v")
 
 

@@ -55,8 +55,6 @@ from .components import (
 from .hook_names import (
     HOOK_EMBED,
     HOOK_POS_EMBED,
-    HOOK_ROT_COS,
-    HOOK_ROT_SIN,
     QKV,
     hook_attn_out,
     hook_attn_sum,
@@ -73,7 +71,7 @@ from .hook_names import (
 
 __all__ = [  # the component types and hook names are re-exported: most code imports them from here
     "Component", "Edge", "Embed", "Group", "Head", "HeadInput", "Logits", "Mlp", "Node", "Path", "Receiver",
-    "Sender", "Unit", "layer_of", "members", "HOOK_EMBED", "HOOK_POS_EMBED", "HOOK_ROT_COS", "HOOK_ROT_SIN",
+    "Sender", "Unit", "layer_of", "members", "HOOK_EMBED", "HOOK_POS_EMBED",
     "QKV", "hook_attn_out", "hook_attn_sum", "hook_input", "hook_layer", "hook_mlp_out", "hook_pattern",
     "hook_resid_mid", "hook_resid_post", "hook_resid_pre", "hook_z", "unit_hook", "EDGE_RULE", "MLP_NOTE",
     "Shape", "Fits", "HEAD", "SENDER", "RECEIVER", "UNIT_NODE", "HOP", "ROUTE_SENDER", "ROUTE_RECEIVER",

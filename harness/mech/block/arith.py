@@ -1,22 +1,22 @@
-"""The model's arithmetic written out in torch, for the batched edge sweep
-(mech.edges.batched): norms (LayerNorm, RMSNorm), dense layers with their activations
-(oneDNN's fused linear on the CPU in float32), plain and gated MLPs, attention (rotary
-positions, grouped key/value heads, soft caps, sliding windows: the features of
-model.architecture), sequential and parallel blocks with or without norms after each
-sublayer, and the unembedding with the model's output transform.  The affine part of
-norm1 and norm2 is folded into the linear map after it:
+"""The pieces of a block's arithmetic, each written once: the causal (sliding-window) mask,
+attention, the rotation, norms (the QK-norm included), dense layers with their activations,
+and the model's transform after the unembedding.  Every path that recomputes part of a forward
+pass (mech.block.layer's blocks, the hand attention of mech.block.attention, the edge graph,
+attribution) calls these; dtypes and devices are the inputs'.
 
-    norm(x) W + b = standardize(x) (diag(w_norm) W) + (b_norm W + b)
+    mask:      bias[i, j] = 0 if j <= p_i and p_i - j < window (p_i: query i's position), else -inf
+    attend:    z = softmax(cap(q k^T) + bias) v,   cap(x) = c tanh(x / c)  (q already scaled)
+    rotate:    rot(x) = x cos_p + rotate_half(x) sin_p on the first r dimensions of each head,
+               rotate_half([a, b]) = [-b, a]   (the halves convention of Llama and GPT-NeoX)
+    Norm:      y = standardize(x) w + b,  standardize(x) = c(x) / sqrt(mean(c(x)^2) + eps),
+               c(x) = x - mean(x) (LayerNorm) or x (RMSNorm)
+    QkNorm:    a Norm over each head's d_head values ("head": Qwen3, Gemma 3) or over all heads'
+               values of a layer at once ("projection": OLMo 2), on queries or keys after their
+               projection and before the rotation
+    Dense:     y = act(x W + b)
 
-A block, with P = sum_h z_h W_O[h] + b_O its attention sum and post1, post2 the norms
-after the sublayers where the model has them (else the identity):
-
-    sequential: mid = x + post1(P(norm1(x))),   post = mid + post2(MLP(norm2(mid)))
-    parallel:   post = x + post1(P(norm1(x))) + post2(MLP(norm2(x)))
-
-This module is the arithmetic; `mech.torch_weights.build` reads a bridge's weights into
-these pieces, and `mech.block.fidelity.check` holds them to the model's own modules and cached
-activations.  Imports: mech.block.attention (torch lazily).
+`fold` moves a norm's affine part into the linear map after it:
+norm(x) W + b = standardize(x) (diag(w) W) + (b_norm W + b).
 """
 
 from __future__ import annotations
@@ -27,7 +27,72 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .attention import rotate
+
+def tracked(x: Any) -> bool:
+    """Whether autograd records operations on x (mech.graph.attribution differentiates through these
+    functions; in-place steps and oneDNN's fused linear are then avoided)."""
+    import torch
+
+    return torch.is_grad_enabled() and bool(x.requires_grad)
+
+
+def mask(positions: Any, s: int, window: int | None, ref: Any) -> Any:
+    """Additive mask of the queries at `positions` ([sq] or per prompt [n, sq], int) over keys
+    0..s-1: [sq, s] or [n, sq, s], 0 where key j is visible (j <= p and p - j < window), -inf
+    elsewhere; in ref's dtype on ref's device."""
+    import torch
+
+    j = torch.arange(s, device=ref.device)
+    p = positions.to(ref.device).unsqueeze(-1)
+    hidden = j > p
+    if window is not None:
+        hidden |= (p - j) >= window
+    return torch.zeros(hidden.shape, dtype=ref.dtype, device=ref.device).masked_fill(hidden, float("-inf"))
+
+
+def causal(s: int, window: int | None, ref: Any) -> Any:
+    """mask() of the queries at every position 0..s-1: [s, s]."""
+    import torch
+
+    return mask(torch.arange(s, device=ref.device), s, window, ref)
+
+
+def attend(q: Any, k: Any, v: Any, bias: Any, cap: float | None = None) -> Any:
+    """softmax(cap(q k^T) + bias) v over the last two dims, q [..., H, sq, dh] already scaled (and
+    rotated), k and v [..., H or H_kv, s, dh] (key/value heads repeated over their query heads'
+    groups), bias [sq, s] or broadcasting to [..., sq, s] (0 or -inf); cap: c tanh(x / c).  As
+    3-D batched products (4-D matmuls of permuted views are several times slower on CPU)."""
+    import torch
+
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
+    lead, sq, s = q.shape[:-2], q.shape[-2], k.shape[-2]
+    q3, k3, v3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
+    scores = torch.bmm(q3, k3.transpose(1, 2))
+    if cap and tracked(scores):
+        scores = torch.tanh(scores / cap) * cap
+    elif cap:
+        scores = scores.div_(cap).tanh_().mul_(cap)
+    scores.view(*lead, sq, s).add_(bias)
+    return torch.bmm(torch.softmax(scores, dim=-1), v3).view(*lead, sq, v.shape[-1])
+
+
+def rotate(x: Any, cos: Any, sin: Any) -> Any:
+    """x [..., pos, d_head] rotated at its positions: the first r = cos.shape[-1] dimensions as
+    x cos + rotate_half(x) sin (cos, sin [1 or n, pos, r], broadcast over the axes between the
+    prompts and the positions; computed in x's dtype)."""
+    import torch
+
+    r = cos.shape[-1]
+    while cos.dim() < x.dim():
+        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)
+    cos, sin = cos.to(dtype=x.dtype, device=x.device), sin.to(dtype=x.dtype, device=x.device)
+    part, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    turned = torch.cat([-part[..., half:], part[..., :half]], dim=-1)
+    out = part * cos + turned * sin
+    return out if rest.shape[-1] == 0 else torch.cat([out, rest], dim=-1)
 
 
 def gelu_tanh(x: Any) -> Any:
@@ -40,14 +105,6 @@ def gelu_tanh(x: Any) -> Any:
     if tracked(x):  # autograd needs the intermediate values kept: no in-place steps
         return x * torch.sigmoid(t * x)
     return t.mul_(x).sigmoid_().mul_(x)
-
-
-def tracked(x: Any) -> bool:
-    """Whether autograd records operations on x (mech.graph.attribution differentiates through these
-    functions; in-place steps and oneDNN's fused linear are then avoided)."""
-    import torch
-
-    return torch.is_grad_enabled() and bool(x.requires_grad)
 
 
 def activation(name: str | None) -> tuple[Callable[..., Any], tuple[str, str]] | None:
@@ -64,7 +121,7 @@ def activation(name: str | None) -> tuple[Callable[..., Any], tuple[str, str]] |
 @dataclass
 class Norm:
     """y = standardize(x) w + b, standardize(x) = c(x) / sqrt(mean(c(x)^2) + eps); c(x) = x - mean(x)
-    for LayerNorm (kind "ln"), c(x) = x for RMS norms ("rms"); "none": y = x.  For LN1 and LN2
+    for LayerNorm (kind "ln"), c(x) = x for RMS norms ("rms"); "none": y = x.  For norm1 and norm2
     the affine part (w, b) is folded into the linear map that follows (see fold)."""
 
     kind: str
@@ -106,6 +163,25 @@ class Norm:
         return y if self.b is None else y + self.b
 
 
+@dataclass
+class QkNorm:
+    """A norm on queries or keys after their projection (module docstring): `scope` "head"
+    normalises each head's d_head values (w [d_head]), "projection" all heads' values of a
+    position together (w [heads * d_head], the projection's layout: head by head).  A query norm's w carries the
+    score scale as well (mech.block.read)."""
+
+    scope: str
+    norm: Norm
+
+    def __call__(self, x: Any, heads_axis: int) -> Any:
+        """x [..., heads, ..., d_head] (heads on `heads_axis`) normalised as the model does."""
+        if self.scope == "head":
+            return self.norm(x)
+        y = x.movedim(heads_axis, -2)
+        shape = y.shape
+        return self.norm(y.reshape(*shape[:-2], -1)).view(shape).movedim(-2, heads_axis)
+
+
 class Dense:
     """y = act(x W + b) for a fixed W [in, out], b [out] (or None), act (or None).
 
@@ -126,6 +202,10 @@ class Dense:
         part.Wt = None if self.Wt is None else self.Wt[lo:hi]
         part.W = None if self.W is None else self.W[:, lo:hi]
         return part
+
+    def matrix(self) -> tuple[Any, Any]:
+        """(W [in, out], b [out] or None) as a plain linear map."""
+        return (self.W if self.W is not None else self.Wt.t()), self.b  # type: ignore[union-attr]
 
     def __call__(self, x: Any) -> Any:
         import torch
@@ -171,146 +251,8 @@ def fold(norm: Norm | None, W: Any, b: Any) -> tuple[Any, Any]:
     return Wf, bf
 
 
-@dataclass
-class Layer:
-    """One block as arithmetic.
-
-    ln1(x): standardize(x) (norm1's affine folded into proj) or the model's norm1 module;
-    proj[x] for x in q, k, v, qkv, kv: ln1's output -> those inputs of every head, pre-rotation
-    [..., H dh] for q (W_Q and b_Q times the score scale), [..., H_kv dh] for k and v;
-    W_O [H, dh, d]; out: z [..., H dh] -> P = sum_h z_h W_O[h] + b_O; post1: the norm after
-    the attention (None: none); mlp(x): what the MLP adds given the residual it reads
-    (norm2, MLP, post2; None: no MLP); parallel: the MLP reads the block's input."""
-
-    ln1: Callable[..., Any]
-    proj: dict[str, Dense]
-    W_O: Any
-    out: Dense
-    post1: Callable[..., Any] | None
-    mlp: Callable[..., Any] | None
-    parallel: bool
-    n_kv: int
-    cap: float | None  # soft cap on the scores
-    window: int | None  # sliding window (None: every earlier key)
-
-    def attn_out(self, P: Any) -> Any:
-        """What the attention adds to the residual given its sum P."""
-        return P if self.post1 is None else self.post1(P)
-
-    def finish(self, x: Any, attn_out: Any, mlp_x: Any = None) -> Any:
-        """resid_post from the block's input x and its attention output; `mlp_x`: the MLP's
-        output when it reads x (parallel blocks; computed here when not given)."""
-        if self.parallel:
-            if self.mlp is None:
-                return x + attn_out
-            return x + attn_out + (self.mlp(x) if mlp_x is None else mlp_x)
-        mid = x + attn_out
-        return mid if self.mlp is None else mid + self.mlp(mid)
-
-
-@dataclass
-class Model:
-    layers: list[Layer]
-    logits: Callable[..., Any]  # final residual -> the model's output transform of unembed(ln_final(.))
-    n_heads: int
-    d_head: int
-    rotation: tuple[Any, Any] | None = None  # (cos, sin) [1 or n, s, r] of the run (rotary models)
-
-    def rotate(self, x: Any, positions: Any = None) -> Any:
-        """x [..., s or k, dh] rotated at positions 0..s-1, or at `positions` [n, k] (scored queries:
-        x [E, n, H, k, dh]); the identity without rotary positions."""
-        if self.rotation is None:
-            return x
-        cos, sin = self.rotation
-        if positions is not None:
-            n, k = positions.shape
-            idx = positions.reshape(n, k, 1).expand(n, k, cos.shape[-1])
-            cos = cos.expand(n, -1, -1).gather(1, idx)[None, :, None]  # [1, n, 1, k, r]
-            sin = sin.expand(n, -1, -1).gather(1, idx)[None, :, None]
-            return rotate(x, cos, sin)
-        s = x.shape[-2]
-        return rotate(x, cos[..., :s, :], sin[..., :s, :])
-
-
-def causal(s: int, ref: Any) -> Any:
-    """Additive causal mask [s, s]: 0 on and below the diagonal, -inf above."""
-    return mask(s, None, ref)
-
-
-def mask(s: int, window: int | None, ref: Any) -> Any:
-    """Additive mask [s, s]: 0 where key j is visible from query i (j <= i and i - j < window), -inf elsewhere."""
-    import torch
-
-    i = torch.arange(s, device=ref.device)
-    keep = i[None, :] <= i[:, None]
-    if window is not None:
-        keep &= (i[:, None] - i[None, :]) < window
-    return torch.zeros(s, s, dtype=ref.dtype, device=ref.device).masked_fill(~keep, float("-inf"))
-
-
-def scored_mask(positions: Any, s: int, window: int | None, ref: Any) -> Any:
-    """[n, k, s] additive: key j is visible to the query at scored position p iff j <= p (and p - j < window)."""
-    import torch
-
-    j = torch.arange(s, device=ref.device)[None, None, :]
-    p = positions[:, :, None]
-    hidden = j > p
-    if window is not None:
-        hidden |= (p - j) >= window
-    return torch.zeros(hidden.shape, dtype=ref.dtype, device=ref.device).masked_fill(hidden, float("-inf"))
-
-
-def attend(q: Any, k: Any, v: Any, bias: Any, cap: float | None = None) -> Any:
-    """softmax(cap(q k^T) + bias) v over the last two dims, q [..., H, sq, dh] already scaled (and
-    rotated), k and v [..., H or H_kv, s, dh] (key/value heads repeated over their query heads'
-    groups), bias [sq, s] or broadcasting to [..., sq, s] (0 or -inf); cap: c tanh(x / c).  As
-    3-D batched products (4-D matmuls of permuted views are several times slower on CPU)."""
-    import torch
-
-    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
-        g = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
-    lead, sq, s = q.shape[:-2], q.shape[-2], k.shape[-2]
-    q3, k3, v3 = (t.reshape(-1, *t.shape[-2:]) for t in (q, k, v))
-    scores = torch.bmm(q3, k3.transpose(1, 2))
-    if cap and tracked(scores):
-        scores = torch.tanh(scores / cap) * cap
-    elif cap:
-        scores = scores.div_(cap).tanh_().mul_(cap)
-    scores.view(*lead, sq, s).add_(bias)
-    return torch.bmm(torch.softmax(scores, dim=-1), v3).view(*lead, sq, v.shape[-1])
-
-
-def block(model: Model, lay: Layer, x: Any, bias: Any) -> Any:
-    """A whole block at every position: x [B, s, d] -> resid_post [B, s, d]; `bias` its mask [s, s]."""
-    H, dh = model.n_heads, model.d_head
-    B, s, d = x.shape
-    h = lay.ln1(x)
-    q = model.rotate(lay.proj["q"](h).view(B, s, H, dh).transpose(1, 2))
-    kv = lay.proj["kv"](h).view(B, s, 2, lay.n_kv, dh).permute(2, 0, 3, 1, 4)
-    k, v = model.rotate(kv[0]), kv[1]
-    z = attend(q.contiguous(), k.contiguous(), v.contiguous(), bias, lay.cap).transpose(1, 2)  # [B, s, H, dh]
-    return lay.finish(x, lay.attn_out(lay.out(z.reshape(B, s, H * dh))))
-
-
-def block_at(model: Model, lay: Layer, x: Any, positions: Any, scored: Any) -> Any:
-    """The last block at the scored positions only: x [E, n, s, d] -> resid_post [E, n, k, d]
-    (keys and values at every position, queries and everything after at the scored ones);
-    `scored` its mask [n, k, s]."""
-    H, dh = model.n_heads, model.d_head
-    E, n, s, d = x.shape
-    k_ = positions.shape[1]
-    h = lay.ln1(x)
-    kv = lay.proj["kv"](h).view(E, n, s, 2, lay.n_kv, dh).permute(3, 0, 1, 4, 2, 5)  # [2, E, n, Hkv, s, dh]
-    k, v = model.rotate(kv[0]).contiguous(), kv[1].contiguous()
-    q = lay.proj["q"](at(positions, h)).view(E, n, k_, H, dh).transpose(2, 3)
-    q = model.rotate(q, positions).contiguous()
-    z = attend(q, k, v, scored[:, None], lay.cap).transpose(2, 3)  # [E, n, k, H, dh]
-    attn = lay.attn_out(lay.out(z.reshape(E, n, k_, H * dh)))
-    return lay.finish(at(positions, x), attn, lay.mlp(at(positions, x)) if lay.parallel and lay.mlp else None)
-
-
-def at(positions: Any, x: Any) -> Any:
-    """x [E, n, s, ...] -> [E, n, k, ...] at the scored positions."""
-    idx = positions.reshape(1, *positions.shape, *([1] * (x.dim() - 3)))
-    return x.gather(2, idx.expand(x.shape[0], -1, -1, *x.shape[3:]))
+def output_transform(bridge: Any, logits: Any) -> Any:
+    """The model's transform after the unembedding (Gemma 2's soft cap c tanh(x / c); the
+    identity for most models), as the bridge's forward applies it."""
+    transform = getattr(getattr(bridge, "adapter", None), "apply_output_logits_transform", None)
+    return transform(logits) if transform is not None else logits

@@ -1,28 +1,23 @@
 """One attention head computed by hand, in float64, as the model computes it.
 
 For query head h of layer l (its key/value head g = kv_head(h) under grouped-query
-attention), with x the residual the head reads:
+attention), with x the residual the head reads, the arithmetic of mech.block.layer in
+float64:
 
-    q = norm1_l(x) W_Q[l, h] + b_Q[l, h]         k, v likewise with W_K[l, g], W_V[l, g]
-    q~ = rot(q), k~ = rot(k)                     (rotary models; the identity otherwise)
-    s_ij = scale_l q~_i . k~_j                   (scale_l: 1/sqrt(d_head), or the model's own)
-    s_ij <- c tanh(s_ij / c)                     (models with an attention soft cap c)
-    s_ij <- -inf unless 0 <= i - j < window_l    (causal; window_l = infinity for full layers)
-    z_i = sum_j softmax_j(s_ij) v_j
+    p_q = norm1_l(x) W_Q[l] + b_Q[l]   (every head's; p_k, p_v likewise with W_K, W_V)
+    q_h = rot(finish_q(p_q)[h]),  k_g = rot(finish_k(p_k)[g]),  v_g = p_v[g]
+          (finish: the QK-norm where the model has one, over the head's values or, for a norm
+           over the projection, over every head's; the score scale on the queries)
+    z_h = softmax(cap(q_h . k_g) + mask_l) v_g      (causal; within layer l's sliding window)
 
-Rotary positions rotate the first rotary_dim dimensions of a vector at position p as
-the model does (the halves convention of Llama and GPT-NeoX):
-
-    rot(x) = x cos_p + rotate_half(x) sin_p,   rotate_half([a, b]) = [-b, a]
-
-with cos_p, sin_p read from the model's own rotary embedding in the run being patched
-(`rotary_emb.hook_cos` / `hook_sin`), so any frequency scaling the model applies is
-reproduced.  A patched input enters before the rotation; the rotation is applied at
-the receiver's own positions.
+The rotation is the layer's own table (mech.block.rotary: the model's rotary embedding,
+each layer's where layers differ).  A patched input enters before the QK-norm and the
+rotation, which are applied at the receiver's own positions.  The layer's weights are read
+once per bridge (mech.block.read.attention_layer, without the MLP).
 
 `check` holds this arithmetic to the model: every layer's z of the first prompts of a
 base run, recomputed from the cached residual, must equal the cached z within
-`tolerance(dtype)` x (1 + max |z|) for the model's dtype.
+`fidelity.tolerance(dtype)` x (1 + max |z|) for the model's dtype.
 """
 
 from __future__ import annotations
@@ -32,9 +27,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import UnsupportedError
 from ...model import architecture
-from ...model.devices import of, wide
+from ...model.devices import float64_home, of, wide
 from ...spec import names
-from ...spec.names import HOOK_ROT_COS, HOOK_ROT_SIN, hook_resid_pre, hook_z
+from ...spec.names import hook_resid_pre, hook_z
+from . import read
+from .arith import attend, causal
+from .fidelity import tolerance
+from .layer import Layer
 
 if TYPE_CHECKING:
     from jaxtyping import Float
@@ -42,62 +41,21 @@ if TYPE_CHECKING:
 
 CHECK_PROMPTS = 2
 
-_PARAMS: weakref.WeakKeyDictionary[Any, dict[tuple[int, int, str], tuple[Any, Any]]] = weakref.WeakKeyDictionary()
+_LAYERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Layer]] = weakref.WeakKeyDictionary()
 _CHECKED: weakref.WeakKeyDictionary[Any, set[tuple[int, int]]] = weakref.WeakKeyDictionary()
 
 
-def tolerance(dtype: Any) -> float:
-    """How far a float64 recomputation may sit from a model computing in `dtype`, relative to
-    1 + max |model's value|: float64 1e-8, float32 1e-4, half precision (bfloat16, float16) 3e-2.
-
-    The half-precision bound: bfloat16 rounds to 2^-8 (0.4 %) of a value; on a random layer of
-    Qwen2.5-7B's width in bfloat16 (d_model 3584, 28 query heads on 4 key/value heads) the
-    recomputed z sat within 1 % of max |z| ~ 3.6 on the CPU (about two roundings), and 0.026
-    from the model's on CUDA; an arithmetic that differs from the model's (another rotation,
-    scale or grouping) moves z by its own size, far past 3 %."""
+def layer(bridge: Any, L: int, s: int) -> Layer:
+    """Layer L's attention arithmetic in float64 with the rotation of positions 0..s-1 (read once per
+    bridge, layer, length and architecture description)."""
     import torch
 
-    return {torch.float64: 1e-8, torch.float32: 1e-4}.get(dtype, 3e-2)
-
-
-def rotary_names(bridge: Any) -> list[str]:
-    """The hooks the rotation reads (none without rotary positions)."""
-    return [HOOK_ROT_COS, HOOK_ROT_SIN] if architecture.of(bridge).rotary else []
-
-
-def projection(bridge: Any, layer: int, head: int, which: str) -> tuple[Any, Any]:
-    """(W [d_model, d_head], b [d_head]) in float64 of query head `head`'s input `which` (the
-    key/value head's for k and v); b is zero where the model has no bias."""
-    import torch
-
-    memo = _PARAMS.setdefault(bridge, {})
-    arch = architecture.of(bridge)
-    idx = head if which == "q" else arch.kv_head(head)
-    key = (layer, idx, which)
+    memo = _LAYERS.setdefault(bridge, {})
+    key = (L, s, architecture.of(bridge))
     if key not in memo:
-        X = which.upper()
         with torch.no_grad():
-            W = wide(_layer_weight(bridge, layer, f"W_{X}")[idx]).clone()
-            b = _layer_weight(bridge, layer, f"b_{X}")
-            bias = wide(b[idx]).clone() if b is not None else torch.zeros(W.shape[-1], dtype=W.dtype, device=W.device)
-        memo[key] = (W, bias)
+            memo[key] = read.attention_layer(bridge, L, s, torch.float64, float64_home(of(bridge)))
     return memo[key]
-
-
-def _layer_weight(bridge: Any, layer: int, name: str) -> Any:
-    """One layer's W_Q / b_Q etc. ([heads, ...]; None for a bias the model does not have), read from
-    that layer's attention (the model-wide stacks would copy every layer's weights)."""
-    try:
-        value = getattr(bridge.blocks[layer].attn, name)
-    except AttributeError:
-        value = None
-    if value is not None:
-        return value
-    try:
-        stacked = getattr(bridge, name)
-    except AttributeError:
-        return None
-    return None if stacked is None else stacked[layer]
 
 
 def apply_norm(module: Any, x: Any, device: Any) -> Any:
@@ -113,112 +71,70 @@ def apply_norm(module: Any, x: Any, device: Any) -> Any:
         return wide(module(x.to(dtype).to(device)))
 
 
+def _rows(which: str, head: int, arch: architecture.Architecture) -> tuple[int, int]:
+    """(index, count) of `which`'s head among its projection's: query head `head` for q, its key/value
+    head for k and v."""
+    return (head, arch.n_heads) if which == "q" else (arch.kv_head(head), arch.n_kv_heads)
+
+
 def head_input(bridge: Any, head: names.Head, which: str, resid: Any) -> Float[Tensor, "n pos d_head"]:
-    """x = norm1(resid) W_x + b_x for query head `head` ([n, pos, d_head], float64, before any rotation)."""
-    h = apply_norm(bridge.blocks[head.layer].ln1, resid, of(bridge))
-    W, b = projection(bridge, head.layer, head.head, which)
-    return cast("Tensor", h @ W.to(h.device) + b.to(h.device))
-
-
-def rotate(x: Any, cos: Any, sin: Any) -> Any:
-    """x [..., pos, d_head] rotated at its positions: the first r = cos.shape[-1] dimensions as
-    x cos + rotate_half(x) sin (cos, sin [1 or n, pos, r], broadcast over the heads in between;
-    computed in x's dtype)."""
-    import torch
-
-    r = cos.shape[-1]
-    while cos.dim() < x.dim():
-        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)
-    cos, sin = cos.to(dtype=x.dtype, device=x.device), sin.to(dtype=x.dtype, device=x.device)
-    part, rest = x[..., :r], x[..., r:]
-    half = r // 2
-    turned = torch.cat([-part[..., half:], part[..., :half]], dim=-1)
-    out = part * cos + turned * sin
-    return out if rest.shape[-1] == 0 else torch.cat([out, rest], dim=-1)
-
-
-def visible(sq: Any, s: int, window: int | None, device: Any) -> Any:
-    """Bool [..., s]: key j visible from each query position i in `sq` (an int tensor of
-    positions): j <= i and i - j < window."""
-    import torch
-
-    j = torch.arange(s, device=device)
-    i = sq.to(device).unsqueeze(-1)
-    ok = j <= i
-    if window is not None:
-        ok = ok & (i - j < window)
-    return ok
-
-
-def attend(arch: architecture.Architecture, layer: int, q: Any, k: Any, v: Any, cos: Any = None, sin: Any = None,
-           query_positions: Any = None) -> Any:
-    """z = softmax(cap(scale q~ k~^T) + mask) v for q [..., sq, dh] and k, v [..., s, dh]
-    (pre-rotation; float64); `query_positions`: where the queries sit, [sq] (default
-    0..sq-1) or per prompt [n, sq] (then q is [n, sq, dh] or [n, H, sq, dh])."""
-    import torch
-
-    s = k.shape[-2]
-    if query_positions is None:
-        query_positions = torch.arange(q.shape[-2], device=q.device)
-    if arch.rotary:
-        if cos is None or sin is None:
-            raise ValueError("rotary attention needs the run's cos and sin")
-        cq = _at_positions(cos, query_positions)
-        sq = _at_positions(sin, query_positions)
-        q, k = rotate(q, cq, sq), rotate(k, cos, sin)
-    scores = (q @ k.transpose(-1, -2)) * arch.scales[layer]
-    if arch.attn_softcap:
-        scores = arch.attn_softcap * torch.tanh(scores / arch.attn_softcap)
-    ok = visible(query_positions, s, arch.windows[layer], q.device)  # [sq, s] or [n, sq, s]
-    if ok.dim() == 3 and scores.dim() == 4:  # per-prompt positions, scores [n, H, sq, s]
-        ok = ok.unsqueeze(1)
-    scores = scores.masked_fill(~ok, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
-
-
-def _at_positions(t: Any, positions: Any) -> Any:
-    """cos/sin [1 or n, s, r] at query positions [sq] or [n, sq] -> [1 or n, sq, r]."""
-    import torch
-
-    pos = positions.to(t.device)
-    if pos.dim() == 1:
-        return t[:, pos]
-    n = max(t.shape[0], pos.shape[0])
-    return torch.gather(t.expand(n, -1, -1), 1, pos.unsqueeze(-1).expand(n, -1, t.shape[-1]))
-
-
-def head_z(bridge: Any, head: names.Head, inputs: dict[str, Any], cache: dict[str, Any]) -> Any:
-    """z [n, pos, d_head] of query head `head` from residuals `inputs[x]` that its q, k and v
-    read (float64), with the rotation of the run `cache` holds."""
+    """p = norm1(resid) W_x + b_x for query head `head` (its key/value head's for k and v): what the
+    model's hook_q / hook_k / hook_v hold for it ([n, pos, d_head], float64, before any QK-norm,
+    scale or rotation)."""
     arch = architecture.of(bridge)
-    qkv = {x: head_input(bridge, head, x, inputs[x]) for x in "qkv"}
-    cos, sin = (cache[HOOK_ROT_COS], cache[HOOK_ROT_SIN]) if arch.rotary else (None, None)
-    return attend(arch, head.layer, qkv["q"], qkv["k"], qkv["v"], cos, sin)
+    lay = layer(bridge, head.layer, int(resid.shape[1]))
+    i, _ = _rows(which, head.head, arch)
+    dh = arch.d_head
+    h = lay.ln1(wide(resid).to(lay.W_O.device))
+    return cast("Tensor", lay.proj[which].outputs(i * dh, (i + 1) * dh)(h))
 
 
-def check(bridge: Any, cache: dict[str, Any], layer: int) -> None:
-    """Raise UnsupportedError unless every head's z of `layer`, recomputed by hand from the
+def head_qkv(bridge: Any, head: names.Head, which: str, resid: Any) -> Float[Tensor, "n pos d_head"]:
+    """What head `head`'s scores read of `which` from `resid`: its query (finished and rotated, the
+    scale included), key (finished and rotated) or value ([n, pos, d_head], float64)."""
+    arch = architecture.of(bridge)
+    lay = layer(bridge, head.layer, int(resid.shape[1]))
+    i, count = _rows(which, head.head, arch)
+    if which != "v" and arch.qk_norm == "projection":  # the norm reads every head's projection
+        h = lay.ln1(wide(resid).to(lay.W_O.device))
+        p = lay.proj[which](h).view(*h.shape[:-1], count, arch.d_head)
+        return cast("Tensor", lay.rotate(lay.finish(which, p, -2)[..., i, :]))
+    p = head_input(bridge, head, which, resid)
+    return p if which == "v" else cast("Tensor", lay.rotate(lay.finish(which, p.unsqueeze(-2), -2).squeeze(-2)))
+
+
+def head_z(bridge: Any, head: names.Head, inputs: dict[str, Any]) -> Any:
+    """z [n, pos, d_head] of query head `head` from residuals `inputs[x]` that its q, k and v read
+    (float64)."""
+    arch = architecture.of(bridge)
+    q, k, v = (head_qkv(bridge, head, x, inputs[x]) for x in "qkv")
+    s = k.shape[-2]
+    lay = layer(bridge, head.layer, s)
+    return attend(q, k, v, causal(s, arch.windows[head.layer], q), lay.cap)
+
+
+def check(bridge: Any, cache: dict[str, Any], layer_: int) -> None:
+    """Raise UnsupportedError unless every head's z of `layer_`, recomputed by hand from the
     cached residual of the first prompts, equals the model's (once per bridge and layer)."""
     import torch
 
     done = _CHECKED.setdefault(bridge, set())
-    key = (layer, int(cache[hook_resid_pre(layer)].shape[1]))
+    key = (layer_, int(cache[hook_resid_pre(layer_)].shape[1]))
     if key in done:
         return
     arch = architecture.of(bridge)
     m = CHECK_PROMPTS
-    resid = wide(cache[hook_resid_pre(layer)][:m])
-    part = {k: v[:m] for k, v in cache.items() if k in (HOOK_ROT_COS, HOOK_ROT_SIN)}
-    z_model = cache[hook_z(layer)][:m]
+    resid = wide(cache[hook_resid_pre(layer_)][:m])
+    z_model = cache[hook_z(layer_)][:m]
     want, tol = wide(z_model), tolerance(z_model.dtype)
     with torch.no_grad():
         for h in range(arch.n_heads):
-            z = head_z(bridge, names.Head(layer, h), dict.fromkeys("qkv", resid), part)
+            z = head_z(bridge, names.Head(layer_, h), dict.fromkeys("qkv", resid))
             ref = want[:, :, h].to(z.device)
             diff = float((z - ref).abs().max())
             if diff > tol * (1.0 + float(ref.abs().max())):
                 feats = ", ".join(arch.features()) or "a GPT-2-style block"
-                raise UnsupportedError(f"{arch.name}: layer {layer} head {h}'s attention recomputed by hand differs "
+                raise UnsupportedError(f"{arch.name}: layer {layer_} head {h}'s attention recomputed by hand differs "
                                        f"from the model's by {diff:.3g} ({feats}): harness cannot patch its inputs "
                                        "exactly")
     done.add(key)

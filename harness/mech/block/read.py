@@ -1,11 +1,14 @@
-"""A bridge's weights read into the torch arithmetic of mech.block.arith.
+"""A bridge's weights read into the block arithmetic (mech.block.layer), in any dtype.
 
-`build(bridge, dtype, device, base)` reads every block (norm1's affine folded into the
-projections after it: norm(x) W + b = standardize(x) (diag(w_norm) W) + (b_norm W + b)),
-ln_final and the unembedding, in the activations' dtype and on their device, unchecked (see
-mech.block.fidelity).  `build_layer(w, L, torch_ln1, torch_mlp)` rebuilds one block with the model's
-own norm1 or MLP module where the torch version does not reproduce it.
-Imports: mech.block.arith, mech.hooks, model.architecture, spec.names (torch lazily).
+`build(bridge, dtype, device, s)` reads every block (norm1's affine folded into the
+projections after it: norm(x) W + b = standardize(x) (diag(w_norm) W) + (b_norm W + b); the
+QK-norms with Gemma's 1 + w and, for queries, the score scale in their gain; each layer's
+rotation table for positions 0..s-1, mech.block.rotary), ln_final and the unembedding, in
+`dtype` on `device`, unchecked (see mech.block.fidelity).  `build_layer(w, L, torch_ln1,
+torch_mlp)` rebuilds one block with the model's own norm1 or MLP module where the torch version
+does not reproduce it; `attention_layer(bridge, L, s, dtype, device)` is one layer's attention
+alone (the hand attention's, mech.block.attention).
+Imports: mech.block.arith, mech.block.layer, mech.block.rotary, model.architecture (torch lazily).
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from typing import Any
 
 from ...errors import UnsupportedError
 from ...model import architecture
-from ...spec.names import HOOK_ROT_COS, HOOK_ROT_SIN
-from ..hooks import output_transform
-from .arith import Dense, Layer, Model, Norm, activation, dnn_ok, fold, tracked
+from . import rotary
+from .arith import Dense, Norm, QkNorm, activation, dnn_ok, fold, output_transform, tracked
+from .layer import Layer, Model
 
 
 def through(module: Any) -> Callable[..., Any]:
@@ -27,6 +30,13 @@ def through(module: Any) -> Callable[..., Any]:
         y = module(x.reshape(1, -1, x.shape[-1]))
         return y.reshape(*x.shape[:-1], y.shape[-1])
     return call
+
+
+def norm_module(block: Any, name: str) -> Callable[..., Any]:
+    """A block's norm `name` (ln1, ln2) as `through` calls it; the identity where the model has none
+    (OLMo 2 has no norm before its sublayers)."""
+    module = getattr(block, name, None)
+    return (lambda x: x) if module is None else through(module)
 
 
 def _stacked(bridge: Any, name: str) -> Any:
@@ -55,6 +65,17 @@ def _norm_of(module: Any, cfg: Any, cast: Callable[..., Any]) -> Norm | None:
         w = 1.0 + w
     eps: Any = getattr(comp, "eps", None) or getattr(comp, "variance_epsilon", None) or getattr(cfg, "eps", 1e-5)
     return Norm("rms" if rms else "ln", cast(w), cast(b), float(eps))
+
+
+def _qk_norm(attn: Any, name: str, cfg: Any, cast: Callable[..., Any], scope: str | None,
+             gain: float) -> QkNorm | None:
+    """The attention's QK-norm `name` (q_norm, k_norm) with its gain times `gain` (None: none)."""
+    if scope is None:
+        return None
+    norm = _norm_of(getattr(attn, name, None), cfg, cast)
+    if norm is None or norm.kind != "rms" or norm.w is None:
+        raise UnsupportedError(f"{name}: harness reproduces RMS norms with a weight on queries and keys")
+    return QkNorm(scope, Norm("rms", norm.w * gain, None, norm.eps))
 
 
 @dataclass
@@ -90,7 +111,8 @@ class Weights:
         return self.act is not None and gate_ok and self.of(L, "W_in") is not None and self.of(L, "W_out") is not None
 
 
-def _weights(bridge: Any, dtype: Any, device: Any) -> Weights:
+def _weights(bridge: Any, dtype: Any, device: Any, layers: tuple[int, ...] | None = None) -> Weights:
+    """The Weights of `layers` (default every layer, and the unembedding, which only the whole model reads)."""
     import torch
 
     cfg = bridge.cfg
@@ -99,9 +121,10 @@ def _weights(bridge: Any, dtype: Any, device: Any) -> Weights:
     def cast(t: Any) -> Any:
         return None if t is None else t.detach().to(dtype=dtype, device=device)
 
-    st = {x: cast(_stacked(bridge, x)) for x in ("W_U", "b_U")}
+    whole = layers is None
+    st = {x: cast(_stacked(bridge, x)) if whole else None for x in ("W_U", "b_U")}
     norms = {"ln_final": _norm_of(getattr(bridge, "ln_final", None), cfg, cast)}
-    for L in range(cfg.n_layers):
+    for L in range(cfg.n_layers) if layers is None else layers:
         block = bridge.blocks[L]
         for name in ("ln1", "ln2", "ln1_post", "ln2_post"):
             module = getattr(block, name, None)
@@ -124,62 +147,74 @@ def _post(w: Weights, name: str, L: int, block: Any, in_torch: bool) -> Callable
     return norm if in_torch and norm is not None else through(getattr(block, name))
 
 
-def build_layer(w: Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = True) -> Layer:
+def build_layer(w: Weights, L: int, torch_ln1: bool = True, torch_mlp: bool = True, with_mlp: bool = True,
+                rotation: tuple[Any, Any] | None = None) -> Layer:
     """Block L as arithmetic: norm1, and norm2 + MLP (+ post2), in torch when recognised and asked
-    for, else the model's modules."""
+    for, else the model's modules; without the MLP when not `with_mlp`; `rotation`: the layer's
+    (cos, sin)."""
     import torch
 
     arch, block = w.arch, w.bridge.blocks[L]
     H, Hkv, dh, d = arch.n_heads, arch.n_kv_heads, arch.d_head, arch.d_model
     scale = arch.scales[L]
     norm1 = w.norms[f"ln1.{L}"] if torch_ln1 else None
-    W_Q = w.of(L, "W_Q").permute(1, 0, 2).reshape(d, H * dh) * scale
-    b_Q = _bias(w, "b_Q", L, (H * dh,), W_Q) * scale
+    W_Q = w.of(L, "W_Q").permute(1, 0, 2).reshape(d, H * dh)
+    b_Q = _bias(w, "b_Q", L, (H * dh,), W_Q)
     W_K, W_V = (w.of(L, f"W_{x}").permute(1, 0, 2).reshape(d, Hkv * dh) for x in "KV")
     b_K, b_V = (_bias(w, f"b_{x}", L, (Hkv * dh,), W_K) for x in "KV")
     qkv = Dense(*fold(norm1, torch.cat([W_Q, W_K, W_V], 1), torch.cat([b_Q, b_K, b_V])), w.dnn)
     hq, hk = H * dh, Hkv * dh
     proj = {"qkv": qkv, "q": qkv.outputs(0, hq), "k": qkv.outputs(hq, hq + hk),
             "v": qkv.outputs(hq + hk, hq + 2 * hk), "kv": qkv.outputs(hq, hq + 2 * hk)}
-    ln1 = norm1.standardize if norm1 is not None else through(block.ln1)
-    mlp: Callable[..., Any] | None = None
-    post2 = _post(w, "ln2_post", L, block, torch_mlp)
-    if w.has_mlp(L):
-        norm2 = w.norms[f"ln2.{L}"]
-        if torch_mlp and norm2 is not None and w.mlp_in_torch(L):
-            fc_out = Dense(w.of(L, "W_out"), w.of(L, "b_out"), w.dnn)
-            b_in = w.of(L, "b_in")
-            inner: Callable[..., Any]
-            if arch.gated_mlp:
-                gate = Dense(*fold(norm2, w.of(L, "W_gate"), w.of(L, "b_gate")), w.dnn, w.act)
-                up = Dense(*fold(norm2, w.of(L, "W_in"), b_in), w.dnn)
-
-                def gated(h: Any, gate: Dense = gate, up: Dense = up, fc_out: Dense = fc_out) -> Any:
-                    a = gate(h)
-                    return fc_out(a * up(h) if tracked(a) else a.mul_(up(h)))
-                inner = gated
-            else:
-                fc_in = Dense(*fold(norm2, w.of(L, "W_in"), b_in), w.dnn, w.act)
-
-                def plain(h: Any, fc_in: Dense = fc_in, fc_out: Dense = fc_out) -> Any:
-                    return fc_out(fc_in(h))
-                inner = plain
-
-            def mlp(x: Any, norm2: Norm = norm2, inner: Callable[..., Any] = inner,
-                    post2: Callable[..., Any] | None = post2) -> Any:
-                y = inner(norm2.standardize(x))
-                return y if post2 is None else post2(y)
-        else:
-            ln2, module = through(block.ln2), through(block.mlp)
-
-            def mlp(x: Any, ln2: Callable[..., Any] = ln2, module: Callable[..., Any] = module,
-                    post2: Callable[..., Any] | None = post2) -> Any:
-                y = module(ln2(x))
-                return y if post2 is None else post2(y)
+    ln1 = norm1.standardize if norm1 is not None else norm_module(block, "ln1")
+    attn = block.attn
+    q_norm = _qk_norm(attn, "q_norm", w.bridge.cfg, w.cast, arch.qk_norm, scale)
+    k_norm = _qk_norm(attn, "k_norm", w.bridge.cfg, w.cast, arch.qk_norm, 1.0)
     W_O = w.of(L, "W_O")
     out = Dense(W_O.reshape(H * dh, d), w.of(L, "b_O"), w.dnn)
+    mlp = _mlp(w, L, block, torch_mlp) if with_mlp else None
     return Layer(ln1, proj, W_O, out, _post(w, "ln1_post", L, block, torch_ln1), mlp, arch.parallel, Hkv,
-                 arch.attn_softcap, arch.windows[L])
+                 arch.attn_softcap, arch.windows[L], scale, q_norm, k_norm, rotation)
+
+
+def _mlp(w: Weights, L: int, block: Any, torch_mlp: bool) -> Callable[..., Any] | None:
+    """What MLP L adds given the residual it reads: norm2, the MLP and post2, in torch when recognised
+    and asked for, else the model's modules; None without an MLP."""
+    if not w.has_mlp(L):
+        return None
+    post2 = _post(w, "ln2_post", L, block, torch_mlp)
+    norm2 = w.norms[f"ln2.{L}"]
+    if torch_mlp and norm2 is not None and w.mlp_in_torch(L):
+        fc_out = Dense(w.of(L, "W_out"), w.of(L, "b_out"), w.dnn)
+        b_in = w.of(L, "b_in")
+        inner: Callable[..., Any]
+        if w.arch.gated_mlp:
+            gate = Dense(*fold(norm2, w.of(L, "W_gate"), w.of(L, "b_gate")), w.dnn, w.act)
+            up = Dense(*fold(norm2, w.of(L, "W_in"), b_in), w.dnn)
+
+            def gated(h: Any, gate: Dense = gate, up: Dense = up, fc_out: Dense = fc_out) -> Any:
+                a = gate(h)
+                return fc_out(a * up(h) if tracked(a) else a.mul_(up(h)))
+            inner = gated
+        else:
+            fc_in = Dense(*fold(norm2, w.of(L, "W_in"), b_in), w.dnn, w.act)
+
+            def plain(h: Any, fc_in: Dense = fc_in, fc_out: Dense = fc_out) -> Any:
+                return fc_out(fc_in(h))
+            inner = plain
+
+        def mlp(x: Any, norm2: Norm = norm2, inner: Callable[..., Any] = inner,
+                post2: Callable[..., Any] | None = post2) -> Any:
+            y = inner(norm2.standardize(x))
+            return y if post2 is None else post2(y)
+        return mlp
+    ln2, module = norm_module(block, "ln2"), through(block.mlp)
+
+    def modules(x: Any, ln2: Callable[..., Any] = ln2, module: Callable[..., Any] = module,
+                post2: Callable[..., Any] | None = post2) -> Any:
+        y = module(ln2(x))
+        return y if post2 is None else post2(y)
+    return modules
 
 
 def unembedding(w: Weights, in_torch: bool = True) -> Callable[..., Any]:
@@ -194,16 +229,17 @@ def unembedding(w: Weights, in_torch: bool = True) -> Callable[..., Any]:
     return lambda x: output_transform(bridge, unembed_module(ln_final(x)))
 
 
-def build(bridge: Any, dtype: Any, device: Any, base: dict[str, Any] | None = None) -> tuple[Model, Weights]:
-    """The torch arithmetic of every block, ln_final and the unembedding, in the activations'
-    dtype and device (unchecked: see check); the rotation of a rotary model from `base`'s
-    cached cos and sin."""
+def build(bridge: Any, dtype: Any, device: Any, s: int) -> tuple[Model, Weights]:
+    """The torch arithmetic of every block, ln_final and the unembedding, in `dtype` on `device`, with
+    each layer's rotation table for positions 0..s-1 (unchecked: see mech.block.fidelity)."""
     w = _weights(bridge, dtype, device)
-    layers = [build_layer(w, L) for L in range(bridge.cfg.n_layers)]
-    rotation = None
-    if w.arch.rotary:
-        if base is None or HOOK_ROT_COS not in base:
-            raise UnsupportedError("batched edge patching of a rotary model needs the run's cos and sin cached")
-        rotation = (base[HOOK_ROT_COS].to(dtype=dtype, device=device), base[HOOK_ROT_SIN].to(dtype=dtype,
-                                                                                             device=device))
-    return Model(layers, unembedding(w), bridge.cfg.n_heads, bridge.cfg.d_head, rotation), w
+    tables = rotary.tables(bridge, s, dtype, device)
+    layers = [build_layer(w, L, rotation=tables[L]) for L in range(bridge.cfg.n_layers)]
+    return Model(layers, unembedding(w), bridge.cfg.n_heads, bridge.cfg.d_head), w
+
+
+def attention_layer(bridge: Any, L: int, s: int, dtype: Any, device: Any) -> Layer:
+    """Layer L's norm1, projections, QK-norms and rotation (positions 0..s-1) in `dtype` on `device`,
+    without its MLP (the hand attention's arithmetic)."""
+    w = _weights(bridge, dtype, device, layers=(L,))
+    return build_layer(w, L, with_mlp=False, rotation=rotary.tables(bridge, s, dtype, device)[L])

@@ -59,21 +59,21 @@ the per-edge metrics come back to the CPU as numpy.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ... import cost
 from ...errors import UnsupportedError
-from ...model import architecture
 from ...model.devices import like
 from ...spec import names
 from ...spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
 from ...spec.vocabulary import REPLACEMENTS, Direction, Replacement
 from .. import hooks
-from ..block import arith as blocks
 from ..block import fidelity, read
+from ..block.arith import attend, causal, mask
+from ..block.layer import Layer, Model, at, block, block_at
 from . import writes
 from .sets import bytes_per_edge, cache_names, chunk_size, patch_cost
 
@@ -92,7 +92,7 @@ class _Sweep:
     """What every group of edges needs: the checked model arithmetic, the trimmed base cache,
     the scored positions [n, k], masks, and where the metrics go."""
 
-    model: blocks.Model
+    model: Model
     base: dict[str, Any]
     positions: Any
     metric_fn: Callable[..., Any]
@@ -103,11 +103,6 @@ class _Sweep:
     scored_masks: list[Any]  # per layer [n, k, s] additive: the same for the scored queries
     d_mlp: int
     vocab: int
-    scales: tuple[float, ...] = ()
-
-    def model_scale(self, L: int) -> float:
-        """Layer L's score scale (q . k times it)."""
-        return float(self.scales[L])
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -131,7 +126,7 @@ def silent(items: Any, label: str) -> Any:
     return items
 
 
-def checked_model(bridge: Any, check: dict[str, Any]) -> blocks.Model:
+def checked_model(bridge: Any, check: dict[str, Any]) -> Model:
     """The torch arithmetic (mech.block.arith) built in the dtype and on the device of `check`'s
     activations and held to the model on its first prompts (`check` cached every layer's residual;
     UnsupportedError where it does not reproduce them).  Building copies the weights and checking
@@ -141,7 +136,7 @@ def checked_model(bridge: Any, check: dict[str, Any]) -> blocks.Model:
 
     ref = check[hook_resid_pre(0)]
     with torch.no_grad():
-        model, weights = read.build(bridge, ref.dtype, ref.device, check)
+        model, weights = read.build(bridge, ref.dtype, ref.device, int(ref.shape[1]))
         fidelity.check(model, weights, check)
     return model
 
@@ -150,7 +145,7 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict[str, Any], 
                     clean: dict[str, Any],
                     positions: Any, metric_fn: Callable[..., Any], *, replacement: str = Replacement.RESAMPLE,
                     budget_bytes: int = 32 * 2**20, progress: Callable[..., Any] = silent,
-                    check: dict[str, Any] | None = None, model: blocks.Model | None = None) -> np.ndarray:
+                    check: dict[str, Any] | None = None, model: Model | None = None) -> np.ndarray:
     """Per-edge, per-prompt metric of every patched variant: [len(edges), n_prompts].
 
     metric_fn(logits [N, k, vocab], positions [N, k]) -> [N] (the scored positions
@@ -186,26 +181,21 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict[str, Any], 
 
 def _sweep(bridge: Any, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any], positions: Any,
            metric_fn: Callable[..., Any], replacement: str, budget: int, out: np.ndarray,
-           model: blocks.Model) -> _Sweep:
-    """The checked torch arithmetic with these runs' rotation, the caches trimmed to the positions
-    up to the last scored one (causal attention: nothing scored reads later ones), masks, the
-    senders' deltas."""
+           model: Model) -> _Sweep:
+    """The checked torch arithmetic, the caches trimmed to the positions up to the last scored one
+    (causal attention: nothing scored reads later ones), masks, the senders' deltas."""
     ref = base[hook_resid_pre(0)]  # dtype and device of the activations
     positions = positions.to(ref.device)
     s = int(positions.max()) + 1
     L = bridge.cfg.n_layers
     caches = {id(c): _trim(c, s, L) for c in (base, source, clean)}
     tbase = caches[id(base)]
-    if model.rotation is not None:  # this batch's cos and sin ([1 or n, pos, r])
-        model = replace(model, rotation=(tbase[names.HOOK_ROT_COS].to(ref), tbase[names.HOOK_ROT_SIN].to(ref)))
     vocab = int(model.logits(tbase[hook_resid_post(L - 1)][:1, :1]).shape[-1])
     windows = [lay.window for lay in model.layers]
     return _Sweep(model, tbase, positions, metric_fn, out, budget,
                   _deltas(bridge, tbase, caches[id(source)], caches[id(clean)], replacement),
-                  [blocks.mask(s, w, ref) for w in windows],
-                  [blocks.scored_mask(positions, s, w, ref) for w in windows],
-                  int(getattr(bridge.cfg, "d_mlp", None) or 4 * bridge.cfg.d_model), vocab,
-                  architecture.of(bridge).scales)
+                  [causal(s, w, ref) for w in windows], [mask(positions, s, w, ref) for w in windows],
+                  int(getattr(bridge.cfg, "d_mlp", None) or 4 * bridge.cfg.d_model), vocab)
 
 
 def _groups(edges: list[names.Edge]) -> dict[Any, list[int]]:
@@ -223,10 +213,8 @@ def _groups(edges: list[names.Edge]) -> dict[Any, list[int]]:
 
 
 def _trim(cache: dict[str, Any], s: int, n_layers: int) -> dict[str, Any]:
-    """The cache's activations the batched path reads ([n, pos, ...]) at positions < s (views;
-    the rotation's cos and sin [1 or n, pos, r] likewise)."""
-    names_ = [*cache_names(n_layers), "logits", names.HOOK_ROT_COS, names.HOOK_ROT_SIN,
-              *(hook_attn_sum(layer) for layer in range(n_layers))]
+    """The cache's activations the batched path reads ([n, pos, ...]) at positions < s (views)."""
+    names_ = [*cache_names(n_layers), "logits", *(hook_attn_sum(layer) for layer in range(n_layers))]
     return {name: cache[name][:, :s] for name in names_ if name in cache}
 
 
@@ -270,8 +258,8 @@ def _chunks(sw: _Sweep, key: Any, edges: list[names.Edge], idx: list[int]) -> li
 
 def _logit_chunk(sw: _Sweep, edges: list[names.Edge], idx: list[int]) -> None:
     """A -> logits: final' = resid_post_last + delta_A at the scored positions."""
-    final = blocks.at(sw.positions, sw.base[hook_resid_post(len(sw.model.layers) - 1)][None])  # [1, n, k, d]
-    sw.finish(final + blocks.at(sw.positions, sw.delta([edges[i].sender for i in idx])), idx)
+    final = at(sw.positions, sw.base[hook_resid_post(len(sw.model.layers) - 1)][None])  # [1, n, k, d]
+    sw.finish(final + at(sw.positions, sw.delta([edges[i].sender for i in idx])), idx)
 
 
 def _position_cap(positions_per_edge: int) -> int:
@@ -281,8 +269,8 @@ def _position_cap(positions_per_edge: int) -> int:
 @dataclass
 class _Receivers:
     """Constants of one receiver layer L.  sq = the query positions computed: the scored ones
-    (k) when L is the last layer, else all s.  Banks are over heads: q [H, n, sq, dh] (times
-    the score scale), k and v [H_kv, n, s, dh], q and k rotated at their positions."""
+    (k) when L is the last layer, else all s.  Banks are over heads: q [H, n, sq, dh], k and v
+    [H_kv, n, s, dh], q and k finished (QK-norm, the scale on q) and rotated at their positions."""
 
     L: int
     last: bool
@@ -303,14 +291,14 @@ def _receivers(sw: _Sweep, L: int) -> _Receivers:
     base = sw.base
 
     def q_positions(t: Any) -> Any:  # [n, s, ...] -> [n, sq, ...]
-        return blocks.at(sw.positions, t[None])[0] if last else t
+        return at(sw.positions, t[None])[0] if last else t
 
     def heads_first(t: Any) -> Any:  # [n, p, H, dh] -> [H, n, p, dh]
         return t.permute(2, 0, 1, 3).contiguous()
 
-    scale = sw.model_scale(L)
-    q = heads_first(q_positions(base[hook_input(L, "q")]) * scale)
-    bank = {"q": _rotate_q(sw, q, last), "k": sw.model.rotate(heads_first(base[hook_input(L, "k")])),
+    q = lay.finish("q", heads_first(q_positions(base[hook_input(L, "q")])), 0)
+    bank = {"q": _rotate_q(lay, sw.positions, q, last),
+            "k": lay.rotate(lay.finish("k", heads_first(base[hook_input(L, "k")]), 0)),
             "v": heads_first(base[hook_input(L, "v")])}
     pre = q_positions(base[hook_resid_pre(L)])
     P = q_positions(base[hook_attn_sum(L)] if lay.post1 is not None else base[hook_attn_out(L)])
@@ -318,11 +306,11 @@ def _receivers(sw: _Sweep, L: int) -> _Receivers:
     return _Receivers(L, last, bank, heads_first(q_positions(base[hook_z(L)])), pre, P, mlp_x)
 
 
-def _rotate_q(sw: _Sweep, q: Any, last: bool) -> Any:
+def _rotate_q(lay: Layer, positions: Any, q: Any, last: bool) -> Any:
     """Queries [., n, sq, dh] rotated at their positions (the scored ones when `last`)."""
     if not last:
-        return sw.model.rotate(q)
-    return sw.model.rotate(q.unsqueeze(0).transpose(1, 2), sw.positions).transpose(1, 2).squeeze(0)
+        return lay.rotate(q)
+    return lay.rotate(q.unsqueeze(0).transpose(1, 2), positions).transpose(1, 2).squeeze(0)
 
 
 def _sender_chunk(sw: _Sweep, rc: _Receivers, edges: list[names.Edge], idx: list[int]) -> None:
@@ -369,9 +357,10 @@ def _bank_rows(receiver: names.HeadInput, si: int, H: int, n_kv: int) -> tuple[i
     return h, rows[0], rows[1], rows[2]
 
 
-def _banks(sw: _Sweep, lay: blocks.Layer, rc: _Receivers, delta: Any, needed: set[str]) -> dict[str, Any]:
+def _banks(sw: _Sweep, lay: Layer, rc: _Receivers, delta: Any, needed: set[str]) -> dict[str, Any]:
     """bank[x] = [base inputs of the H heads; inputs of the H heads from LN1(r') for each sender]
-    [(1 + S) H, n, ., dh], r' = resid_pre + delta (the inputs in `needed` only)."""
+    [(1 + S) H, n, ., dh], r' = resid_pre + delta (the inputs in `needed` only; queries and keys
+    finished and rotated as the scores read them, mech.block.layer)."""
     import torch
 
     S, n, s, d = delta.shape
@@ -379,18 +368,19 @@ def _banks(sw: _Sweep, lay: blocks.Layer, rc: _Receivers, delta: Any, needed: se
     h = lay.ln1(sw.base[hook_resid_pre(rc.L)][None] + delta)  # [S, n, s, d]
     out = dict(rc.bank)
     for x in needed:
-        hx = blocks.at(sw.positions, h) if x == "q" and rc.last else h
+        hx = at(sw.positions, h) if x == "q" and rc.last else h
         Hx = H if x == "q" else lay.n_kv
         p = lay.proj[x](hx).view(S, n, hx.shape[2], Hx, dh).permute(0, 3, 1, 2, 4)  # [S, Hx, n, p, dh]
+        p = lay.finish(x, p, 1)
         if x == "q":
-            p = sw.model.rotate(p.transpose(1, 2), sw.positions).transpose(1, 2) if rc.last else sw.model.rotate(p)
+            p = lay.rotate(p.transpose(1, 2), sw.positions).transpose(1, 2) if rc.last else lay.rotate(p)
         elif x == "k":
-            p = sw.model.rotate(p)
+            p = lay.rotate(p)
         out[x] = torch.cat([rc.bank[x], p.reshape(S * Hx, n, hx.shape[2], dh)])
     return out
 
 
-def _variants(sw: _Sweep, lay: blocks.Layer, rc: _Receivers, bank: dict[str, Any], picks: Any) -> Any:
+def _variants(sw: _Sweep, lay: Layer, rc: _Receivers, bank: dict[str, Any], picks: Any) -> Any:
     """resid_post of layer L for each edge [E, n, sq, d]; picks [E, 4]: the receiver head and
     its q, k, v rows in the bank (_bank_rows).
 
@@ -400,11 +390,11 @@ def _variants(sw: _Sweep, lay: blocks.Layer, rc: _Receivers, bank: dict[str, Any
     heads = picks[:, 0]
     q, k, v = (bank[x].index_select(0, picks[:, 1 + j]) for j, x in enumerate("qkv"))
     bias = sw.scored_masks[rc.L] if rc.last else sw.masks[rc.L]
-    dz = blocks.attend(q, k, v, bias, lay.cap).sub_(rc.z.index_select(0, heads))
+    dz = attend(q, k, v, bias, lay.cap).sub_(rc.z.index_select(0, heads))
     E, n, sq, dh = dz.shape
     d = rc.pre.shape[-1]
     P = torch.baddbmm(rc.P.reshape(1, n * sq, d), dz.reshape(E, n * sq, dh), lay.W_O.index_select(0, heads))
-    return lay.finish(rc.pre[None], lay.attn_out(P.view(E, n, sq, d)), rc.mlp_x)
+    return lay.finish_block(rc.pre[None], lay.attn_out(P.view(E, n, sq, d)), rc.mlp_x)
 
 
 def _downstream(sw: _Sweep, L: int, post: Any) -> Any:
@@ -414,9 +404,9 @@ def _downstream(sw: _Sweep, L: int, post: Any) -> Any:
     m = sw.model
     x = post.reshape(E * n, s, d)
     for l in range(L + 1, len(m.layers) - 1):
-        x = blocks.block(m, m.layers[l], x, sw.masks[l])
+        x = block(m, m.layers[l], x, sw.masks[l])
     last = len(m.layers) - 1
-    return blocks.block_at(m, m.layers[-1], x.view(E, n, s, d), sw.positions, sw.scored_masks[last])
+    return block_at(m, m.layers[-1], x.view(E, n, s, d), sw.positions, sw.scored_masks[last])
 
 
 def patch_into(runs: Any, todo: Sequence[names.Edge], direction: str, replacement: str, budget: int,

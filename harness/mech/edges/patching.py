@@ -7,9 +7,10 @@ base run.  For a receiver head B (query head b of layer L) and input x in {q, k,
     x_B' = norm1_L(r') W_x + b_x                     (the norm recomputed on r'; W_x, b_x of query
                                                       head b for q, of its key/value head for k, v)
 
-then B's attention as the model computes it: rotary positions rotate q and k after
-the projection at B's own positions, the scale, soft cap and (sliding-window) causal
-mask of layer L apply (mech.block.attention).  Only head B's input changes: under
+then B's attention as the model computes it: a QK-norm (over B's values, or over every
+head's projection of r' where the norm spans the projection) and rotary positions act on
+q and k after the projection at B's own positions, the scale, soft cap and
+(sliding-window) causal mask of layer L apply (mech.block.attention).  Only head B's input changes: under
 grouped-query attention the other query heads of B's key/value group keep reading
 the base keys and values.  For `-> logits` the final residual gets the change:
 logits' = out(ln_final(resid_final + D)), with the model's output transform (a soft
@@ -26,10 +27,10 @@ activation (default), `mean` = the sender's activation averaged per position ove
 reference prompts other than the patched one (mech.runs.reference.Reference), `zero` = 0.
 
 `fast_plan` hooks the receiver's own slice of q/k/v where the model has one (the
-model then rotates and attends); for a shared key/value head it sets the receiver's z
-from its attention recomputed by hand.  `slow_logits` is the plainly written
-reference: it always recomputes the receiver head's whole attention by hand and
-replaces its z.  Tests hold them equal, and both to a float64 reference forward of
+model then normalises, rotates and attends); for a shared key/value head, or a QK-norm
+over the whole projection, it sets the receiver's z from its attention recomputed by
+hand.  `slow_logits` is the plainly written reference: it always recomputes the receiver
+head's whole attention by hand and replaces its z.  Tests hold them equal, and both to a float64 reference forward of
 each architecture.
 
 Devices: the float64 arithmetic runs on the activations' device (on the CPU for
@@ -49,7 +50,8 @@ from ...model.devices import like, of, wide
 from ...spec import names
 from ...spec.names import hook_input, hook_pattern, hook_resid_post, hook_resid_pre, hook_z
 from ..block import attention
-from ..hooks import Cache, Plan, output_transform, run_plan
+from ..block.arith import output_transform
+from ..hooks import Cache, Plan, run_plan
 from . import writes
 
 if TYPE_CHECKING:
@@ -141,10 +143,12 @@ def final_logits(bridge: Any, resid: Residual) -> Any:
 
 
 def fast_plan(bridge: Any, patch: EdgePatch, base: Cache | None = None) -> Plan:
-    """Hooks that apply the patch: the receiver's q/k/v slice of `blocks.L.attn.hook_x` where the
-    model has one for that query head alone (q always; k and v unless the key/value head is
-    shared), else the receiver's z, from its attention recomputed by hand (mech.block.attention; this
-    needs the `base` run); `-> logits`: the final residual."""
+    """Hooks that apply the patch: the receiver's q/k/v slice of `blocks.L.attn.hook_x` (the
+    projection, before any QK-norm and rotation, which the model then applies) where the model has
+    one for that query head alone (q always; k and v unless the key/value head is shared; q and k
+    not under a QK-norm over the whole projection, which would mix the patched slice with the other
+    heads' base ones), else the receiver's z, from its attention recomputed by hand
+    (mech.block.attention; this needs the `base` run); `-> logits`: the final residual."""
     plan = Plan()
     r = patch.edge.receiver
     if isinstance(r, names.Logits):
@@ -158,7 +162,8 @@ def fast_plan(bridge: Any, patch: EdgePatch, base: Cache | None = None) -> Plan:
     if not isinstance(r, names.HeadInput):
         raise UnsupportedError(names.edge_end_unsupported(r, "into"))
     arch = architecture.of(bridge)
-    if r.which == "q" or not arch.grouped:
+    own_slice = r.which == "v" or arch.qk_norm != "projection"  # a norm over the projection reads every head's
+    if own_slice and (r.which == "q" or not arch.grouped):
         new = receiver_input(bridge, r.head, r.which, patch.resid)
         idx = r.head.head if r.which == "q" else arch.kv_head(r.head.head)
 
@@ -170,7 +175,7 @@ def fast_plan(bridge: Any, patch: EdgePatch, base: Cache | None = None) -> Plan:
         plan.add(hook_input(r.head.layer, r.which), swap)
         return plan
     if base is None:
-        raise ValueError("patching a shared key/value head's input needs the base run")
+        raise ValueError("patching a head's input through its z needs the base run")
     return z_plan(bridge, r.head, patched_z(bridge, r, patch.resid, base))
 
 
@@ -181,7 +186,7 @@ def patched_z(bridge: Any, receiver: names.HeadInput, resid: Residual, base: Cac
     attention.check(bridge, base, L)
     pre = wide(base[hook_resid_pre(L)]).to(resid.device)
     inputs = {w: resid if w == receiver.which else pre for w in "qkv"}
-    return attention.head_z(bridge, receiver.head, inputs, base)
+    return attention.head_z(bridge, receiver.head, inputs)
 
 
 def z_plan(bridge: Any, head: names.Head, z: Any) -> Plan:

@@ -170,7 +170,8 @@ def mlp_output(bridge: Any, layer: int, resid: Residual) -> Residual:
     norm after the MLP where the model has one (the model's modules; float64)."""
     block = bridge.blocks[layer]
     device = of(bridge)
-    out = patching.apply_module(block.mlp, patching.apply_module(block.ln2, resid, device), device)
+    ln2 = getattr(block, "ln2", None)  # none in OLMo 2
+    out = patching.apply_module(block.mlp, resid if ln2 is None else patching.apply_module(ln2, resid, device), device)
     post = getattr(block, "ln2_post", None)
     return cast("Tensor", patching.apply_module(post, out, device) if post is not None else out)
 
@@ -179,7 +180,7 @@ def head_z(bridge: Any, receiver: names.HeadInput, resid_pre: Residual, changed:
     """Head h's z when its input `receiver.which` reads `changed` and the other two read
     `resid_pre` (its attention recomputed by hand, mech.block.attention; float64)."""
     inputs = {w: changed if w == receiver.which else resid_pre for w in "qkv"}
-    return attention.head_z(bridge, receiver.head, inputs, base)
+    return attention.head_z(bridge, receiver.head, inputs)
 
 
 def hop_change(bridge: Any, base: Cache, hop: names.Receiver, change: Residual) -> Residual:

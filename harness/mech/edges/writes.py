@@ -38,7 +38,7 @@ from ...model.devices import of, wide
 from ...spec import names
 from ...spec.names import HOOK_EMBED, HOOK_POS_EMBED, hook_attn_sum, hook_mlp_out, hook_z
 from ...spec.vocabulary import REPLACEMENTS, Replacement
-from ..block.attention import _layer_weight, apply_norm
+from ..block.attention import apply_norm
 
 if TYPE_CHECKING:
     from jaxtyping import Float
@@ -87,7 +87,10 @@ def _W_O(bridge: Any, head: names.Head, device: Any) -> Any:
     memo = _W_O_MEMO.setdefault(bridge, {})
     key = (head.layer, head.head)
     if key not in memo:
-        memo[key] = wide(_layer_weight(bridge, head.layer, "W_O")[head.head]).clone()
+        attn = bridge.blocks[head.layer].attn
+        W_O = getattr(attn, "W_O", None)
+        W_O = bridge.W_O[head.layer] if W_O is None else W_O  # a layer without its own view: the model's stack
+        memo[key] = wide(W_O[head.head]).clone()
     return memo[key].to(device)
 
 

@@ -34,7 +34,7 @@ from a given residual at the embedding (mech.graph.attribution integrates it).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,9 +45,9 @@ from ...model import architecture
 from ...model.shape import vocab_out
 from ...spec import names
 from ...spec.names import hook_mlp_out, hook_resid_post, hook_resid_pre, hook_z
-from ..block import arith as blocks
 from ..block import fidelity, read
-from ..block.attention import rotate
+from ..block.arith import Norm, attend, causal
+from ..block.layer import Layer, Model, at, block
 from ..edges import writes
 from ..edges.sets import cache_names as block_cache_names
 from .structure import Graph
@@ -64,9 +64,10 @@ def cache_names(n_layers: int, has_mlp: bool) -> list[str]:
 
 @dataclass
 class _HeadWeights:
-    """One layer's per-head projections (norm1's affine folded in as in torch_blocks): Wqkv
-    [H, 3, d, dh], each head's q (score scale included), k and v (k and v repeated from each query
-    head's key/value head), and their biases bqkv [3, 1, H, 1, dh]; W_O [H, dh, d], b_O [d]."""
+    """One layer's per-head projections (norm1's affine folded in, mech.block.read): Wqkv
+    [H, 3, d, dh], each head's q, k and v (k and v repeated from each query head's key/value head),
+    before any QK-norm, scale or rotation, and their biases bqkv [3, 1, H, 1, dh]; W_O [H, dh, d],
+    b_O [d]."""
 
     Wqkv: Any
     bqkv: Any
@@ -74,16 +75,11 @@ class _HeadWeights:
     b_O: Any
 
 
-def _dense(dense: blocks.Dense) -> tuple[Any, Any]:
-    W = dense.W if dense.W is not None else dense.Wt.t()  # type: ignore[union-attr]
-    return W, dense.b
-
-
-def _head_weights(lay: blocks.Layer, arch: architecture.Architecture) -> _HeadWeights:
+def _head_weights(lay: Layer, arch: architecture.Architecture) -> _HeadWeights:
     import torch
 
     H, Hkv, dh, d = arch.n_heads, lay.n_kv, arch.d_head, arch.d_model
-    W, b = _dense(lay.proj["qkv"])
+    W, b = lay.proj["qkv"].matrix()
     if b is None:
         b = W.new_zeros(W.shape[1])
     hq, hk = H * dh, Hkv * dh
@@ -96,9 +92,26 @@ def _head_weights(lay: blocks.Layer, arch: architecture.Architecture) -> _HeadWe
 
     (Wq, bq), (Wk, bk), (Wv, bv) = (per_head(slice(0, hq), H), per_head(slice(hq, hq + hk), Hkv, kv),
                                     per_head(slice(hq + hk, hq + 2 * hk), Hkv, kv))
-    W_O, b_O = _dense(lay.out)
+    W_O, b_O = lay.out.matrix()
     return _HeadWeights(torch.stack([Wq, Wk, Wv], 1).contiguous(), torch.stack([bq, bk, bv], 0)[:, None, :, None, :],
                         W_O.reshape(H, dh, d), b_O if b_O is not None else W_O.new_zeros(d))
+
+
+def _own_qk(lay: Layer, arch: architecture.Architecture, which: str, p: Any, inputs: Any) -> Any:
+    """Queries or keys [R, H, s, dh] as the scores read them, each query head's from its own input:
+    `p` its projection, `inputs` [R, s, H, d] the normalised inputs it was projected from.  A QK-norm
+    over the whole projection reads every head's projection of that input (so each receiver's is
+    projected onto every head: H times the work, exact); otherwise finish per head."""
+    if arch.qk_norm != "projection":
+        return lay.qk(which, p, 1)
+    import torch
+
+    heads = arch.n_heads if which == "q" else lay.n_kv
+    full = lay.proj[which](inputs).view(*inputs.shape[:3], heads, arch.d_head)  # [R, s, H, heads, dh]
+    full = lay.finish(which, full, 3)
+    pick = torch.tensor([h if which == "q" else arch.kv_head(h) for h in range(arch.n_heads)], device=p.device)
+    own = full.gather(3, pick.view(1, 1, -1, 1, 1).expand(*full.shape[:3], 1, full.shape[-1])).squeeze(3)
+    return lay.rotate(own.transpose(1, 2))
 
 
 @dataclass
@@ -139,10 +152,10 @@ def run_writes(bridge: Any, cache: dict[str, Any], s: int, dtype: Any, layers: s
     return Writes(embed, z, mlp)
 
 
-def _norm_of(ln: Any) -> blocks.Norm | None:
+def _norm_of(ln: Any) -> Norm | None:
     """The norm whose `standardize` a layer's ln1 is (None: the model's own module)."""
     owner = getattr(ln, "__self__", None)
-    return owner if isinstance(owner, blocks.Norm) and ln.__func__ is blocks.Norm.standardize else None
+    return owner if isinstance(owner, Norm) and ln.__func__ is Norm.standardize else None
 
 
 @dataclass
@@ -151,7 +164,7 @@ class _AfterNorm:
     inputs is the norm's VJP at x (its input) of the probe's gradient."""
 
     probe: Any  # [R, s, 3H, d]
-    norm: blocks.Norm
+    norm: Norm
     x: Any  # [R, s, d]
     y: Any  # standardize(x)
 
@@ -161,7 +174,7 @@ class GraphModel:
     """The model's arithmetic with one input per receiver (module docstring)."""
 
     graph: Graph
-    model: blocks.Model
+    model: Model
     arch: architecture.Architecture
     s: int  # positions computed: up to the last scored one
     vocab: int = 0  # the logits' width
@@ -186,14 +199,14 @@ class GraphModel:
         ref = base[hook_resid_pre(0)]
         s = int(positions.max()) + 1
         L = arch.n_layers
-        trimmed = {k: v[:, :s] for k, v in base.items() if k.startswith(("blocks.", "hook_", "rotary_emb."))
+        trimmed = {k: v[:, :s] for k, v in base.items() if k.startswith(("blocks.", "hook_"))
                    and v.dim() >= 2}
         if "logits" in base:
             trimmed["logits"] = base["logits"][:, :s]
         import torch
 
         with torch.no_grad():
-            model, w = read.build(bridge, ref.dtype, ref.device, trimmed)
+            model, w = read.build(bridge, ref.dtype, ref.device, s)
             fidelity.check(model, w, trimmed)
         if hook_resid_post(L - 1) not in trimmed:
             raise UnsupportedError("edge graph: the base run did not cache the final residual")
@@ -226,16 +239,12 @@ class GraphModel:
             D = x0.new_empty(R, len(g.senders), s, d)
             D[:, 0] = x0 - rep.rows(rep.embed, cur_idx)  # type: ignore[union-attr]
         resid = x0
-        rot = m.rotation
-        if rot is not None and rot[0].shape[0] > 1:
-            rot = (rot[0][cur_idx], rot[1][cur_idx])
         # one probed receiver with every edge kept: the other layers are the model's own blocks
         # (before the receiver's layer without gradients), only the probed layer runs per receiver
         dense = only if D is None and probes is not None else None
         lv = g.receiver_layer(dense) if dense is not None else -1
         if start and (dense is None or start > lv):
             raise ValueError("a forward that starts inside the model is one probed receiver's, at or before its layer")
-        mm = replace(m, rotation=rot)
 
         def take_out(inp: Any, U: int, cols: Any) -> Any:
             """inp minus the removed senders' D (the first U senders) for the receivers `cols`."""
@@ -244,11 +253,11 @@ class GraphModel:
             M = removed[:, :U, cols]  # type: ignore[index]
             if not bool(M.any()):
                 return inp
-            block = D[:, :U].reshape(R, U, s * d)  # a view: no copy
+            sent = D[:, :U].reshape(R, U, s * d)  # a view: no copy
             if M.dim() == 2:  # one receiver: [R, U]
-                return inp - torch.bmm(M[:, None, :], block).view(R, s, d)
+                return inp - torch.bmm(M[:, None, :], sent).view(R, s, d)
             V = M.shape[2]
-            return inp - torch.bmm(M.transpose(1, 2), block).view(R, V, s, d).transpose(1, 2)
+            return inp - torch.bmm(M.transpose(1, 2), sent).view(R, V, s, d).transpose(1, 2)
 
         def wanted(first: int, stop: int) -> bool:
             """Whether receivers first..stop-1 are probed."""
@@ -266,7 +275,7 @@ class GraphModel:
                 continue
             if dense is not None and L != lv:
                 with torch.set_grad_enabled(L > lv and torch.is_grad_enabled()):
-                    resid = blocks.block(mm, lay, resid, blocks.mask(s, lay.window, x0))
+                    resid = block(m, lay, resid, causal(s, lay.window, x0))
                 continue
             hw = self.heads(L)
             U = g.senders_before(L)
@@ -294,10 +303,8 @@ class GraphModel:
                 h = lay.ln1(probe(take_out(resid[:, :, None, :].expand(R, s, 3 * H, d), U, cols)))
             h = h.reshape(R, s, H, 3, d)  # each head's q, k and v input, in receiver order
             q, k, v = (torch.einsum("rshtd,htde->trhse", h, hw.Wqkv) + hw.bqkv).unbind(0)
-            if rot is not None:
-                q, k = rotate(q, rot[0][..., :s, :], rot[1][..., :s, :]), rotate(k, rot[0][..., :s, :],
-                                                                                rot[1][..., :s, :])
-            z = blocks.attend(q.contiguous(), k.contiguous(), v.contiguous(), blocks.mask(s, lay.window, x0), lay.cap)
+            q, k = _own_qk(lay, arch, "q", q, h[:, :, :, 0]), _own_qk(lay, arch, "k", k, h[:, :, :, 1])
+            z = attend(q.contiguous(), k.contiguous(), v.contiguous(), causal(s, lay.window, x0), lay.cap)
             out = torch.einsum("rhse,hed->rshd", z, hw.W_O)  # [R, s, H, d]
             attn = out.sum(2) + hw.b_O
             if D is not None:
@@ -315,8 +322,8 @@ class GraphModel:
             resid = resid + attn + mlp_out
         cost.spend(R, cost.layers_from(start, arch.n_layers))
         final = take_out(resid, len(g.senders), len(g.receivers) - 1)
-        at = blocks.at(positions, final[None])[0]  # [R, k, d]
-        return m.logits(probe(at, wanted(len(g.receivers) - 1, len(g.receivers))))
+        final_at = at(positions, final[None])[0]  # [R, k, d]
+        return m.logits(probe(final_at, wanted(len(g.receivers) - 1, len(g.receivers))))
 
     # ------------------------------------------------------------ edge circuits
     def circuits(self, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any,
@@ -367,7 +374,7 @@ class GraphModel:
                     idx = torch.arange(lo, min(n, lo + size), device=x.device)
                     shift = -delta[idx]
                     if lv == L:  # the logits read the final residual at the scored positions
-                        shift = blocks.at(positions[idx], shift[None])[0]
+                        shift = at(positions[idx], shift[None])[0]
                     logits = self.forward(x[idx], idx, None, None, positions[idx], probes=[], only=v, shift=shift,
                                           start=lv)
                     out[e, lo:lo + len(idx)] = metric(logits, idx).double().cpu().numpy()

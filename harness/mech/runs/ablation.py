@@ -50,11 +50,9 @@ def bytes_per_variant(n: int, s: int, d: int, d_mlp: int, n_heads: int, itemsize
 
 
 def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variants: list[Variant],
-                    metric_rows: Callable[[Any], np.ndarray], *, budget_bytes: int | None = None,
-                    rotation: tuple[Any, Any] | None = None) -> np.ndarray:
+                    metric_rows: Callable[[Any], np.ndarray], *, budget_bytes: int | None = None) -> np.ndarray:
     """[V, n] metric of each variant.  `resid`: the run's blocks.{start}.hook_resid_pre [n, pos, d];
-    `metric_rows(logits_at [V' n, k, vocab])` -> [V' n] metric (answers tiled V' times); `rotation`:
-    the run's rotary cos and sin (rotary models)."""
+    `metric_rows(logits_at [V' n, k, vocab])` -> [V' n] metric (answers tiled V' times)."""
     cfg = bridge.cfg
     budget_bytes = memory.working(DEFAULT_BUDGET) if budget_bytes is None else budget_bytes
     n, s, d = resid.shape
@@ -67,7 +65,7 @@ def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variant
         V = len(chunk)
         plan = _plan(chunk, n, start)
         tiled = resid.repeat(V, 1, 1)
-        logits_at = run_from(bridge, start, tiled, plan, positions.repeat(V, 1), rotation)
+        logits_at = run_from(bridge, start, tiled, plan, positions.repeat(V, 1))
         out[lo:lo + V] = np.asarray(metric_rows(logits_at)).reshape(V, n)
     return out
 

@@ -207,8 +207,7 @@ class Runs:
                 {layer: p for layer, p in pats.items() if start is None or key not in base or layer >= start}).hooks)
         if (start is not None and self.metric_at is not None
                 and hooks.can_start_inside(self.bridge, base, start, self.ds.positions)):
-            return self.metric_at(hooks.run_from(self.bridge, start, base[key], plan, self.ds.positions,
-                                                 hooks.rotation(base)))
+            return self.metric_at(hooks.run_from(self.bridge, start, base[key], plan, self.ds.positions))
         return self.metric(hooks.run_plan(self.bridge, tokens, plan))
 
     def ablated(self, heads: Sequence[names.Unit], kind: str, freeze: bool = False,
@@ -261,7 +260,7 @@ class Runs:
                                                                                      drops[v]))
                         for v in todo]
             got = ablation.ablated_metrics(self.bridge, self.clean[key], start, self.ds.positions, variants,
-                                                   self.metric_at, rotation=hooks.rotation(self.clean))
+                                                   self.metric_at)
             for v, m in zip(todo, got, strict=True):
                 self.memo[self._key(head_sets[v], kind, False, drops[v])] = m
         return [self.ablated(hs, kind, drop=dr) for hs, dr in zip(head_sets, drops, strict=True)]

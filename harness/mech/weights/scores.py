@@ -29,9 +29,19 @@ Weight processing (`processing`):
             centring projection (LN removes the mean of its input anyway).
             RMSNorm weights are folded without centring (RMSNorm keeps the
             mean); Gemma's RMSNorm multiplies by (1 + w), which is what is
-            folded; a norm after the attention (Gemma 2) scales each head's
-            write, so W_O becomes W_O diag(w_post); models without norm weights
-            are left as they are.
+            folded; a norm after the attention (Gemma 2 and 3, OLMo 2) scales
+            each head's write, so W_O becomes W_O diag(w_post); a QK-norm
+            (Qwen3, Gemma 3, OLMo 2) scales each head's query and key by its
+            gain, so W_Q and W_K become W_Q diag(g_q) and W_K diag(g_k) (the
+            head's slice of the gain where the norm spans the projection);
+            models without norm weights are left as they are.
+
+QK-norm: q_h = g_q * p_h / rms(p_h) (p_h = x W_Q[h]: the head's projection; the RMS over the
+head's values, or over every head's where the norm spans the projection).  The division is one
+positive number per token (and head): it changes how large a query is, never its direction, so
+it is left out, and the score (a ratio of norms, unchanged when Y is scaled) is a statement
+about which residual directions the head's queries and keys read, with the gain's weighting.
+How much of a route's signal survives the per-token normalisation is left to the causal tests.
 
 The scores, their rotation null and the context numbers are computed in
 factored form by mech.weights.factored (and mech.weights.null); this module holds the
@@ -190,6 +200,13 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
             return getattr(bridge, name).detach().to("cpu", torch.float64, copy=True)
 
         W_Q, W_K, W_V, W_O = (get(n) for n in ("W_Q", "W_K", "W_V", "W_O"))
+        if processing == "folded" and arch.qk_norm:  # the QK-norm's gain scales what each head's q and k read
+            for layer in range(W_Q.shape[0]):
+                attn = bridge.blocks[layer].attn
+                for W, name in ((W_Q, "q_norm"), (W_K, "k_norm")):
+                    g = _ln_weight(attn, name)
+                    if g is not None:
+                        W[layer] = W[layer] * (g if arch.qk_norm == "head" else g.view(W.shape[1], 1, -1))
         if arch.grouped:  # each query head reads its key/value head's keys and values
             group = arch.n_heads // arch.n_kv_heads
             W_K, W_V = W_K.repeat_interleave(group, dim=1), W_V.repeat_interleave(group, dim=1)

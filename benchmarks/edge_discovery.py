@@ -50,7 +50,8 @@ import numpy as np
 from scale_files import build_model, gpt2_shape  # benchmarks/ is on sys.path when run as a script
 
 from harness.data import dataset as data
-from harness.mech.graph import attribution, forward
+from harness.mech.graph import attribution
+from harness.mech.graph import parts as graph_parts
 from harness.mech.graph.structure import Graph
 from harness.mech.runs.build import base_runs
 from harness.mech.runs.cached import Runs
@@ -81,7 +82,7 @@ def runs_on(bridge: Any, n_layers: int, vocab: int, n: int, seed: int, first: in
     ds = data.repeated_tokens(n, SEGMENT, vocab, seed=seed, bos_token=min(BOS, vocab - 1))
     if first is not None:
         ds = ds.select(list(range(first)))
-    return base_runs(bridge, ds, forward.cache_names(n_layers, True), metric)
+    return base_runs(bridge, ds, graph_parts.cache_names(n_layers, True), metric)
 
 
 def scores(runs: Runs, method: str, direction: str) -> attribution.Scores:

@@ -219,7 +219,7 @@ def child_harness(c: Child) -> dict[str, Any]:
     import harness
     from harness import memory
     from harness.engine.measure import hooks_needed
-    from harness.mech.graph import forward
+    from harness.mech.graph import parts as graph_parts
     from harness.mech.runs.build import base_runs
     from harness.spec.vocabulary import Direction
 
@@ -254,7 +254,7 @@ def child_harness(c: Child) -> dict[str, Any]:
                 if kv is not None and kv != m.n_heads:
                     raise _Skipped("grouped-query attention: TransformerLens's edge attribution refuses it")
                 first = ds.select(list(range(min(c.tl_pairs, ds.n))))
-                small = base_runs(m.bridge, first, forward.cache_names(m.n_layers, m.has_mlp), "logprob")
+                small = base_runs(m.bridge, first, graph_parts.cache_names(m.n_layers, m.has_mlp), "logprob")
                 g = small.graph_model().graph
                 pair = (g.sender_index(edge.sender), g.receiver_index(edge.receiver))
                 out["eap_denoising"] = _plain(small.edge_scores("eap", direction=Direction.DENOISING,

@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.engine import runner
 from harness.hypothesis.loading import load
 from harness.mech.edges import paths
-from harness.mech.graph import forward
+from harness.mech.graph import parts
 from harness.mech.graph.structure import Graph
 from harness.mech.runs.build import base_runs
 from harness.mech.runs.cached import Runs
@@ -32,7 +32,7 @@ def graph_runs(hypothesis: str, n: int, *, corruption: str | None = None, refere
     if not reference:
         ds = dataclasses.replace(ds, reference=None)
     g = Graph.of(m.bridge)
-    wanted = scan_hooks(m.n_layers, m.has_mlp) + forward.cache_names(m.n_layers, m.has_mlp)
+    wanted = scan_hooks(m.n_layers, m.has_mlp) + parts.cache_names(m.n_layers, m.has_mlp)
     for e in g.edges():
         if paths.needs_paths(e):
             wanted += paths.cache_names(e, m.n_layers)

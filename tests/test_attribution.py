@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from harness.data import dataset as data
-from harness.mech.graph import attribution, forward
+from harness.mech.graph import attribution, parts
 from harness.mech.graph.structure import Graph
 from harness.mech.runs.build import base_runs
 from harness.mech.runs.cached import Runs
@@ -78,7 +78,7 @@ def random_runs(family: str, tmp_path, n: int = 4) -> Runs:
     folder = family_models.build(family, tmp_path / family, seed=3, **over)
     m = ModelRef.parse(str(folder)).load("cpu")
     ds = data.repeated_tokens(n, 6, m.d_vocab, seed=0, bos_token=1, n_ctx=m.n_ctx)
-    return base_runs(m.bridge, ds, forward.cache_names(m.n_layers, m.has_mlp), "logprob")
+    return base_runs(m.bridge, ds, parts.cache_names(m.n_layers, m.has_mlp), "logprob")
 
 
 def assert_tl_parity(runs: Runs, float64: Any = None) -> None:
@@ -174,7 +174,7 @@ def handbuilt_runs(tmp_path, metric: str = "logprob") -> Runs:
     ds = data.repeated_tokens(16, 5, m.d_vocab, seed=1, n_ctx=m.n_ctx, bos_token=0, corruptions=("second_half",))
     if metric == "logit_diff":
         ds = dataclasses.replace(ds, wrong=(ds.answers + 1) % m.d_vocab)
-    return base_runs(m.bridge, ds, forward.cache_names(m.n_layers, m.has_mlp), metric)
+    return base_runs(m.bridge, ds, parts.cache_names(m.n_layers, m.has_mlp), metric)
 
 
 def test_eap_ig_converges_to_exact_patching_where_one_edge_carries_everything(tmp_path):
@@ -218,20 +218,24 @@ def test_eap_is_exact_where_the_metric_is_linear_in_the_edge(tmp_path):
         assert np.abs(sc.per_prompt[0] - exact).max() < 1e-5 * max(1.0, np.abs(exact).max())
 
 
-def test_attribution_refuses_a_model_whose_head_writes_are_not_separable():
-    """Gemma 2's norm after the attention: one head's write depends on the others."""
-    from harness.errors import UnsupportedError
-
-    with pytest.raises(UnsupportedError, match="norm after the attention"):
-        forward.GraphModel.build(_gemma_bridge(), {}, torch.zeros(1, 1, dtype=torch.long))
-
-
-def _gemma_bridge():
-    import tempfile
-    from pathlib import Path
-
-    folder = family_models.build("gemma2", Path(tempfile.mkdtemp()) / "g", seed=0)
-    return ModelRef.parse(str(folder)).load("cpu").bridge
+@pytest.mark.parametrize("family", ["gemma3", "olmo2"])
+def test_eap_ig_through_norms_after_the_attention(family, tmp_path):
+    """With a norm after the attention a head's change reaches a receiver through that norm's Jacobian at
+    each integration point's attention sum: the whole graph's per-prompt EAP-IG scores (every receiver's
+    gradient, the changes taken point by point) equal the one-receiver pass's (the receiver's gradient
+    alone, P recorded through the model's own blocks) for heads into q/k/v, the MLP and the logits
+    (tests/test_families.py holds EAP to the float64 oracle's derivative through the norm)."""
+    runs = random_runs(family, tmp_path, n=3)
+    g = runs.graph_model().graph
+    heads = [u for u, x in enumerate(g.senders) if isinstance(x, names.Head) and x.layer == 0]
+    wanted = [(u, v) for u in heads[:2] for v in (g.receiver_index(names.HeadInput(names.Head(1, 1), "k")),
+                                                  g.receiver_index(names.Mlp(1)), len(g.receivers) - 1)]
+    sc = scores(runs, method="eap-ig", steps=3, wanted=wanted, batch=2)
+    scale = np.abs(sc.per_prompt).max()
+    assert scale > 0
+    for w, (u, v) in enumerate(wanted):
+        one = runs.edge_prompt_scores(names.Edge(g.senders[u], g.receivers[v]), "eap-ig", steps=3, batch=3)
+        assert one == pytest.approx(sc.per_prompt[w], abs=1e-5 * scale)
 
 
 def test_graph_of_a_parallel_model_drops_the_same_layer_mlp_edges(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -366,3 +367,71 @@ def test_explain_reads_the_same_route(fam):
     assert ex.score == pytest.approx(Composition(hw, seed=0).score(sender, receiver), abs=1e-10)
     has_far = all("receiver_reads" in r for r in ex.readouts)
     assert has_far is (not fam.arch.rotary)
+
+
+GRAPH_EDGES = ["L0H1 -> L1H2.q", "L0H3 -> L1H0.k", "L0H2 -> L1H1.v", "L0H0 -> L1.mlp", "L0.mlp -> L1H3.k",
+               "L1H2 -> logits", "embed -> L1H1.q", "L0.mlp -> logits"]
+
+
+def test_the_edge_graph_equals_the_oracle(fam):
+    """The edge graph (mech.graph.forward) on every family, norms after the attention included (Gemma 2
+    and 3, OLMo 2: a receiver's copy of a layer's attention output renormalised without the removed
+    heads): every edge but one kept equals the oracle's exact patch of that edge (circuit_pass), as
+    does that edge alone from its receiver's layer (edge_patches); and an edge's EAP score equals
+    minus the derivative of the oracle's metric as the sender moves from its clean to its corrupted
+    activation along the edge (a central difference: the first order through the norms)."""
+    from harness.mech.graph import attribution, forward, parts
+    from harness.model import metrics
+
+    arch = fam.arch
+    n, s = BASE.shape
+    positions = torch.arange(4, s - 1).expand(n, -1).contiguous()
+    answers = BASE.gather(1, positions + 1)
+    wanted = parts.cache_names(arch.n_layers, arch.has_mlp)
+    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
+
+    def metric(logits_at, idx):
+        k = logits_at.shape[1]
+        return metrics.per_prompt(logits_at, torch.arange(k).expand(len(idx), k), answers[idx], "logprob")
+
+    def oracle_metric(logits):
+        return metrics.per_prompt(logits, positions, answers, "logprob").double()
+
+    with Float64():
+        gm = forward.GraphModel.build(fam.bridge, base, positions)
+        clean = parts.run_writes(fam.bridge, base, gm.s, torch.float64)
+        rep = parts.run_writes(fam.bridge, source, gm.s, torch.float64)
+        g = gm.graph
+        edges = [names.parse_edge(e) for e in GRAPH_EDGES if arch.has_mlp or "mlp" not in e]
+        edges = [e for e in edges if g.has(e)]
+        pairs = [(g.sender_index(e.sender), g.receiver_index(e.receiver)) for e in edges]
+        masks = np.repeat(g.full()[None], len(pairs), axis=0)
+        for i, (u, v) in enumerate(pairs):
+            masks[i, u, v] = False
+        circuits = gm.circuits(clean, rep, masks, positions, metric)
+        entering = [names.hook_resid_pre(layer) for layer in range(arch.n_layers)]
+        entering += [names.hook_resid_post(arch.n_layers - 1)]
+        singles = gm.edge_patches(clean, rep, lambda layer: base[entering[layer]], pairs, positions, metric)
+        scale = float(oracle_metric(fam.oracle.run(BASE)["logits"]).abs().max())
+        for i, e in enumerate(edges):
+            route = oracle_route(e)
+            want = oracle_metric(fam.oracle.patched_logits(BASE, SOURCE, route)).numpy()
+            np.testing.assert_allclose(circuits[i], want, rtol=0, atol=1e-9 * scale, err_msg=str(e))
+            np.testing.assert_allclose(singles[i], want, rtol=0, atol=1e-9 * scale, err_msg=str(e))
+        for e, pair in zip(edges, pairs, strict=True):
+            if not isinstance(e.sender, names.Head):
+                continue
+            got = attribution.edge_prompt_scores(gm, clean, rep, positions, metric, pair, method="eap")
+            sender = oracle_node(e.sender)
+            z_clean = fam.oracle.run(BASE)["z"][e.sender.layer][:, :, e.sender.head]
+            z_corr = fam.oracle.run(SOURCE)["z"][e.sender.layer][:, :, e.sender.head]
+            eps = 1e-4
+
+            route = [sender, oracle_node(e.receiver)]
+
+            def moved(t: float, route: list = route, a: torch.Tensor = z_clean,
+                      b: torch.Tensor = z_corr) -> torch.Tensor:
+                return oracle_metric(fam.oracle.patched_logits(BASE, None, route, "mean", a + t * (b - a)))
+
+            want = -((moved(eps) - moved(-eps)) / (2 * eps)).numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7 * scale, err_msg=f"EAP {e}")

@@ -41,7 +41,7 @@ from ..evidence.details import Summary
 from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict, threshold_verdict
-from ..mech.graph import forward
+from ..mech.graph import parts
 from ..mech.runs import jackknife
 from ..mech.runs.cached import Runs
 from ..spec import names
@@ -88,7 +88,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
 
     def hooks(self, claim: CircuitClaim, n_layers: int) -> list[str]:
         if claim.edges is not None:
-            return forward.cache_names(n_layers, True)
+            return parts.cache_names(n_layers, True)
         mlps = [hook_mlp_out(layer) for layer in range(n_layers)] if with_mlps(claim) else []
         return [hook_z(layer) for layer in range(n_layers)] + mlps + [hook_resid_pre(0)]  # Runs.run starts there
 

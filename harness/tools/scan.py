@@ -47,7 +47,7 @@ from ..evidence.document import to_json
 from ..evidence.format import fmt_p
 from ..hypothesis.loading import load
 from ..mech.edges import sets
-from ..mech.graph import forward
+from ..mech.graph import parts
 from ..mech.graph.structure import Graph
 from ..mech.runs.build import base_runs
 from ..mech.weights import scores
@@ -113,7 +113,7 @@ def scan_hooks(n_layers: int, has_mlp: bool) -> list[str]:
     (mech.edges.batched), the last layer's pattern (non-vacuity of its keys and values) and the
     edge graph's (mech.graph.forward: edges with an MLP end)."""
     return list(dict.fromkeys(sets.cache_names(n_layers) + [hook_pattern(n_layers - 1)]
-                              + forward.cache_names(n_layers, has_mlp)))
+                              + parts.cache_names(n_layers, has_mlp)))
 
 
 def explore_dataset(m: Any, cfg: ScanSettings, given: tuple[DataSpec, DataSource] | None,

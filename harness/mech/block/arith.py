@@ -153,6 +153,19 @@ class Norm:
             out = out - g.mean(-1, keepdim=True)
         return r * out
 
+    def jvp(self, x: Any, dx: Any) -> Any:
+        """The change of y = norm(x) for a small change dx of its input (the Jacobian at x times dx):
+        w r (dc - y' mean(y' dc)) with c, dc centred for LayerNorm, r = 1 / sqrt(mean(c^2) + eps),
+        y' = c r; dx may carry extra axes before the last, against which x broadcasts."""
+        if self.kind == "none":
+            return dx
+        c = x - x.mean(-1, keepdim=True) if self.kind == "ln" else x
+        dc = dx - dx.mean(-1, keepdim=True) if self.kind == "ln" else dx
+        r = (c.square().mean(-1, keepdim=True) + self.eps).rsqrt()
+        y = c * r
+        out = r * (dc - y * (y * dc).mean(-1, keepdim=True))
+        return out if self.w is None else out * self.w
+
     def __call__(self, x: Any) -> Any:
         import torch
 

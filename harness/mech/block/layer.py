@@ -108,8 +108,9 @@ class Model:
     d_head: int
 
 
-def block(model: Model, lay: Layer, x: Any, bias: Any) -> Any:
-    """A whole block at every position: x [B, s, d] -> resid_post [B, s, d]; `bias` its mask [s, s]."""
+def block(model: Model, lay: Layer, x: Any, bias: Any, keep: dict[str, Any] | None = None) -> Any:
+    """A whole block at every position: x [B, s, d] -> resid_post [B, s, d]; `bias` its mask [s, s];
+    `keep`: given, it receives the attention sum P before any norm after it (keep["P"] [B, s, d])."""
     H, dh = model.n_heads, model.d_head
     B, s, d = x.shape
     h = lay.ln1(x)
@@ -117,7 +118,10 @@ def block(model: Model, lay: Layer, x: Any, bias: Any) -> Any:
     kv = lay.proj["kv"](h).view(B, s, 2, lay.n_kv, dh).permute(2, 0, 3, 1, 4)
     k, v = lay.qk("k", kv[0], 1), kv[1]
     z = attend(q.contiguous(), k.contiguous(), v.contiguous(), bias, lay.cap).transpose(1, 2)  # [B, s, H, dh]
-    return lay.finish_block(x, lay.attn_out(lay.out(z.reshape(B, s, H * dh))))
+    P = lay.out(z.reshape(B, s, H * dh))
+    if keep is not None:
+        keep["P"] = P
+    return lay.finish_block(x, lay.attn_out(P))
 
 
 def block_at(model: Model, lay: Layer, x: Any, positions: Any, scored: Any) -> Any:

@@ -37,7 +37,8 @@ from ... import memory
 from ...progress import progress as quiet_progress
 from ...spec import names
 from ...spec.vocabulary import Direction
-from .forward import GraphModel, Writes
+from .forward import GraphModel
+from .parts import Writes
 from .structure import Graph
 
 METHODS = ("eap", "eap-ig")
@@ -88,13 +89,17 @@ def transformer_lens_nodes(edge: names.Edge, position: int, n_layers: int) -> tu
     return w, v
 
 
-def _deltas(gm: GraphModel, clean: Writes, corrupt: Writes, layer: int, idx: Any) -> Any:
+def _deltas(gm: GraphModel, clean: Writes, corrupt: Writes, layer: int, idx: Any, P: Any = None) -> Any:
     """[b, s, H, d]: each head's write in the clean run minus the corrupted run, layer `layer`,
-    prompts `idx`."""
+    prompts `idx`; through the norm after the attention where there is one, to first order at the
+    layer's attention sum `P` [b, s, d] of the pass the gradients come from (its Jacobian there times
+    the pre-norm change)."""
     import torch
 
     dz = clean.rows(clean.z[layer], idx) - corrupt.rows(corrupt.z[layer], idx)
-    return torch.einsum("bshe,hed->bshd", dz, gm.heads(layer).W_O)
+    dpre = torch.einsum("bshe,hed->bshd", dz, gm.heads(layer).W_O)
+    post1 = gm.post_norm(layer)
+    return dpre if post1 is None else post1.jvp(P[:, :, None, :], dpre)
 
 
 def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
@@ -118,9 +123,7 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
     if method == "eap-ig" and direction != Direction.NOISING:
         raise ValueError("EAP-IG integrates from the corrupted to the clean run: it has no direction")
     g = gm.graph
-    n, s, d = clean.embed.shape
-    H = gm.arch.n_heads
-    k = positions.shape[1]
+    n, s, _ = clean.embed.shape
     out = np.zeros((len(g.senders), len(g.receivers), s))
     per_prompt = np.zeros((len(wanted or []), n))
     resampled = np.zeros((0 if resamples is None else resamples.shape[0], len(g.senders), len(g.receivers)))
@@ -133,47 +136,64 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
         def rows(lg: Any, i: Any, idx: Any = idx) -> Any:
             return metric(lg, idx[i])
 
-        def gradients(a: float, xc: Any = xc, xk: Any = xk, idx: Any = idx) -> list[Any]:
-            return gm.receiver_gradients(xc + a * (xk - xc), positions[idx], rows)
+        def gradients(a: float, P: dict[int, Any] | None = None, xc: Any = xc, xk: Any = xk,
+                      idx: Any = idx) -> list[Any]:
+            return gm.receiver_gradients(xc + a * (xk - xc), positions[idx], rows, P)
 
-        grads = gradients(points[0])  # summed point by point: one point's gradients held at a time
-        for a in points[1:]:
-            grads = [x + y for x, y in zip(grads, gradients(a), strict=True)]
-        grads = [x / len(points) for x in grads]
-        every = _changes(gm, clean, corrupt, idx, xk - xc)  # [b, s, senders, d]
         w = None if resamples is None else torch.from_numpy(resamples[:, lo:lo + len(idx)]).double()  # [B, b]
-        gi = 0
-        for L in range(g.n_layers):
-            U = g.senders_before(L)
-            cols, mlp_col = g.layer_receivers(L)
-            summed, drawn = _contract(every[:, :, :U], grads[gi], w)
-            out[:U, cols] += summed
-            if drawn is not None:
-                resampled[:, :U, cols] += drawn
-            gi += 1
-            if mlp_col is not None:
-                Um = U + (0 if gm.arch.parallel else H)
-                summed, drawn = _contract(every[:, :, :Um], grads[gi][:, :, None], w)
-                out[:Um, mlp_col] += summed[:, 0]
-                if drawn is not None:
-                    resampled[:, :Um, mlp_col] += drawn[:, :, 0]
-                gi += 1
         at = positions[idx]
-        picked = every.gather(1, at[:, :, None, None].expand(-1, -1, every.shape[2], d))  # [b, k, U, d]
-        contrib = torch.einsum("bkud,bkd->buk", picked, grads[gi]).double()  # [b, U, k]
-        per_pos = torch.zeros(len(idx), every.shape[2], s, dtype=torch.float64, device=contrib.device)
-        per_pos.scatter_add_(2, at[:, None, :].expand(-1, every.shape[2], k), contrib)
-        out[:, -1] += per_pos.sum(0).cpu().numpy()
-        if w is not None:
-            resampled[:, :, -1] += (w @ contrib.sum(-1).cpu()).numpy()
-        for j, (u, v) in enumerate(wanted or []):
-            per_prompt[j, idx.cpu().numpy()] = _prompt_scores(g, every, grads, at, u, v).cpu().numpy()
+        # the changes are linear in the gradient without a norm after the attention: the points' gradients
+        # are summed first (one point's held at a time); with one, each point's changes pass its Jacobian
+        for group in ([[a] for a in points] if gm.arch.post_norms else [points]):
+            P: dict[int, Any] | None = {} if gm.arch.post_norms else None
+            grads = gradients(group[0], P)
+            for a in group[1:]:
+                grads = [x + y for x, y in zip(grads, gradients(a), strict=True)]
+            grads = [x / len(points) for x in grads]
+            every = _changes(gm, clean, corrupt, idx, xk - xc, P)  # [b, s, senders, d]
+            _accumulate(gm, every, grads, at, s, w, out, resampled)
+            for j, (u, v) in enumerate(wanted or []):
+                per_prompt[j, idx.cpu().numpy()] += _prompt_scores(g, every, grads, at, u, v).cpu().numpy()
     out /= n
     out *= g.adjacency[:, :, None]
     if resamples is not None:
         resampled /= resamples.sum(1)[:, None, None]
         resampled *= g.adjacency[None]
     return Scores(out, per_prompt, resampled)
+
+
+def _accumulate(gm: GraphModel, every: Any, grads: list[Any], at: Any, s: int, w: Any, out: np.ndarray,
+                resampled: np.ndarray) -> None:
+    """Add a batch's scores into `out` [U, V, s] (summed over prompts) and `resampled` [B, U, V] (weighted
+    by w [B, b]): every sender's change `every` [b, s, U, d] against every receiver's gradient (`grads`
+    in forward order; the logits' at the scored positions `at` [b, k])."""
+    import torch
+
+    g = gm.graph
+    d, k = every.shape[-1], at.shape[1]
+    gi = 0
+    for L in range(g.n_layers):
+        U = g.senders_before(L)
+        cols, mlp_col = g.layer_receivers(L)
+        summed, drawn = _contract(every[:, :, :U], grads[gi], w)
+        out[:U, cols] += summed
+        if drawn is not None:
+            resampled[:, :U, cols] += drawn
+        gi += 1
+        if mlp_col is not None:
+            Um = U + (0 if gm.arch.parallel else gm.arch.n_heads)
+            summed, drawn = _contract(every[:, :, :Um], grads[gi][:, :, None], w)
+            out[:Um, mlp_col] += summed[:, 0]
+            if drawn is not None:
+                resampled[:, :Um, mlp_col] += drawn[:, :, 0]
+            gi += 1
+    picked = every.gather(1, at[:, :, None, None].expand(-1, -1, every.shape[2], d))  # [b, k, U, d]
+    contrib = torch.einsum("bkud,bkd->buk", picked, grads[gi]).double()  # [b, U, k]
+    per_pos = torch.zeros(every.shape[0], every.shape[2], s, dtype=torch.float64, device=contrib.device)
+    per_pos.scatter_add_(2, at[:, None, :].expand(-1, every.shape[2], k), contrib)
+    out[:, -1] += per_pos.sum(0).cpu().numpy()
+    if w is not None:
+        resampled[:, :, -1] += (w @ contrib.sum(-1).cpu()).numpy()
 
 
 def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
@@ -207,12 +227,21 @@ def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions
         def rows(lg: Any, i: Any, idx: Any = idx) -> Any:
             return metric(lg, idx[i])
 
-        grad = sum(gm.receiver_gradient(xc + a * (xk - xc), positions[idx], rows, v) for a in points) / len(points)
-        delta = gm.sender_delta(clean, corrupt, g.senders[u], idx)  # [b, s, d]
-        if v == len(g.receivers) - 1:
-            at = positions[idx]
-            delta = delta.gather(1, at[:, :, None].expand(-1, -1, delta.shape[-1]))
-        out[lo:lo + len(idx)] = torch.einsum("bsd,bsd->bs", delta, grad).double().sum(1).cpu().numpy()
+        sender = g.senders[u]
+        head = sender if isinstance(sender, names.Head) else None
+        through_norm = head is not None and gm.post_norm(head.layer) is not None
+        for group in ([[a] for a in points] if through_norm else [points]):  # as edge_scores groups them
+            P: dict[int, Any] = {}
+            grad = sum(gm.receiver_gradient(xc + a * (xk - xc), positions[idx], rows, v, P)
+                       for a in group) / len(points)
+            if head is not None and through_norm:
+                delta = _deltas(gm, clean, corrupt, head.layer, idx, P[head.layer])[:, :, head.head]
+            else:
+                delta = gm.sender_delta(clean, corrupt, sender, idx)  # [b, s, d]
+            if v == len(g.receivers) - 1:
+                at = positions[idx]
+                delta = delta.gather(1, at[:, :, None].expand(-1, -1, delta.shape[-1]))
+            out[lo:lo + len(idx)] += torch.einsum("bsd,bsd->bs", delta, grad).double().sum(1).cpu().numpy()
     return out
 
 
@@ -235,14 +264,16 @@ def one_gradient_bytes(gm: GraphModel, item: int) -> int:
     return item * (a.n_layers * per_layer + 3 * s * gm.vocab)
 
 
-def _changes(gm: GraphModel, clean: Writes, corrupt: Writes, idx: Any, d_embed: Any) -> Any:
+def _changes(gm: GraphModel, clean: Writes, corrupt: Writes, idx: Any, d_embed: Any,
+             P: dict[int, Any] | None = None) -> Any:
     """[b, s, senders, d]: every sender's write in the clean run minus the corrupted run, prompts
-    `idx`, in the graph's sender order (embed's change is `d_embed`)."""
+    `idx`, in the graph's sender order (embed's change is `d_embed`); `P`: each layer's attention sum
+    in the pass the gradients come from (models with a norm after the attention, _deltas)."""
     import torch
 
     parts = [d_embed[:, :, None, :]]
     for L in range(gm.graph.n_layers):
-        parts.append(_deltas(gm, clean, corrupt, L, idx))
+        parts.append(_deltas(gm, clean, corrupt, L, idx, None if P is None else P[L]))
         if gm.graph.has_mlp:
             cm, km = clean.rows(clean.mlp[L], idx), corrupt.rows(corrupt.mlp[L], idx)
             parts.append((cm - (0.0 if km is None else km))[:, :, None, :])

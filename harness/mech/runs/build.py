@@ -16,6 +16,7 @@ from ...progress import stage
 from ...spec import names
 from .. import hooks
 from ..graph import forward
+from ..graph import parts as graph_parts
 from ..hooks import Cache
 from .cached import PerPrompt, Runs, part_key
 from .reference import Lazy, Reference
@@ -101,7 +102,7 @@ def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str, parts: S
                 lo = hi
         return Reference.summed(chunks(), m)
 
-    graph_names = forward.cache_names(int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp)
+    graph_names = graph_parts.cache_names(int(bridge.cfg.n_layers), architecture.of(bridge).has_mlp)
 
     def probe() -> Cache:  # the first prompts, caching every write: what the graph arithmetic is checked on
         k = min(GRAPH_PROBE, ds.n)

@@ -40,7 +40,7 @@ from ...spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
 from ...spec.vocabulary import Ablation, Direction, Replacement
 from .. import hooks
 from ..edges import batched, patching, paths, writes
-from ..graph import attribution, forward, patches
+from ..graph import attribution, forward, parts, patches
 from ..hooks import Cache
 from . import ablation
 from .reference import Lazy, Reference
@@ -375,7 +375,7 @@ class Runs:
 
     def has_writes(self, run: Cache) -> bool:
         """Whether `run` cached every sender's write (what whole-graph forwards read)."""
-        names_ = forward.cache_names(self.n_layers, architecture.of(self.bridge).has_mlp)
+        names_ = parts.cache_names(self.n_layers, architecture.of(self.bridge).has_mlp)
         return all(n in run for n in hooks.for_architecture(self.bridge, names_))
 
     def graph_check(self) -> tuple[Cache, int]:
@@ -387,19 +387,19 @@ class Runs:
         probe = self.graph_probe.get()
         return probe, int(probe[hook_resid_pre(0)].shape[0])
 
-    def writes(self, run: Cache, layers: set[int] | None = None) -> forward.Writes:
-        """Every sender's write in `run` (mech.graph.forward.run_writes), at the positions the graph computes;
+    def writes(self, run: Cache, layers: set[int] | None = None) -> parts.Writes:
+        """Every sender's write in `run` (mech.graph.parts.run_writes), at the positions the graph computes;
         with `layers`, embed's and those of the senders in these layers only."""
         gm = self.graph_model()
         if layers is None and not self.has_writes(run):
             raise ValueError("these base runs did not cache every sender's write (a whole-graph forward reads them)")
-        return forward.run_writes(self.bridge, run, gm.s, run[names.HOOK_EMBED].dtype, layers)
+        return parts.run_writes(self.bridge, run, gm.s, run[names.HOOK_EMBED].dtype, layers)
 
-    def mean_writes(self, drop: int | None = None) -> forward.Writes:
+    def mean_writes(self, drop: int | None = None) -> parts.Writes:
         """Every sender's per-position mean write over the reference prompts (see Reference.mean)."""
         ref, s = self.reference, self.graph_model().s
-        ref_writes = forward.run_writes(self.bridge, ref.cache, s, ref.cache[hook_z(0)].dtype)
-        return forward.Writes(ref.mean(ref_writes.embed, drop), [ref.mean(z, drop) for z in ref_writes.z],
+        ref_writes = parts.run_writes(self.bridge, ref.cache, s, ref.cache[hook_z(0)].dtype)
+        return parts.Writes(ref.mean(ref_writes.embed, drop), [ref.mean(z, drop) for z in ref_writes.z],
                                 [None if m is None else ref.mean(m, drop) for m in ref_writes.mlp])
 
     def edge_scores(self, method: str, *, steps: int = 5, direction: str = Direction.NOISING,

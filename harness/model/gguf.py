@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import ModelLoadError
 from ..spec.names import Shape
+from . import families
 from .devices import resolve_device
 from .hf_loader import load_transformers, offline
 from .loaded import LoadedModel
@@ -278,6 +279,14 @@ def _check_architecture(file: Path, header: Header) -> None:
                              f"{transformers.__version__} (it reads {', '.join(sorted(readable))})")
 
 
+def _check_family(file: Path, header: Header) -> None:
+    """ModelLoadError when no model family harness supports writes this GGUF architecture (model.families)."""
+    if families.of_gguf(header.architecture) is None:
+        raise ModelLoadError(f"{file}: GGUF architecture {header.architecture!r} is not one harness supports; it "
+                             f"supports {', '.join(families.supported_gguf())} (a family is added as in "
+                             "docs/architecture.md)")
+
+
 def _check_size(file: Path, header: Header, dtype: Any) -> None:
     """ModelLoadError when the metadata's layer count disagrees with the tensors, or the dequantised
     weights and the file would not fit in this machine's memory."""
@@ -352,6 +361,7 @@ def load(path: Path, dtype: Any = None, device: str | None = None) -> LoadedMode
     header = read_header(file)
     _require_package(file)
     _check_architecture(file, header)
+    _check_family(file, header)
     _check_size(file, header, dtype)
     device = resolve_device(device)
     digest = file_hash(file)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ModelLoadError
-from . import tensors
+from . import families, tensors
 from .config_check import check_hf_sizes
 from .files import read_json
 from .model_dir import CONFIG, INDEX, ModelFiles, compare_tensors, stored_dtype
@@ -152,8 +152,28 @@ def offline() -> Iterator[None]:
             os.environ["HF_HUB_OFFLINE"] = saved_env
 
 
+def _name_architecture(hf_config: Any, shown: str) -> None:
+    """Set the config's `architectures` from its `model_type` where it names none (a GGUF file's config:
+    `gemma3_text` -> Gemma3ForCausalLM, model.families); ModelLoadError, before any weight is read, when
+    no family harness supports covers the architecture or the model type."""
+    named = getattr(hf_config, "architectures", None)
+    if named:
+        if families.of_architecture(str(named[0])) is None:
+            raise ModelLoadError(f"cannot load {shown}: {named[0]} is not a supported architecture; harness "
+                                 f"supports {', '.join(families.supported())} (a family is added as in "
+                                 "docs/architecture.md)")
+        return
+    model_type = str(getattr(hf_config, "model_type", "") or "")
+    family = families.of_model_type(model_type)
+    if family is None:
+        known = ", ".join(t for f in families.FAMILIES for t in f.model_types)
+        raise ModelLoadError(f"cannot load {shown}: its config names no architecture, and model_type "
+                             f"{model_type!r} is none harness supports ({known})")
+    hf_config.architectures = [family.architectures[0]]
+
+
 def _boot_without_tokenizer(path: str, dtype: Any, device: str | None, weights: str | None,
-                            gguf_file: str | None = None) -> Any:
+                            gguf_file: str | None = None, shown: str | None = None) -> Any:
     """The bridge `TransformerBridge.boot_transformers(path)` builds, without its tokenizer
     (boot_transformers always builds a tokenizer, and fails on a directory without tokenizer
     files or with unreadable ones): the model is loaded as boot_transformers loads it (the
@@ -178,6 +198,7 @@ def _boot_without_tokenizer(path: str, dtype: Any, device: str | None, weights: 
     hf_config = autoconfig_with_remote_post_init_compat(path, auto_config=AutoConfig, output_attentions=True,
                                                         trust_remote_code=False, **source)
     hf_config.__dict__.update({"transformers_weights": weights})
+    _name_architecture(hf_config, shown or f"Hugging Face model {path!r}")
     architecture = determine_architecture_from_hf_config(hf_config)
     adapter = architecture_adapter_factory.ArchitectureAdapterFactory.select_architecture_adapter(
         build_bridge_config_from_hf(hf_config, architecture, path, dtype))
@@ -219,7 +240,7 @@ def load_transformers(name_or_path: str, dtype: Any = None, device: str | None =
     hf_logging.disable_progress_bar()
     try:
         with offline():
-            bridge = _boot_without_tokenizer(name_or_path, dtype, device, weights, gguf_file)
+            bridge = _boot_without_tokenizer(name_or_path, dtype, device, weights, gguf_file, shown)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         if gguf_file is None and "use_safetensors" in str(exc):  # transformers found no safetensors checkpoint
             raise ModelLoadError(f"cannot load Hugging Face model {name_or_path!r}: it has no model.safetensors "

@@ -30,8 +30,8 @@ from ...registry import Registry, RegistryError
 from . import gemma2, gemma3, gpt2, llama, mistral, native, neox, olmo2, qwen2, qwen3
 from .family import NATIVE, Family
 
-__all__ = ["FAMILIES", "NATIVE", "Family", "find", "of_architecture", "of_model_type", "register", "supported",
-           "unregister"]
+__all__ = ["FAMILIES", "NATIVE", "Family", "find", "of_architecture", "of_gguf", "of_model_type", "register",
+           "supported", "supported_gguf", "unregister"]
 
 def _check(name: str, family: Family) -> str | None:
     if not isinstance(family, Family):
@@ -60,6 +60,16 @@ def unregister(name: str) -> None:
 def of_architecture(architecture: str) -> Family | None:
     """The family covering a Hugging Face class name (or TransformerLensNative), None if none does."""
     return next((f for f in FAMILIES if architecture in f.architectures), None)
+
+
+def of_gguf(architecture: str) -> Family | None:
+    """The family whose GGUF files name this `general.architecture`, None if none does."""
+    return next((f for f in FAMILIES if architecture in f.gguf), None)
+
+
+def supported_gguf() -> list[str]:
+    """Every GGUF architecture a family covers (for messages)."""
+    return [a for f in FAMILIES for a in f.gguf]
 
 
 def of_model_type(model_type: str) -> Family | None:

@@ -18,6 +18,7 @@ class Family:
     title: str  # in docs and messages: "Gemma 3"
     architectures: tuple[str, ...]  # the Hugging Face classes it covers: ("Gemma3ForCausalLM",)
     model_types: tuple[str, ...] = ()  # config.json model_type values (a GGUF file's config names no class)
+    gguf: tuple[str, ...] = ()  # the GGUF files' general.architecture values of the family
     qk_norm: str | None = None  # QK_NORMS
     rotary: str = "model"  # ROTARY
     windows: str = "none"  # WINDOWS

@@ -2,5 +2,12 @@
 
 from .family import Family
 
-FAMILY = Family(name="mistral", title="Mistral", architectures=("MistralForCausalLM",), model_types=("mistral",),
-                windows="config", features="as Llama, plus a sliding window on every layer")
+FAMILY = Family(
+    name="mistral",
+    title="Mistral",
+    architectures=("MistralForCausalLM",),
+    model_types=("mistral",),
+    gguf=("mistral",),
+    windows="config",
+    features=("as Llama, plus a sliding window on every layer"),
+)

@@ -2,6 +2,12 @@
 
 from .family import Family
 
-FAMILY = Family(name="qwen2", title="Qwen2", architectures=("Qwen2ForCausalLM",), model_types=("qwen2",),
-                windows="module", features="as Llama, plus q/k/v biases, tied embeddings, optional sliding-window "
-                                           "layers")
+FAMILY = Family(
+    name="qwen2",
+    title="Qwen2",
+    architectures=("Qwen2ForCausalLM",),
+    model_types=("qwen2",),
+    gguf=("qwen2",),
+    windows="module",
+    features=("as Llama, plus q/k/v biases, tied embeddings, optional sliding-window layers"),
+)

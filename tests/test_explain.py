@@ -268,26 +268,32 @@ def test_null_matches_explicit_haar_rotations():
 
 
 def test_vocabulary_is_read_in_blocks_with_the_same_products(monkeypatch):
-    """The readouts read W_E and W_U a block of tokens at a time (never whole, unless a copying
-    score read them already) and get the same products and the same record."""
+    """The readouts and the copying score read W_E and W_U a block of tokens at a time (never
+    whole) and get the same products and the same record whatever the block size."""
     bridge = boot_random_native(tiny_config(n_layers=2, n_heads=2, d_head=3, d_model=8, d_vocab=11), seed=4)
     hw = W.head_weights(bridge, "folded")
     calls = []
     vocab = hw.vocab
     hw.vocab = lambda a, b: calls.append((a, b)) or vocab(a, b)
     left, right = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
-    dots, norms, logits = hw.vocab_products(left, right, chunk=3)
+    blocks = list(hw.vocab_products(left, right, chunk=3))
     assert calls == [(0, 3), (3, 6), (6, 9), (9, 11)]
-    full = W.head_weights(bridge, "folded")
-    torch.testing.assert_close(dots, full.W_E @ left, rtol=0, atol=1e-12)
-    torch.testing.assert_close(norms, torch.linalg.norm(full.W_E, dim=1), rtol=0, atol=1e-12)
-    torch.testing.assert_close(logits, right.T @ full.W_U, rtol=0, atol=1e-12)
+    W_E, W_U = vocab(0, 11)
+    torch.testing.assert_close(torch.cat([b[0] for b in blocks]), W_E @ left, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.cat([b[1] for b in blocks]), torch.linalg.norm(W_E, dim=1), rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.cat([b[2] for b in blocks], 1), right.T @ W_U, rtol=0, atol=1e-12)
+    gram, norm_E, norm_U = hw.unembed_embed()
+    torch.testing.assert_close(gram, W_U @ W_E, rtol=0, atol=1e-12)
+    assert (norm_E, norm_U) == pytest.approx((float(torch.linalg.norm(W_E)), float(torch.linalg.norm(W_U))))
+    assert max(b - a for a, b in calls) <= 4096
+    one = W.head_weights(bridge, "folded")
     monkeypatch.setattr(W, "VOCAB_CHUNK", 4)
     for mode in W.MODES:
         recv = HeadInput(Head(1, 1), mode)
-        assert_same(Explainer(hw, 0).record(Head(0, 0), recv, 200).to_dict(),
-                    Explainer(full, 0).record(Head(0, 0), recv, 200).to_dict(), mode)
-    assert hw._embedding is None  # never read whole
+        monkeypatch.setattr(W, "VOCAB_CHUNK", 4)
+        small = Explainer(hw, 0).record(Head(0, 0), recv, 200).to_dict()
+        monkeypatch.setattr(W, "VOCAB_CHUNK", 64)  # the whole vocabulary in one block
+        assert_same(small, Explainer(one, 0).record(Head(0, 0), recv, 200).to_dict(), mode)
 
 
 def test_null_blocks_are_seeded_chunks():

@@ -95,8 +95,9 @@ def test_narrower_output_vocabulary_runs_every_claim_kind(tmp_path):
 
     loaded = harness.load_model(narrow, device="cpu")
     hw = head_weights(loaded.bridge, "folded")
-    assert hw.W_E.shape[0] == 128 and hw.W_U.shape[1] == OUT
-    full = (hw.W_E[:OUT] @ hw.W_V[1, 5] @ hw.W_O[1, 5] @ hw.W_U).numpy()
+    W_E, W_U = hw.vocab(0, hw.vocab_span)
+    assert W_E.shape[0] == 128 and W_U.shape[1] == OUT
+    full = (W_E[:OUT] @ hw.W_V[1, 5] @ hw.W_O[1, 5] @ W_U).numpy()
     lam = np.linalg.eigvals(full)
     expected = float(lam.sum().real / np.abs(lam).sum())
     assert ev.claim("copies").value == pytest.approx(expected, abs=1e-9)

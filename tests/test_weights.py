@@ -235,9 +235,10 @@ def test_basis_freedom(processing):
 def test_copying_score_matches_full_vocab_eigenvalues():
     b = boot(tiny_config(seed=9))
     hw = W.head_weights(b, "raw")
+    W_E, W_U = hw.vocab(0, hw.vocab_span)
     for layer in range(2):
         for h in range(2):
-            full = (hw.W_E @ hw.W_V[layer, h] @ hw.W_O[layer, h] @ hw.W_U).numpy()
+            full = (W_E @ hw.W_V[layer, h] @ hw.W_O[layer, h] @ W_U).numpy()
             lam = np.linalg.eigvals(full)
             expected = lam.sum().real / np.abs(lam).sum()
             assert W.copying_score(hw, layer, h).value == pytest.approx(expected, abs=1e-9)

@@ -95,11 +95,12 @@ def _special(tokenizer: Any, which: str) -> int | None:
     tid = getattr(tokenizer, f"{which}_token_id", None)
     if not isinstance(text, str) or tid is None:
         return None
-    try:
-        vocab = tokenizer.get_vocab()
+    try:  # one lookup each way (get_vocab builds a dict of the whole vocabulary: seconds at 262k tokens)
+        found = tokenizer.convert_tokens_to_ids(text)
+        back = tokenizer.convert_ids_to_tokens(int(found)) if found is not None else None
     except Exception:  # a tokenizer without a readable vocabulary: trust its id
         return int(tid)
-    return int(vocab[text]) if text in vocab else None
+    return int(found) if back == text else None
 
 
 def model_tokenizer(m: LoadedModel) -> TextTokenizer | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import io
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -79,7 +80,9 @@ def png(fig: Any, tight: bool = True) -> bytes:
     """The figure as PNG bytes (closed afterwards); `tight`: cropped to what is drawn
     (the report's own figures use constrained layout at their exact size instead)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None}, bbox_inches="tight" if tight else None)
+    with warnings.catch_warnings():  # a token in a script the font lacks (Gemma's 262k vocabulary) draws as a box
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None}, bbox_inches="tight" if tight else None)
     pyplot().close(fig)
     return buf.getvalue()
 

@@ -47,7 +47,7 @@ spectra and draws their relative orientation: G becomes F, the top-left r x r bl
 a Haar matrix of dimension null_dim, and M becomes S_x F S_y.  The same statistics
 (shares, normalised singular values sigma_i / (||X|| ||Y||), principal angles: the
 arccos of the singular values of F's top-left rank(X) x rank(Y) block) are computed
-on `draws` draws of F (Stream.EXPLAIN_NULL; chunks of CHUNK, the same Bartlett
+on `draws` draws of F (Stream.EXPLAIN_NULL; chunks of null.chunk_draws(r), the same Bartlett
 sampler), each summarised by its mean and central 95% interval.  Direction 1's
 p = (1 + #{null share_1 >= share_1}) / (1 + draws); n_aligned counts the angles below
 the null interval of the angle of the same rank.
@@ -72,7 +72,8 @@ orthogonal to the all-ones direction then, so centring does not change a load):
 Cosines are scale-free, as a LayerNorm reader is.  Only tokens with a positive load are
 listed.  The vocabulary is read once per route, a block of tokens at a time
 (HeadWeights.vocab_products: W_E [a | b | W_V] and b^T W_U), so W_E X is never formed and
-a 50k vocabulary is never held whole.  The sign of each (a_i, b_i, m_i) is fixed so that
+no [vocabulary, d_head] array is held: only each token's numbers for the top directions.
+The sign of each (a_i, b_i, m_i) is fixed so that
 the token with the largest |cos(W_E[t], a_i)| loads positively.  Everything depends on X,
 Y and the embeddings only, so changing a head's internal basis (W_V -> W_V A,
 W_O -> A^-1 W_O; W_Q -> W_Q B, W_K -> W_K B^-T) changes nothing.
@@ -81,7 +82,7 @@ W_O -> A^-1 W_O; W_Q -> W_Q B, W_K -> W_K B^-T) changes nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -89,12 +90,15 @@ import numpy as np
 
 from ... import memory
 from ...evidence.details import Explained, ExplainedDirection, TokenLoad
+from ...progress import progress
 from ...spec.names import Head, HeadInput
 from ...streams import Stream, derive_seed
 from ...threads import single_threaded
 from .factored import receiver_factors, spectrum_rank
-from .null import CHUNK, TOL, haar_blocks
+from .null import CHUNK, TOL, chunk_draws, haar_blocks
 from .scores import HeadWeights
+
+NULL_STEP = 64**3 * 1000  # r^3 per step of the null spectra (1,000 draws at d_head 64, 15 at d_head 256)
 
 RANK_TOL = 1e-10  # singular values below this times the largest (for P: times ||X|| ||Y||) count as zero
 TIE_TOL = 1e-6  # singular values within this times the largest are equal (multiplicity)
@@ -210,11 +214,20 @@ class Explainer:
         derive_seed(seed, Stream.EXPLAIN_NULL, r, n, c))."""
         import torch
 
-        chunks = self._blocks.setdefault((r, n), [])
-        while len(chunks) * CHUNK < draws:
-            c = len(chunks)
-            chunks.append(haar_blocks(r, n, CHUNK, derive_seed(self.seed, Stream.EXPLAIN_NULL, r, n, c)))
-        return torch.cat(chunks)[:draws]
+        return torch.cat(list(self.block_chunks(r, n, draws)))
+
+    def block_chunks(self, r: int, n: int, draws: int) -> Iterator[Any]:
+        """blocks(r, n, draws) chunk by chunk (null.chunk_draws(r) draws each, the last cut to `draws`);
+        kept for the next route where a chunk is CHUNK draws, made afresh where the blocks are too
+        large to keep (a 256-dimensional head's 1,000 would hold 512 MiB)."""
+        size = chunk_draws(r)
+        kept = self._blocks.setdefault((r, n), []) if size == CHUNK else []
+        for c in range(math.ceil(draws / size)):
+            chunk = kept[c] if c < len(kept) else haar_blocks(r, n, size, derive_seed(self.seed, Stream.EXPLAIN_NULL,
+                                                                                     r, n, c))
+            if size == CHUNK and c == len(kept):
+                kept.append(chunk)
+            yield chunk[:draws - c * size]
 
     def explain(self, sender: Head, receiver: HeadInput, draws: int = 1000, top: int = TOP,
                 n_tokens: int = TOKENS) -> Explanation:
@@ -247,38 +260,30 @@ class Explainer:
         writes = torch.where(norms > RANK_TOL * max(float(norms.max()), 1e-300), writes / norms.clamp_min(1e-300), 0.0)
         sx_, sy_, sigma = sx.numpy(), sy.numpy(), S.numpy()
         k = min(top, _rank_of(sigma, float(np.linalg.norm(sx_) * np.linalg.norm(sy_))))
-        # one pass over the vocabulary: W_E [a_1..a_r | b_1..b_k | W_V], ||W_E[t]||, b^T W_U (.v)
+        # one pass over the vocabulary, a block at a time: W_E [a_1..a_r | b_1..b_k | W_V], ||W_E[t]||,
+        # b^T W_U (.v); what the readouts need of it kept per token for the top k directions only
         value = receiver.which == "v"
         # a rotary model's one-sided q/k form has no residual direction on the receiver's far side
         two_sided = value or not hw.rotary
         far = right[:, :k] if two_sided else left.new_zeros(left.shape[0], 0)
-        k_far = far.shape[1]
-        dots, row_norms, logits = hw.vocab_products(torch.cat([left, far, W_V], dim=1),
-                                                    right[:, :k] if value else None)
-        dots, row_norms = dots.numpy(), row_norms.numpy()
-        cos = np.divide(dots, row_norms[:, None], out=np.zeros_like(dots), where=row_norms[:, None] > 0)
-        r = left.shape[1]
-        picked = cos[np.argmax(np.abs(cos[:, :r]), axis=0), np.arange(r)]
-        sign = np.where(picked < 0, -1.0, 1.0)  # the token of largest |cos(W_E[t], a_i)| loads positively
+        v = _vocab_pass(hw, torch.cat([left, far, W_V], dim=1), right[:, :k] if value else None, left.shape[1], k,
+                        far.shape[1], W_O.numpy(), writes.numpy())
+        sign = np.where(v.extreme < 0, -1.0, 1.0)  # the token of largest |cos(W_E[t], a_i)| loads positively
         left_, right_, writes_ = left.numpy() * sign, right.numpy() * sign, writes.numpy() * sign
         readouts = []
-        EV = dots[:, r + k_far:]  # W_E W_V [vocab, r]: W_E X = EV W_O, never formed
-        W_O_ = W_O.numpy()
-        write_norms = np.sqrt(np.clip(np.sum((EV @ (W_O_ @ W_O_.T)) * EV, axis=1), 0.0, None))  # ||W_E[t] X||
         for i in range(k):
-            along = EV @ (W_O_ @ writes_[:, i])
             out: dict[str, Any] = {
-                "positional_share": self._positional(left_[:, i], dots[:, i]),
-                "sender_reads": self._tokens(cos[:, i] * sign[i], n_tokens),
-                "sender_writes": self._tokens(np.divide(along, write_norms, out=np.zeros_like(along),
-                                                        where=write_norms > 0), n_tokens)}
+                "positional_share": self._positional(left_[:, i], v.squares[i]),
+                "sender_reads": self._tokens(v.cos[:, i] * sign[i], n_tokens),
+                "sender_writes": self._tokens(np.divide(v.along[:, i] * sign[i], v.write_norms,
+                                                        out=np.zeros(len(v.write_norms)), where=v.write_norms > 0),
+                                              n_tokens)}
             if value:
-                out["promotes"] = self._tokens(logits[i].numpy() * sign[i], n_tokens)
+                out["promotes"] = self._tokens(v.logits[i] * sign[i], n_tokens)
             elif two_sided:
-                other = cos[:, r + i] * sign[i]
-                out["receiver_reads"] = self._tokens(other, n_tokens)
-                out["receiver_positional_share"] = self._positional(right_[:, i], dots[:, r + i])
-                out["token_match"] = _correlation(cos[:, i], cos[:, r + i])
+                out["receiver_reads"] = self._tokens(v.cos_far[:, i] * sign[i], n_tokens)
+                out["receiver_positional_share"] = self._positional(right_[:, i], v.squares_far[i])
+                out["token_match"] = _correlation(v.cos[:, i], v.cos_far[:, i])
             readouts.append(out)
         kx, ky = spectrum_rank(sx_, RANK_TOL), spectrum_rank(sy_, RANK_TOL)
         angles = principal_angles(Vxh.mT.numpy()[:, :kx], Uy.numpy()[:, :ky])
@@ -289,10 +294,19 @@ class Explainer:
         """The statistics under the rotation null: M = S_x F S_y, angles from F[:kx, :ky]."""
         import torch
 
-        F = self.blocks(int(sx.shape[0]), self.hw.null_dim, draws)
+        r = int(sx.shape[0])
+        step = max(1, NULL_STEP // max(1, r) ** 3)  # draws per step: a 256-dimensional head's take minutes in all
+        parts: list[Any] = []
+        chunks = self.block_chunks(r, self.hw.null_dim, draws)
         with single_threaded():
-            sv = torch.linalg.svdvals(sx[:, None] * F * sy[None, :]).numpy()
-            cos = torch.linalg.svdvals(F[:, :kx, :ky]).clamp(0.0, 1.0).numpy() if kx and ky else np.zeros((draws, 0))
+            for F in progress(chunks, f"null spectra of {draws} draws (d_head {r})", quiet=True):
+                for lo in range(0, len(F), step):
+                    part = F[lo:lo + step]
+                    sv_ = torch.linalg.svdvals(sx[:, None] * part * sy[None, :]).numpy()
+                    cos_ = (torch.linalg.svdvals(part[:, :kx, :ky]).clamp(0.0, 1.0).numpy() if kx and ky
+                            else np.zeros((len(part), 0)))
+                    parts.append((sv_, cos_))
+        sv, cos = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         total = np.sum(sv ** 2, axis=1, keepdims=True)
         shares = np.divide(sv ** 2, total, out=np.full_like(sv, np.nan), where=total > 0)
         denom = float(torch.linalg.norm(sx) * torch.linalg.norm(sy))
@@ -306,15 +320,14 @@ class Explainer:
         return [TokenLoad(token=int(t), text=self.decode(int(t)) if self.decode else None, load=float(loads[t]))
                 for t in order]
 
-    def _positional(self, u: np.ndarray, token_dots: np.ndarray) -> float | None:
-        """mean_p (W_pos[p] . u)^2 / (that + mean_t (W_E[t] . u)^2), `token_dots` = W_E u;
+    def _positional(self, u: np.ndarray, token_square: float) -> float | None:
+        """mean_p (W_pos[p] . u)^2 / (that + mean_t (W_E[t] . u)^2), `token_square` the latter;
         None without W_pos or when both are 0."""
         W_pos = self.hw.W_pos
         if W_pos is None:
             return None
         pos = float(np.mean((W_pos.numpy() @ u) ** 2))
-        tok = float(np.mean(token_dots ** 2))
-        return pos / (pos + tok) if pos + tok > 0 else None
+        return pos / (pos + token_square) if pos + token_square > 0 else None
 
     # ---------------------------------------------------------------- the evidence record
     def record(self, sender: Head, receiver: HeadInput, draws: int = 1000, top: int = TOP,
@@ -343,6 +356,56 @@ class Explainer:
                          null_spectrum=band(null.spectrum), angles=angles, null_angles=null_angles,
                          n_aligned=sum(1 for x, b in zip(angles, null_angles) if b[0] is not None and x < b[0]),
                          top_share_p=_num(ex.top_share_p), directions=directions, n_layers=int(self.hw.n_layers))
+
+
+@dataclass
+class _Vocab:
+    """What the readouts read of the vocabulary (one pass, _vocab_pass), [vocab] per token and direction
+    for the top k directions only: cos(W_E[t], a_i), cos(W_E[t], b_i) (cos_far), (W_E[t] X) . m_i
+    (along; m_i unsigned), ||W_E[t] X|| (write_norms), b_i . W_U[:, t] (logits, .v); per direction of
+    the r, the cos of largest |cos| (extreme: its sign fixes the direction's); mean_t (W_E[t] . a_i)^2
+    and (W_E[t] . b_i)^2 (squares, squares_far)."""
+
+    cos: np.ndarray
+    cos_far: np.ndarray
+    along: np.ndarray
+    write_norms: np.ndarray
+    logits: np.ndarray
+    extreme: np.ndarray
+    squares: np.ndarray
+    squares_far: np.ndarray
+
+
+def _vocab_pass(hw: HeadWeights, left: Any, right: Any, r: int, k: int, k_far: int, W_O: np.ndarray,
+                writes: np.ndarray) -> _Vocab:
+    """One pass over the vocabulary in blocks (HeadWeights.vocab_products): `left` [d, r + k_far + r] =
+    [a | b_1..b_k_far | W_V], `right` b_1..b_k (.v: the logits) or None; nothing vocabulary-wide is held
+    but the [vocab, k] columns of _Vocab (a 262k vocabulary: the full [vocab, 2r + k] would be GBs)."""
+    cos, cos_far, along, write_norms, logits = [], [], [], [], []
+    best = np.zeros(r)
+    extreme = np.zeros(r)
+    squares, squares_far, n = np.zeros(k), np.zeros(k_far), 0
+    WW, Mw = W_O @ W_O.T, W_O @ writes[:, :k]
+    for dots_t, norms_t, logits_t in hw.vocab_products(left, right):
+        dots, norms = dots_t.numpy(), norms_t.numpy()
+        c = np.divide(dots, norms[:, None], out=np.zeros_like(dots), where=norms[:, None] > 0)
+        rows = np.argmax(np.abs(c[:, :r]), axis=0)
+        top = c[rows, np.arange(r)]
+        better = np.abs(top) > best
+        best, extreme = np.where(better, np.abs(top), best), np.where(better, top, extreme)
+        cos.append(c[:, :k])
+        cos_far.append(c[:, r:r + k_far])
+        squares += np.sum(dots[:, :k] ** 2, axis=0)
+        squares_far += np.sum(dots[:, r:r + k_far] ** 2, axis=0)
+        n += len(dots)
+        EV = dots[:, r + k_far:]  # W_E W_V [block, r]: W_E X = EV W_O, never formed
+        along.append(EV @ Mw)
+        write_norms.append(np.sqrt(np.clip(np.sum((EV @ WW) * EV, axis=1), 0.0, None)))
+        if logits_t is not None:
+            logits.append(logits_t.numpy())
+    return _Vocab(np.concatenate(cos), np.concatenate(cos_far), np.concatenate(along), np.concatenate(write_norms),
+                  np.concatenate(logits, axis=1) if logits else np.zeros((0, 0)), extreme, squares / max(n, 1),
+                  squares_far / max(n, 1))
 
 
 def _correlation(x: np.ndarray, y: np.ndarray) -> float | None:

@@ -41,7 +41,7 @@ from ...progress import progress
 from ...spec.names import Head, HeadInput
 from ...threads import single_threaded
 from . import scores
-from .null import CHUNK, SharedNull, mc_or_bound_p, mc_p, normalised_squares, tail_bound
+from .null import SharedNull, mc_or_bound_p, mc_p, normalised_squares, tail_bound
 from .scores import CompositionResult, HeadWeights
 
 GRID_MEMORY = 256 * 2**20  # bytes a score grid's chunk of receiver layers may hold, outside a budget
@@ -250,8 +250,8 @@ class Composition:
             a = self.weights_of("x")[idx[0], idx[1]]
             b = self.weights_of(mode)[idx[2], idx[3]]
             target = scores[idx][:, None]
-            for start in range(n_draws, extend_to, CHUNK):
-                more = self.null.pair_samples(a, b, min(extend_to, start + CHUNK), start)
+            for start in range(n_draws, extend_to, self.null.size):
+                more = self.null.pair_samples(a, b, min(extend_to, start + self.null.size), start)
                 exceed[idx] += (more >= target - 1e-12).sum(1)
             used[idx] = extend_to
         out = np.full((L, H, L, H), np.nan)
@@ -290,8 +290,8 @@ class Composition:
         if short:
             a, b = self._pair_weights(short)
             target = np.array([self.score(*q) for q in short])[:, None]
-            for start in range(n_draws, extend_to, CHUNK):
-                more = self.null.pair_samples(a, b, min(extend_to, start + CHUNK), start)
+            for start in range(n_draws, extend_to, self.null.size):
+                more = self.null.pair_samples(a, b, min(extend_to, start + self.null.size), start)
                 for q, k in zip(short, (more >= target - 1e-12).sum(1), strict=True):
                     exceed[q] += int(k)
         for q in todo:

@@ -25,7 +25,8 @@ W ~ Wishart_r(n - r, I) independent of G_top, drawn by the Bartlett
 decomposition W = L L^T (L lower triangular, L_ii = sqrt(chi2(n - r - i + 1)),
 i = 1..r, L_ij ~ N(0, 1) below the diagonal).  When n < 2r, G is drawn whole.
 
-Draws come in chunks of CHUNK; chunk i is seeded derive_seed(seed,
+Draws come in chunks of `chunk_draws(r)` (CHUNK = 1,000 draws, fewer where a chunk of r x r
+blocks would pass CHUNK_BYTES: 128 at d_head 256); chunk i is seeded derive_seed(seed,
 Stream.ROTATION_NULL, r, n, i), so the first N draws are the same whatever the
 total, and extending a null appends chunks.
 
@@ -59,6 +60,13 @@ from ...streams import Stream, derive_seed
 from ...threads import single_threaded
 
 CHUNK = 1000  # draws per seeded chunk
+CHUNK_BYTES = 64 * 2**20  # at most this many bytes of float64 r x r blocks per chunk (d_head 64: 1,000 draws, 32 MiB)
+
+
+def chunk_draws(r: int) -> int:
+    """Draws per seeded chunk for blocks of size r: CHUNK, or fewer where CHUNK blocks would pass
+    CHUNK_BYTES (a 256-dimensional head's 1,000 blocks hold 512 MiB, and their draws several times it)."""
+    return max(1, min(CHUNK, CHUNK_BYTES // (8 * r * r)))
 PAIRS = 128  # pairs per contraction in SharedNull.pair_samples
 TOL = 1e-12  # C_null >= C - TOL counts as reaching C (ties in exact arithmetic)
 
@@ -97,29 +105,35 @@ def haar_block_squares(r: int, n: int, m: int, seed: int) -> Any:
 class SharedNull:
     """The shared draws P_m = F_m o F_m for block size r in dimension n, chunk by chunk.
 
-    `keep` chunks stay in memory (the base draws every pair uses); chunks beyond
-    them (extensions) are made when asked for and not kept."""
+    The chunks of the first `keep` draws stay in memory (the base draws every pair uses); chunks
+    beyond them (extensions) are made when asked for and not kept."""
 
     r: int
     n: int
     seed: int
-    keep: int = 1
+    keep: int = CHUNK
     _chunks: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """Draws per chunk (chunk_draws)."""
+        return chunk_draws(self.r)
 
     def chunk(self, i: int) -> Any:
         if i in self._chunks:
             return self._chunks[i]
-        P = haar_block_squares(self.r, self.n, CHUNK, derive_seed(self.seed, Stream.ROTATION_NULL, self.r, self.n, i))
-        if i < self.keep:
+        P = haar_block_squares(self.r, self.n, self.size,
+                               derive_seed(self.seed, Stream.ROTATION_NULL, self.r, self.n, i))
+        if i * self.size < self.keep:
             self._chunks[i] = P
         return P
 
     def blocks(self, stop: int, start: int = 0) -> list[tuple[int, int, Any]]:
         """[(first draw, last draw + 1, P)] covering draws start..stop-1."""
-        out = []
-        for i in range(start // CHUNK, math.ceil(stop / CHUNK)):
-            lo, hi = max(start, i * CHUNK), min(stop, (i + 1) * CHUNK)
-            out.append((lo, hi, self.chunk(i)[lo - i * CHUNK:hi - i * CHUNK]))
+        out, size = [], self.size
+        for i in range(start // size, math.ceil(stop / size)):
+            lo, hi = max(start, i * size), min(stop, (i + 1) * size)
+            out.append((lo, hi, self.chunk(i)[lo - i * size:hi - i * size]))
         return out
 
     def pair_samples(self, a: Any, b: Any, stop: int, start: int = 0) -> np.ndarray:

@@ -81,7 +81,7 @@ the unembedding).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,9 +104,9 @@ class HeadWeights:
     """Per-layer stacks in float64 on the CPU, whatever the model's device (MPS has
     no float64, and the null draws use CPU generators): W_Q, W_K, W_V [L, H, d, dh];
     W_O [L, H, dh, d].  The vocabulary matrices W_E [vocab, d] and W_U [d, vocab] are read
-    only when asked for: whole on first use of `W_E` / `W_U` (copying scores; a 50k
-    vocabulary makes them 300 MB each in float64), or in blocks of VOCAB_CHUNK tokens by
-    `vocab_products` (mech.weights.explain's token readouts), which never holds more than a block.
+    only when asked for, in blocks of VOCAB_CHUNK tokens, never more than a block at a time:
+    their product W_U W_E by `unembed_embed` (copying scores), and `vocab_products`
+    (mech.weights.explain's token readouts).
     W_pos [n_ctx, d] is None for a model without learned absolute positions.  Under grouped-query
     attention W_K and W_V are each query head's key/value head's (repeated over its group), so
     every stack is per query head.  `rotary`: the model rotates q and k by position (Q- and
@@ -123,7 +123,7 @@ class HeadWeights:
     null_dim: int  # dimension the null rotates in: d_model, or d_model - 1 after centring
     d_vocab_out: int = -1  # output vocabulary: the columns of W_U (-1: d_vocab)
     rotary: bool = False
-    _embedding: tuple[Any, Any] | None = None
+    _embedding: tuple[Any, float, float] | None = None  # unembed_embed, once computed
     _positions: list[Any] = field(default_factory=list)  # [W_pos] once read
 
     @property
@@ -138,13 +138,20 @@ class HeadWeights:
         can copy a token to itself (copying_score)."""
         return min(self.d_vocab, self.d_vocab_out if self.d_vocab_out > 0 else self.d_vocab)
 
-    @property
-    def W_E(self) -> Any:
-        return self._vocab()[0]
-
-    @property
-    def W_U(self) -> Any:
-        return self._vocab()[1]
+    def unembed_embed(self) -> tuple[Any, float, float]:
+        """(W_U[:, :n] W_E[:n] [d, d], ||W_E[:n]||, ||W_U[:, :n]||) over the shared vocabulary n, summed
+        block by block (VOCAB_CHUNK tokens): the vocabulary enters a copying score only through this
+        product, and a 262k-token vocabulary would make W_E and W_U 1.3 GB each in float64."""
+        if self._embedding is None:
+            n = self.shared_vocab
+            gram, e2, u2 = None, 0.0, 0.0
+            for a in range(0, n, VOCAB_CHUNK):
+                W_E, W_U = self.vocab(a, min(n, a + VOCAB_CHUNK))
+                part = W_U @ W_E
+                gram = part if gram is None else gram + part
+                e2, u2 = e2 + float(W_E.square().sum()), u2 + float(W_U.square().sum())
+            self._embedding = (gram, e2 ** 0.5, u2 ** 0.5)
+        return self._embedding
 
     @property
     def W_pos(self) -> Any | None:
@@ -152,28 +159,18 @@ class HeadWeights:
             self._positions.append(self.positions())
         return self._positions[0]
 
-    def _vocab(self) -> tuple[Any, Any]:
-        if self._embedding is None:
-            self._embedding = self.vocab(0, self.vocab_span)
-        return self._embedding
-
-    def vocab_products(self, left: Any, right: Any | None = None, chunk: int | None = None) -> tuple[Any, Any, Any]:
-        """(W_E left [vocab, k], the row norms ||W_E[t]|| [vocab], right^T W_U [m, vocab] or
-        None) in one pass over the vocabulary: in blocks of `chunk` (VOCAB_CHUNK) tokens, or
-        from the whole matrices when they were read already."""
+    def vocab_products(self, left: Any, right: Any | None = None,
+                       chunk: int | None = None) -> Iterator[tuple[Any, Any, Any]]:
+        """Block by block of `chunk` (VOCAB_CHUNK) tokens, in token order: (W_E[a:b] left [b - a, k], the row
+        norms ||W_E[t]|| [b - a], right^T W_U[:, a:b] [m, b - a] or None): one pass over the vocabulary,
+        never more than a block of it held."""
         import torch
 
         size = chunk or VOCAB_CHUNK
-        blocks = ([self._embedding] if self._embedding is not None
-                  else (self.vocab(a, min(a + size, self.vocab_span)) for a in range(0, self.vocab_span, size)))
-        dots, norms, logits = [], [], []
-        with single_threaded():
-            for E, U in blocks:
-                dots.append(E @ left)
-                norms.append(torch.linalg.norm(E, dim=-1))
-                if right is not None:
-                    logits.append(right.mT @ U)
-        return torch.cat(dots), torch.cat(norms), torch.cat(logits, dim=-1) if right is not None else None
+        for a in range(0, self.vocab_span, size):
+            E, U = self.vocab(a, min(a + size, self.vocab_span))
+            with single_threaded():
+                yield E @ left, torch.linalg.norm(E, dim=-1), (right.mT @ U if right is not None else None)
 
     @property
     def d_model(self) -> int:
@@ -339,19 +336,19 @@ class CopyingScore:
 
 
 def copying_score(hw: HeadWeights, layer: int, head: int, tol: float = 1e-12) -> CopyingScore:
-    """Re(sum lambda) / sum |lambda| of W_E OV W_U via the d_head x d_head form, over the
-    token ids both vocabularies have (W_E[:n], W_U[:, :n], n = hw.shared_vocab: all of them
-    unless the output vocabulary differs from the input one)."""
+    """Re(sum lambda) / sum |lambda| of W_E OV W_U via the d_head x d_head form W_O (W_U W_E) W_V
+    (the same non-zero eigenvalues), over the token ids both vocabularies have (W_E[:n],
+    W_U[:, :n], n = hw.shared_vocab: all of them unless the output vocabulary differs from the
+    input one)."""
     import torch
 
-    n = hw.shared_vocab
-    W_E, W_U = hw.W_E[:n], hw.W_U[:, :n]
-    M = (hw.W_O[layer, head] @ W_U) @ (W_E @ hw.W_V[layer, head])
+    gram, norm_E, norm_U = hw.unembed_embed()
+    M = (hw.W_O[layer, head] @ gram) @ hw.W_V[layer, head]
     with single_threaded():
         lam = torch.linalg.eigvals(M)
         R_v = torch.linalg.qr(hw.W_V[layer, head], mode="r").R  # ||W_V W_O|| = ||R_v W_O||
     total = float(lam.abs().sum())
-    scale = float(torch.linalg.norm(W_E) * torch.linalg.norm(W_U) * torch.linalg.norm(R_v @ hw.W_O[layer, head]))
+    scale = norm_E * norm_U * float(torch.linalg.norm(R_v @ hw.W_O[layer, head]))
     defined = scale > 0.0 and total > tol * scale
     return CopyingScore(float(lam.sum().real) / total if defined else None, total, int(lam.numel()),
                         hw.processing)

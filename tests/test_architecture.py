@@ -30,6 +30,7 @@ LAYERS = [
     ("harness.engine",),
     ("harness.report",),
     ("harness.sweep", "harness.tools"),
+    ("harness.conformance", "harness.extend"),
     ("harness.cli", "harness.cli_args", "harness.pytest_plugin", "harness.__main__", "harness"),
 ]
 

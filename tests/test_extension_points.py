@@ -162,3 +162,110 @@ def test_a_broken_plugin_is_one_line_naming_it(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == ("error: plugin toys (no_such_module.anywhere:register) failed: "
                                 "ModuleNotFoundError: No module named 'no_such_module'")
+
+
+# -- the declared surface and its conformance checks ------------------------------------------------------
+
+TOYS = ("toy_kind", "toy_metric", "toy_data_source", "toy_model_source", "toy_family", "plugin_toys")
+
+
+def test_plugins_import_only_the_declared_surface():
+    """Every toy written from outside the package imports harness.extend and nothing else of harness."""
+    import ast
+
+    for name in TOYS:
+        tree = ast.parse((ROOT / "tests" / f"{name}.py").read_text())
+        used = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness"):
+                used.add(node.module if node.module != "harness" else f"harness.{node.names[0].name}")
+            elif isinstance(node, ast.Import):
+                used |= {a.name for a in node.names if a.name.startswith("harness")}
+        assert used == {"harness.extend"}, (name, used)
+
+
+@pytest.fixture
+def olmo3(tmp_path):
+    from harness import extend
+
+    from . import toy_family
+
+    folder = toy_family.build(tmp_path / "olmo3")
+    extend.register_family(toy_family.FAMILY)
+    try:
+        yield folder
+    finally:
+        extend.unregister_family("olmo3")
+
+
+def test_a_family_adapter_from_outside_passes_its_conformance_check(tmp_path):
+    """OLMo 3, a family harness does not ship: refused by name until its adapter (tests/toy_family.py)
+    is registered, then reproduced exactly by the block arithmetic (its sliding windows, its rotary
+    table per layer type, its QK-norm over the projection): every conformance check passes, and a
+    hypothesis file runs on it."""
+    from harness import extend
+    from harness.errors import ModelLoadError
+
+    from . import toy_family
+
+    folder = toy_family.build(tmp_path / "olmo3")
+    with pytest.raises(ModelLoadError, match="Olmo3ForCausalLM is not a supported architecture; harness supports "
+                                             "GPT2LMHeadModel, LlamaForCausalLM"):
+        harness.load_model(folder, device="cpu")
+    passed = extend.check_family(toy_family.FAMILY, folder)
+    assert len(passed) == 8 and "the batched sweep equals the per-edge path" in passed
+    with pytest.raises(ModelLoadError):  # the check registered the family for its own duration only
+        harness.load_model(folder, device="cpu")
+
+
+def test_conformance_catches_a_misdeclared_family(olmo3):
+    """The same model with an adapter that forgets the sliding windows: the arithmetic checks fail and
+    say which."""
+    import dataclasses
+
+    from harness import extend
+
+    from . import toy_family
+
+    extend.unregister_family("olmo3")
+    try:
+        with pytest.raises(extend.ConformanceError) as exc:
+            extend.check_family(dataclasses.replace(toy_family.FAMILY, windows="none"), olmo3)
+    finally:
+        extend.register_family(toy_family.FAMILY)  # as the fixture expects to find it
+    assert any("attention by hand reproduces" in f for f in exc.value.failures)
+    assert any("block arithmetic reproduces every layer" in f for f in exc.value.failures)
+
+
+def test_the_toy_kind_metric_and_data_source_pass_their_conformance_checks():
+    from harness import extend
+
+    from . import toy_data_source, toy_kind, toy_metric
+
+    claim = {"id": "L0H7-focused", "kind": "attention_entropy", "head": "L0H7", "at_most": 0.5}
+    assert "it ends PASS, FAIL or INCONCLUSIVE with a reason or a value" in extend.check_claim_kind(
+        toy_kind.KIND, toy_kind.VIEW, claim, FIXTURE)
+    assert len(extend.check_metric(toy_metric.METRIC)) == 4
+    assert "each corruption changes some prompt" in extend.check_data_source(
+        toy_data_source.SOURCE, toy_data_source.mapping(), FIXTURE)
+    for name in ("logprob", "logit_diff", "kl"):  # the built-in metrics conform too
+        from harness.model import metrics
+
+        extend.check_metric(metrics.get(name))
+
+
+def test_conformance_catches_a_metric_pointing_the_wrong_way():
+    from harness import extend
+
+    from . import toy_metric
+
+    backwards = dataclasses_replace(toy_metric.METRIC, name="backwards",
+                                    fn=lambda at, a, w, c: -toy_metric.METRIC.fn(at, a, w, c))
+    with pytest.raises(extend.ConformanceError, match="higher means more of the clean behaviour"):
+        extend.check_metric(backwards)
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)

@@ -15,11 +15,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from harness.data import dataset as data
-from harness.data.settings import DataSettings
-from harness.data.sources import DataSourceKind, Where
-from harness.model.loading import LoadedModel
-from harness.model.tokenizer import model_bos
+from harness.extend import DataSettings, DataSourceKind, LoadedModel, Where, model_bos
+from harness.extend import dataset as data
 
 
 class ReversedHalf(DataSettings):

@@ -5,8 +5,8 @@
 
 per prompt n (query 0 can only attend to itself), averaged over prompts with a
 BCa CI; the threshold rule decides.  `EntropyView` says how its details read in a
-report.  tests/test_registry.py registers both (claims.registry.register(KIND),
-report.views.register(KIND.name, VIEW)) and checks that files, runs, reports,
+report.  It imports only the declared extension surface (harness.extend).  tests/test_registry.py
+registers both (harness.extend.register_claim_kind(KIND, VIEW)) and checks that files, runs, reports,
 re-rendering and the pytest plugin handle it with no edit anywhere else.
 """
 
@@ -17,16 +17,23 @@ from typing import Literal
 
 import numpy as np
 
-from harness import stats
-from harness.claims.base import ClaimKind, Context, Indexed, Measured
-from harness.evidence.details import Details, Num
-from harness.evidence.format import fmt
-from harness.evidence.result import ClaimResult
-from harness.evidence.verdicts import threshold_verdict
-from harness.report.views import ClaimView, details
-from harness.spec import names
-from harness.spec.fields import BoundedClaim, HeadName
-from harness.spec.names import hook_pattern
+from harness.extend import (
+    BoundedClaim,
+    ClaimKind,
+    ClaimResult,
+    ClaimView,
+    Context,
+    Details,
+    HeadName,
+    Indexed,
+    Measured,
+    Num,
+    details,
+    fmt,
+    names,
+    stats,
+    threshold_verdict,
+)
 
 
 class EntropyClaim(BoundedClaim):
@@ -54,7 +61,7 @@ class EntropyKind(ClaimKind[EntropyClaim, EntropyDetails]):
     summary = "mean entropy of a head's attention rows (nats)"
 
     def hooks(self, claim: EntropyClaim, n_layers: int) -> list[str]:
-        return [hook_pattern(claim.head.layer)]
+        return [names.hook_pattern(claim.head.layer)]
 
     def shown_heads(self, claim: EntropyClaim) -> list[names.Head]:
         return [claim.head]
@@ -62,7 +69,7 @@ class EntropyKind(ClaimKind[EntropyClaim, EntropyDetails]):
     def measure(self, claims: Sequence[Indexed[EntropyClaim]], ctx: Context) -> Measured:
         out = {}
         for i, c in claims:
-            pattern = ctx.runs.clean[hook_pattern(c.head.layer)][:, c.head.head].double().cpu().numpy()
+            pattern = ctx.runs.clean[names.hook_pattern(c.head.layer)][:, c.head.head].double().cpu().numpy()
             h = row_entropy(pattern)
             iv = stats.mean_ci(h, ctx.stats.bootstrap, ctx.stats.confidence, ctx.claim_seed(i))
             verdict, rule = threshold_verdict(iv.low, iv.high, c.at_least, c.at_most)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.model import metrics
+from harness.extend import Metric
 
 
 def margin(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
@@ -16,5 +16,5 @@ def margin(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
     return (good - others.max(-1).values).mean(-1)
 
 
-METRIC = metrics.Metric("margin", "logits", margin, lambda V, clean: 0.0,
+METRIC = Metric("margin", "logits", margin, lambda V, clean: 0.0,
                         "a prediction that ties the correct token with the best other one")

@@ -7,9 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from harness.model.loading import LoadedModel, from_bridge
-from harness.model.ref import ModelSource
-from harness.spec.names import Shape
+from harness.extend import LoadedModel, ModelSource, Shape, from_bridge
 
 CONFIG = {"d_model": 32, "d_head": 8, "n_heads": 4, "n_layers": 2, "n_ctx": 40, "d_vocab": 50, "attn_only": True,
           "normalization_type": "LN", "act_fn": "gelu"}

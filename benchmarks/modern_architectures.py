@@ -14,12 +14,17 @@ with transformers (seed 0; `--keep DIR` keeps them between runs):
    are undefined"), and against harness's own per-edge path for all three; the largest
    difference between their per-edge metrics.
 2. **Real sizes**: random models shaped like Pythia-160M (GPTNeoXForCausalLM: 12 layers,
-   12 heads, d_model 768, vocab 50304, rotary_pct 0.25, parallel blocks) and Qwen2.5-0.5B
+   12 heads, d_model 768, vocab 50304, rotary_pct 0.25, parallel blocks), Qwen2.5-0.5B
    (Qwen2ForCausalLM: 24 layers, 14 query heads over 2 key/value heads, d_model 896,
-   d_mlp 4864, vocab 151936, tied embeddings), and the Pythia shape at 2 and 6 layers for
-   the growth with layers: wall-clock time and peak memory (`/usr/bin/time`'s maximum
-   resident set size) of `harness run` on the scale benchmark's five-claim file (a role,
-   a mean ablation of two heads, a composition, two edge claims; 50 prompts), and of
+   d_mlp 4864, vocab 151936, tied embeddings), the QK-norm families Qwen3-0.6B
+   (Qwen3ForCausalLM: 28 layers, 16 query heads over 8, head_dim 128, d_model 1024, vocab
+   151936), Gemma 3 270M (Gemma3ForCausalLM: 18 layers, 4 query heads over 1, head_dim 256,
+   d_model 640, vocab 262144, five local layers to one global) and OLMo 2 1B at 4 of its 16
+   layers (Olmo2ForCausalLM: d_model 2048, 16 heads, vocab 100352), and the Pythia shape at 2
+   and 6 layers for the growth with layers (`--cases` picks some): wall-clock time and peak
+   memory (`/usr/bin/time`'s maximum resident set size) of `harness run` on the scale
+   benchmark's five-claim file (a role, a mean ablation of two heads, a composition, two
+   edge claims; 50 prompts), and of
    `harness weights`, each in its own process on the machine's cores.
 
 Prints one line per measurement; the last lines of each part state the ratios and the
@@ -69,6 +74,26 @@ def build(kind: str, folder: Path, n_layers: int | None = None) -> Path:
                                        num_hidden_layers=n_layers or 24, num_attention_heads=14, num_key_value_heads=2,
                                        max_position_embeddings=32768, tie_word_embeddings=True)
         cls = transformers.Qwen2ForCausalLM
+    elif kind == "qwen3-0.6b":
+        cfg = transformers.Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                       num_hidden_layers=n_layers or 28, num_attention_heads=16, num_key_value_heads=8,
+                                       head_dim=128, max_position_embeddings=40960, tie_word_embeddings=True)
+        cls = transformers.Qwen3ForCausalLM
+    elif kind == "gemma3-270m":
+        layers = n_layers or 18
+        cfg = transformers.Gemma3TextConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048,
+                                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=1,
+                                            head_dim=256, query_pre_attn_scalar=256, sliding_window=512,
+                                            layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                                         for i in range(layers)],
+                                            max_position_embeddings=32768)
+        cls = transformers.Gemma3ForCausalLM
+    elif kind == "olmo2-1b":
+        cfg = transformers.Olmo2Config(vocab_size=100352, hidden_size=2048, intermediate_size=8192,
+                                       num_hidden_layers=n_layers or 16, num_attention_heads=16,
+                                       num_key_value_heads=16, max_position_embeddings=4096, tie_word_embeddings=False,
+                                       eos_token_id=100257, pad_token_id=100277)
+        cls = transformers.Olmo2ForCausalLM
     else:
         raise ValueError(kind)
     marker = folder / "benchmark-config.json"
@@ -235,10 +260,17 @@ def timed(cmd: list[str]) -> tuple[float, float, int, str]:
     return wall, rss, r.returncode, (lines[-1] if lines else "")
 
 
-def scale(root: Path) -> list[dict[str, Any]]:
+CASES = {"pythia-160m-2l": ("pythia-160m", 2, 12), "pythia-160m-6l": ("pythia-160m", 6, 12),
+         "pythia-160m": ("pythia-160m", 12, 12), "qwen2.5-0.5b": ("qwen2.5-0.5b", 24, 14),
+         # the QK-norm families: Qwen3-0.6B's and Gemma 3 270M's shapes whole, OLMo 2 1B's at 4 of its 16 layers
+         "qwen3-0.6b": ("qwen3-0.6b", 28, 16), "gemma3-270m": ("gemma3-270m", 18, 4),
+         "olmo2-1b-4l": ("olmo2-1b", 4, 16)}
+
+
+def scale(root: Path, names: list[str] | None = None) -> list[dict[str, Any]]:
     harness = str(Path(sys.executable).with_name("harness"))
     rows = []
-    cases = [("pythia-160m", 2, 12), ("pythia-160m", 6, 12), ("pythia-160m", 12, 12), ("qwen2.5-0.5b", 24, 14)]
+    cases = [CASES[n] for n in (names or list(CASES))]
     for kind, layers, heads in cases:
         model = build(kind, root / f"{kind}-{layers}l", layers)
         hyp = five_claim_file(model, layers, heads, root / f"five-{kind}-{layers}l.yaml")
@@ -272,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", type=Path, help="folder for the built models (kept between runs)")
     p.add_argument("--only", choices=("sweep", "scale"))
+    p.add_argument("--cases", help=f"comma-separated scale cases (default all: {', '.join(CASES)})")
     p.add_argument("--json", type=Path, help="write the measurements here")
     args = p.parse_args(argv)
     os.environ.setdefault("HARNESS_DEVICE", "cpu")
@@ -282,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "sweep"):
             result["sweep"] = sweep(root)
         if args.only in (None, "scale"):
-            result["scale"] = scale(root)
+            result["scale"] = scale(root, args.cases.split(",") if args.cases else None)
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))
     return 0

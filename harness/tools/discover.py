@@ -117,6 +117,7 @@ class Inputs:
     metric: str
     mapping: dict[str, Any]
     known: CircuitClaim | None
+    thresholds: Stats | None = None  # a hypothesis file's stats (its gaps and levels), else the defaults
 
 
 def inputs(source: str, cfg: DiscoverSettings, data_file: Path | None, device: str) -> Inputs:
@@ -127,8 +128,10 @@ def inputs(source: str, cfg: DiscoverSettings, data_file: Path | None, device: s
     path = Path(source)
     known = None
     metric = cfg.metric
+    thresholds = None
     if path.suffix.lower() in (".yaml", ".yml"):
         h = load(path)
+        thresholds = h.spec.stats
         m = ModelRef.parse(h.spec.model, h.base_dir).load(device)
         if given is None:
             given = (for_exploring(h.spec.data, "explore"), h)
@@ -149,7 +152,7 @@ def inputs(source: str, cfg: DiscoverSettings, data_file: Path | None, device: s
     else:
         mapping = held_out_mapping(*given)
     ds = ds.keep_corruptions(corruptions[:1])
-    return Inputs(m, ds, metric, mapping, known)
+    return Inputs(m, ds, metric, mapping, known, thresholds)
 
 
 def split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -228,7 +231,9 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     bridge = m.bridge
     ds = got.dataset.to(of(bridge))
     disc_idx, conf_idx = split(ds.n, cfg.confirm_fraction, cfg.seed)
-    st = DISCOVER_STATS.model_copy(update={"bootstrap": cfg.bootstrap})
+    # a hypothesis file's thresholds (min_gap, alpha, ...), with discovery's own resample counts
+    st = (got.thresholds or DISCOVER_STATS).model_copy(update={"bootstrap": cfg.bootstrap,
+                                                               "permutations": DISCOVER_STATS.permutations})
     unit = metrics.get(metric).unit
     hooks = scan_hooks(m.n_layers, m.has_mlp)
     stage(f"discovery: {len(disc_idx)} prompts ({start_words(m, ds)}), {cfg.method}")

@@ -202,7 +202,7 @@ def unusable_corruptions(runs: Any, chosen: list[str], st: Stats, unit: str) -> 
 def held_out_mapping(d: DataSpec, source: DataSource) -> dict[str, Any]:
     """The `data:` mapping of the starter file for scanned data `d`: the same mapping with
     its paths absolute, and a source with splits on the held-out `test` split."""
-    out = d.model_dump(exclude_unset=True, exclude_none=True)
+    out = d.model_dump(mode="json", exclude_unset=True, exclude_none=True)  # plain data: enums as their words
     if isinstance(d, FileData):
         out["file"] = str(source.resolve(d.file).resolve())
         if d.mean_from is not None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .. import cost, memory
 from ..errors import SanityCheckError
 from ..model import architecture, metrics
+from ..model.bridge import Bridge
 from ..model.devices import of
 from ..model.shape import vocab_out
 from ..progress import progress
@@ -61,7 +62,7 @@ class Plan:
         self.hooks.append((name, fn))
 
 
-def run_plan(bridge: Any, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Tensor, "n pos vocab"]:
+def run_plan(bridge: Bridge, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Tensor, "n pos vocab"]:
     """Forward `tokens` (moved to the model's device) with the plan's hooks; raise if
     any hook never fired."""
     import torch
@@ -69,7 +70,7 @@ def run_plan(bridge: Any, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Ten
     hooks, fired = _counted(bridge, plan)
     try:
         with torch.no_grad():
-            logits = bridge.run_with_hooks(tokens.to(of(bridge)), fwd_hooks=hooks)
+            logits = bridge.run_with_hooks(tokens.to(of(bridge)), fwd_hooks=list[tuple[Any, Callable[..., Any]]](hooks))
     except ValueError as exc:
         if "Cannot add hook" in str(exc):  # TransformerLens refuses gated hooks
             raise SanityCheckError(str(exc)) from None
@@ -79,7 +80,7 @@ def run_plan(bridge: Any, tokens: Int[Tensor, "n pos"], plan: Plan) -> Float[Ten
     return cast("Tensor", logits)
 
 
-def _counted(bridge: Any, plan: Plan) -> tuple[list[tuple[str, Callable[..., Any]]], list[int]]:
+def _counted(bridge: Bridge, plan: Plan) -> tuple[list[tuple[str, Callable[..., Any]]], list[int]]:
     """The plan's hooks wrapped to count their calls, and the counts; unknown hook names are an error."""
     unknown = [name for name, _ in plan.hooks if name not in bridge.hook_dict]
     if unknown:
@@ -124,7 +125,7 @@ def logits_bytes(k: int, vocab: int) -> int:
     return 12 * k * vocab
 
 
-def can_start_inside(bridge: Any, cache: Cache, layer: int, positions: Any) -> bool:
+def can_start_inside(bridge: Bridge, cache: Cache, layer: int, positions: Any) -> bool:
     """Whether blocks can run from `cache`'s residual at `layer` (`run_from`): the residual is
     cached.  Checked once per model: run_from with no hooks must reproduce the cached logits of
     the first prompts at the scored `positions` (`logits_at`; else every run is a whole forward)."""
@@ -142,7 +143,7 @@ def can_start_inside(bridge: Any, cache: Cache, layer: int, positions: Any) -> b
     return known
 
 
-def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], plan: Plan,
+def run_from(bridge: Bridge, layer: int, resid: Float[Tensor, "n pos d_model"], plan: Plan,
              positions: Int[Tensor, "n k"]) -> Float[Tensor, "n k vocab"]:
     """Blocks `layer`.. of the model from `resid` (that run's blocks.{layer}.hook_resid_pre),
     with the plan's hooks (all on blocks >= layer), then ln_final and the unembedding at the
@@ -180,7 +181,7 @@ def run_from(bridge: Any, layer: int, resid: Float[Tensor, "n pos d_model"], pla
     return cast("Tensor", logits)
 
 
-def for_architecture(bridge: Any, wanted: list[str]) -> list[str]:
+def for_architecture(bridge: Bridge, wanted: list[str]) -> list[str]:
     """The hooks to cache for `wanted` on this model's architecture: without learned positions
     there is no hook_pos_embed (embed is the token embedding alone); with parallel blocks no
     resid_mid (an MLP reads resid_pre, which is cached instead); a layer with a norm after its
@@ -202,7 +203,7 @@ def for_architecture(bridge: Any, wanted: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], positions: Any = None,
+def cache_hooks(bridge: Bridge, tokens: Int[Tensor, "n pos"], names: list[str], positions: Any = None,
                 budget_bytes: int | None = None, check: Callable[[float], None] | None = None,
                 keep: int | None = None, each: Callable[[Any, int], None] | None = None) -> Cache:
     """A clean forward caching the named hooks; returns {name: tensor} and the logits, on the
@@ -237,7 +238,7 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     for lo in progress(range(0, n, size), f"caching {n} prompts in batches of {size}", quiet=True):
         unembed = {} if positions is None else logits_from(bridge, s, int(positions[lo:lo + size].min()))
         with torch.no_grad():
-            logits, cache = bridge.run_with_cache(tokens[lo:lo + size].to(of(bridge)),
+            logits, cache = bridge.run_with_cache(tokens[lo:lo + size].to(of(bridge)),  # type: ignore[call-overload]
                                                   names_filter=lambda x: x in names, **unembed)
         missing = [x for x in names if x not in cache]
         if missing:
@@ -265,7 +266,7 @@ def cache_hooks(bridge: Any, tokens: Int[Tensor, "n pos"], names: list[str], pos
     return out
 
 
-def logits_from(bridge: Any, s: int, first: int) -> dict[str, int]:
+def logits_from(bridge: Bridge, s: int, first: int) -> dict[str, int]:
     """The keyword that has the model's forward unembed only positions first..s-1 of s
     ({"logits_to_keep": s - first}, the last s - first positions), when its forward takes it
     (the Hugging Face causal LMs); {} otherwise, or when every position is wanted."""

@@ -41,6 +41,7 @@ from typing import Any
 from ..errors import UnsupportedError
 from ..registry import RegistryError
 from . import families
+from .bridge import Bridge
 
 POSITIONS = ("learned", "rotary", "none")
 
@@ -121,7 +122,7 @@ class Architecture:
                 "features": self.features()}
 
 
-def _hf_config(bridge: Any) -> Any | None:
+def _hf_config(bridge: Bridge) -> Any | None:
     model = getattr(bridge, "original_model", None)
     cfg = getattr(model, "config", None)
     return cfg if cfg is not None and hasattr(cfg, "model_type") else None
@@ -143,12 +144,12 @@ def _rope_fraction(hf: Any) -> float:
     return 1.0
 
 
-def _attention_module(bridge: Any, layer: int) -> Any:
+def _attention_module(bridge: Bridge, layer: int) -> Any:
     attn = bridge.blocks[layer].attn
     return getattr(attn, "original_component", None) or getattr(attn, "_original_component", None)
 
 
-def family_of(bridge: Any) -> families.Family:
+def family_of(bridge: Bridge) -> families.Family:
     """The model.families adapter of a bridge's architecture; UnsupportedError naming the supported
     architectures when no family covers it."""
     hf = _hf_config(bridge)
@@ -191,7 +192,7 @@ def _qk_norm(family: families.Family, modules: list[Any], name: str) -> str | No
     return family.qk_norm
 
 
-def describe(bridge: Any) -> Architecture:
+def describe(bridge: Bridge) -> Architecture:
     """The architecture of a TransformerBridge (native or Hugging Face)."""
     import math
 
@@ -264,7 +265,7 @@ def check_supported(arch: Architecture, rotary_adjacent_pairs: bool = False) -> 
 _KNOWN: weakref.WeakKeyDictionary[Any, Architecture] = weakref.WeakKeyDictionary()
 
 
-def of(bridge: Any) -> Architecture:
+def of(bridge: Bridge) -> Architecture:
     """describe(bridge), computed once per bridge (held beside it, the bridge untouched) and
     checked (check_supported)."""
     arch = _KNOWN.get(bridge)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import ModelLoadError
 from . import tensors
+from .bridge import Bridge
 from .shape import vocab_out
 
 BRIDGE_HASH_PREFIX = "tensors-sha256:"  # LoadedModel.sha256 of a bridge the user handed over (from_bridge)
@@ -21,7 +22,7 @@ BRIDGE_HASH_PREFIX = "tensors-sha256:"  # LoadedModel.sha256 of a bridge the use
 
 @dataclass
 class LoadedModel:
-    bridge: Any  # transformer_lens.model_bridge.TransformerBridge
+    bridge: Bridge  # transformer_lens.model_bridge.TransformerBridge
     source: str  # absolute path, hf:NAME, or "TransformerBridge (ARCHITECTURE)" for a bridge handed over
     kind: str  # "native" | "transformers" | "bridge" | "gguf", or a registered model source's kind
     sha256: str  # content hash of config.json and the weight files loaded (directory_hash), or of a
@@ -70,7 +71,7 @@ def tensor_dtype_name(module: Any) -> str:
     return "float32"
 
 
-def bridge_hash(bridge: Any) -> str:
+def bridge_hash(bridge: Bridge) -> str:
     """`tensors-sha256:` + sha256 over every parameter and buffer of `bridge` (named as
     `named_parameters`/`named_buffers` name them, tied tensors once), in name order: each
     tensor's name, dtype, shape and bytes."""
@@ -86,7 +87,7 @@ def bridge_hash(bridge: Any) -> str:
     return BRIDGE_HASH_PREFIX + h.hexdigest()
 
 
-def from_bridge(bridge: Any) -> LoadedModel:
+def from_bridge(bridge: Bridge) -> LoadedModel:
     """A `TransformerBridge` the caller already holds (booted in a notebook with
     `boot_transformers` or `boot_native`) as a LoadedModel, without reloading it:
     kind "bridge", source `TransformerBridge (ARCHITECTURE)`, sha256 `bridge_hash`.

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from .bridge import Bridge
 from .hf_loader import offline
 from .loaded import LoadedModel
 from .model_dir import TOKENIZER_FILES, has_tokenizer_files
@@ -191,7 +192,7 @@ def model_bos(m: LoadedModel, where: str) -> int:
     return tok.bos
 
 
-def bridge_tokenizer(bridge: Any, model: str) -> TextTokenizer | None:
+def bridge_tokenizer(bridge: Bridge, model: str) -> TextTokenizer | None:
     """`model_tokenizer` of a bridge (`model` names it in messages)."""
     tok = getattr(bridge, "tokenizer", None)
     if tok is None or not int(getattr(tok, "vocab_size", 0) or 0):

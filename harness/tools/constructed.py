@@ -39,6 +39,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..model.bridge import Bridge
+
 V = 32  # vocabulary; token 0 is the start token
 N = 24  # context
 D_HEAD = max(V, N)
@@ -157,7 +159,7 @@ def _first_token_writer(attn: Any, head: int, scale: float) -> None:
     attn.o.weight[:, blk][PREV:PREV + V, :V] = torch.eye(V)
 
 
-def save(bridge: Any, variant: str, seed: int, out: Path) -> Path:
+def save(bridge: Bridge, variant: str, seed: int, out: Path) -> Path:
     """Write the model directory format (config.json + model.safetensors)."""
     from safetensors.torch import save_file
 

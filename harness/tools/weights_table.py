@@ -27,6 +27,7 @@ from tabulate import tabulate
 from ..evidence.document import to_json
 from ..mech.weights import scores
 from ..mech.weights.table import MAX_DRAWS, WeightsTables, composition_data
+from ..model.bridge import Bridge
 from ..report.weights_figure import composition_png
 from ..spec import names
 
@@ -169,7 +170,7 @@ def render(t: WeightsTables | None, top: int = TOP, full: bool | None = None) ->
     return "\n".join(out)
 
 
-def composition_tables(bridge: Any, *, processing: str, n_draws: int, alpha: float, seed: int,
+def composition_tables(bridge: Bridge, *, processing: str, n_draws: int, alpha: float, seed: int,
                        modes: tuple[str, ...] = scores.MODES, max_draws: int = MAX_DRAWS, top: int = TOP,
                        full: bool | None = None) -> str:
     """The terminal text of `harness weights` (composition_data, then render)."""

@@ -25,7 +25,13 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxtyping import Float, Int
+    from torch import Tensor
+
+from ...model.bridge import Bridge
 
 
 def tracked(x: Any) -> bool:
@@ -36,7 +42,7 @@ def tracked(x: Any) -> bool:
     return torch.is_grad_enabled() and bool(x.requires_grad)
 
 
-def mask(positions: Any, s: int, window: int | None, ref: Any) -> Any:
+def mask(positions: Int[Tensor, "*n sq"], s: int, window: int | None, ref: Tensor) -> Float[Tensor, "*n sq s"]:
     """Additive mask of the queries at `positions` ([sq] or per prompt [n, sq], int) over keys
     0..s-1: [sq, s] or [n, sq, s], 0 where key j is visible (j <= p and p - j < window), -inf
     elsewhere; in ref's dtype on ref's device."""
@@ -50,14 +56,15 @@ def mask(positions: Any, s: int, window: int | None, ref: Any) -> Any:
     return torch.zeros(hidden.shape, dtype=ref.dtype, device=ref.device).masked_fill(hidden, float("-inf"))
 
 
-def causal(s: int, window: int | None, ref: Any) -> Any:
+def causal(s: int, window: int | None, ref: Tensor) -> Float[Tensor, "s s"]:
     """mask() of the queries at every position 0..s-1: [s, s]."""
     import torch
 
     return mask(torch.arange(s, device=ref.device), s, window, ref)
 
 
-def attend(q: Any, k: Any, v: Any, bias: Any, cap: float | None = None) -> Any:
+def attend(q: Float[Tensor, "*b H sq dh"], k: Float[Tensor, "*b Hkv s dh"], v: Float[Tensor, "*b Hkv s dh"],
+           bias: Float[Tensor, "*b sq s"], cap: float | None = None) -> Float[Tensor, "*b H sq dh"]:
     """softmax(cap(q k^T) + bias) v over the last two dims, q [..., H, sq, dh] already scaled (and
     rotated), k and v [..., H or H_kv, s, dh] (key/value heads repeated over their query heads'
     groups), bias [sq, s] or broadcasting to [..., sq, s] (0 or -inf); cap: c tanh(x / c).  As
@@ -78,7 +85,8 @@ def attend(q: Any, k: Any, v: Any, bias: Any, cap: float | None = None) -> Any:
     return torch.bmm(torch.softmax(scores, dim=-1), v3).view(*lead, sq, v.shape[-1])
 
 
-def rotate(x: Any, cos: Any, sin: Any) -> Any:
+def rotate(x: Float[Tensor, "... pos dh"], cos: Float[Tensor, "n pos r"], sin: Float[Tensor, "n pos r"]
+           ) -> Float[Tensor, "... pos dh"]:
     """x [..., pos, d_head] rotated at its positions: the first r = cos.shape[-1] dimensions as
     x cos + rotate_half(x) sin (cos, sin [1 or n, pos, r], broadcast over the axes between the
     prompts and the positions; computed in x's dtype)."""
@@ -264,7 +272,7 @@ def fold(norm: Norm | None, W: Any, b: Any) -> tuple[Any, Any]:
     return Wf, bf
 
 
-def output_transform(bridge: Any, logits: Any) -> Any:
+def output_transform(bridge: Bridge, logits: Any) -> Any:
     """The model's transform after the unembedding (Gemma 2's soft cap c tanh(x / c); the
     identity for most models), as the bridge's forward applies it."""
     transform = getattr(getattr(bridge, "adapter", None), "apply_output_logits_transform", None)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import UnsupportedError
 from ...model import architecture
+from ...model.bridge import Bridge
 from ...model.devices import float64_home, of, wide
 from ...spec import names
 from ...spec.names import hook_resid_pre, hook_z
@@ -45,7 +46,7 @@ _LAYERS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Layer]] = weakref.
 _CHECKED: weakref.WeakKeyDictionary[Any, set[tuple[int, int]]] = weakref.WeakKeyDictionary()
 
 
-def layer(bridge: Any, L: int, s: int) -> Layer:
+def layer(bridge: Bridge, L: int, s: int) -> Layer:
     """Layer L's attention arithmetic in float64 with the rotation of positions 0..s-1 (read once per
     bridge, layer, length and architecture description)."""
     import torch
@@ -77,7 +78,7 @@ def _rows(which: str, head: int, arch: architecture.Architecture) -> tuple[int, 
     return (head, arch.n_heads) if which == "q" else (arch.kv_head(head), arch.n_kv_heads)
 
 
-def head_input(bridge: Any, head: names.Head, which: str, resid: Any) -> Float[Tensor, "n pos d_head"]:
+def head_input(bridge: Bridge, head: names.Head, which: str, resid: Any) -> Float[Tensor, "n pos d_head"]:
     """p = norm1(resid) W_x + b_x for query head `head` (its key/value head's for k and v): what the
     model's hook_q / hook_k / hook_v hold for it ([n, pos, d_head], float64, before any QK-norm,
     scale or rotation)."""
@@ -89,7 +90,7 @@ def head_input(bridge: Any, head: names.Head, which: str, resid: Any) -> Float[T
     return cast("Tensor", lay.proj[which].outputs(i * dh, (i + 1) * dh)(h))
 
 
-def head_qkv(bridge: Any, head: names.Head, which: str, resid: Any) -> Float[Tensor, "n pos d_head"]:
+def head_qkv(bridge: Bridge, head: names.Head, which: str, resid: Any) -> Float[Tensor, "n pos d_head"]:
     """What head `head`'s scores read of `which` from `resid`: its query (finished and rotated, the
     scale included), key (finished and rotated) or value ([n, pos, d_head], float64)."""
     arch = architecture.of(bridge)
@@ -103,7 +104,7 @@ def head_qkv(bridge: Any, head: names.Head, which: str, resid: Any) -> Float[Ten
     return p if which == "v" else cast("Tensor", lay.rotate(lay.finish(which, p.unsqueeze(-2), -2).squeeze(-2)))
 
 
-def head_z(bridge: Any, head: names.Head, inputs: dict[str, Any]) -> Any:
+def head_z(bridge: Bridge, head: names.Head, inputs: dict[str, Any]) -> Any:
     """z [n, pos, d_head] of query head `head` from residuals `inputs[x]` that its q, k and v read
     (float64)."""
     arch = architecture.of(bridge)
@@ -113,7 +114,7 @@ def head_z(bridge: Any, head: names.Head, inputs: dict[str, Any]) -> Any:
     return attend(q, k, v, causal(s, arch.windows[head.layer], q), lay.cap)
 
 
-def check(bridge: Any, cache: dict[str, Any], layer_: int) -> None:
+def check(bridge: Bridge, cache: dict[str, Any], layer_: int) -> None:
     """Raise UnsupportedError unless every head's z of `layer_`, recomputed by hand from the
     cached residual of the first prompts, equals the model's (once per bridge and layer)."""
     import torch

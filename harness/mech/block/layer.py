@@ -22,7 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from jaxtyping import Float, Int
+    from torch import Tensor
 
 from .arith import Dense, QkNorm, attend, rotate
 
@@ -108,7 +112,8 @@ class Model:
     d_head: int
 
 
-def block(model: Model, lay: Layer, x: Any, bias: Any, keep: dict[str, Any] | None = None) -> Any:
+def block(model: Model, lay: Layer, x: Float[Tensor, "B s d"], bias: Float[Tensor, "s s"],
+          keep: dict[str, Any] | None = None) -> Float[Tensor, "B s d"]:
     """A whole block at every position: x [B, s, d] -> resid_post [B, s, d]; `bias` its mask [s, s];
     `keep`: given, it receives the attention sum P before any norm after it (keep["P"] [B, s, d])."""
     H, dh = model.n_heads, model.d_head
@@ -121,10 +126,11 @@ def block(model: Model, lay: Layer, x: Any, bias: Any, keep: dict[str, Any] | No
     P = lay.out(z.reshape(B, s, H * dh))
     if keep is not None:
         keep["P"] = P
-    return lay.finish_block(x, lay.attn_out(P))
+    return cast("Tensor", lay.finish_block(x, lay.attn_out(P)))
 
 
-def block_at(model: Model, lay: Layer, x: Any, positions: Any, scored: Any) -> Any:
+def block_at(model: Model, lay: Layer, x: Float[Tensor, "E n s d"], positions: Int[Tensor, "n k"],
+             scored: Float[Tensor, "n k s"]) -> Float[Tensor, "E n k d"]:
     """The last block at the scored positions only: x [E, n, s, d] -> resid_post [E, n, k, d]
     (keys and values at every position, queries and everything after at the scored ones);
     `scored` its mask [n, k, s]."""
@@ -138,10 +144,11 @@ def block_at(model: Model, lay: Layer, x: Any, positions: Any, scored: Any) -> A
     q = lay.qk("q", q, 2, positions).contiguous()
     z = attend(q, k, v, scored[:, None], lay.cap).transpose(2, 3)  # [E, n, k, H, dh]
     attn = lay.attn_out(lay.out(z.reshape(E, n, k_, H * dh)))
-    return lay.finish_block(at(positions, x), attn, lay.mlp(at(positions, x)) if lay.parallel and lay.mlp else None)
+    mlp_x = lay.mlp(at(positions, x)) if lay.parallel and lay.mlp else None
+    return cast("Tensor", lay.finish_block(at(positions, x), attn, mlp_x))
 
 
-def at(positions: Any, x: Any) -> Any:
+def at(positions: Int[Tensor, "n k"], x: Float[Tensor, "E n s *rest"]) -> Float[Tensor, "E n k *rest"]:
     """x [E, n, s, ...] -> [E, n, k, ...] at the scored positions."""
     idx = positions.reshape(1, *positions.shape, *([1] * (x.dim() - 3)))
     return x.gather(2, idx.expand(x.shape[0], -1, -1, *x.shape[3:]))

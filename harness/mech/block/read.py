@@ -19,6 +19,7 @@ from typing import Any
 
 from ...errors import UnsupportedError
 from ...model import architecture
+from ...model.bridge import Bridge
 from . import rotary
 from .arith import Dense, Norm, QkNorm, activation, dnn_ok, fold, output_transform, tracked
 from .layer import Layer, Model
@@ -39,7 +40,7 @@ def norm_module(block: Any, name: str) -> Callable[..., Any]:
     return (lambda x: x) if module is None else through(module)
 
 
-def _stacked(bridge: Any, name: str) -> Any:
+def _stacked(bridge: Bridge, name: str) -> Any:
     """bridge.W_in etc. (stacked over layers), or None when the model has none."""
     try:
         return getattr(bridge, name)
@@ -83,7 +84,7 @@ class Weights:
     """What build_layer and unembedding build from: the bridge's stacked weights (in the activations'
     dtype and device), its architecture, the torch norms, the activation, oneDNN or not."""
 
-    bridge: Any
+    bridge: Bridge
     arch: architecture.Architecture
     st: dict[str, Any]  # the unembedding: W_U, b_U
     norms: dict[str, Norm | None]  # "ln1.L", "ln2.L", "ln1_post.L", "ln2_post.L", "ln_final"
@@ -111,7 +112,7 @@ class Weights:
         return self.act is not None and gate_ok and self.of(L, "W_in") is not None and self.of(L, "W_out") is not None
 
 
-def _weights(bridge: Any, dtype: Any, device: Any, layers: tuple[int, ...] | None = None) -> Weights:
+def _weights(bridge: Bridge, dtype: Any, device: Any, layers: tuple[int, ...] | None = None) -> Weights:
     """The Weights of `layers` (default every layer, and the unembedding, which only the whole model reads)."""
     import torch
 
@@ -229,7 +230,7 @@ def unembedding(w: Weights, in_torch: bool = True) -> Callable[..., Any]:
     return lambda x: output_transform(bridge, unembed_module(ln_final(x)))
 
 
-def build(bridge: Any, dtype: Any, device: Any, s: int) -> tuple[Model, Weights]:
+def build(bridge: Bridge, dtype: Any, device: Any, s: int) -> tuple[Model, Weights]:
     """The torch arithmetic of every block, ln_final and the unembedding, in `dtype` on `device`, with
     each layer's rotation table for positions 0..s-1 (unchecked: see mech.block.fidelity)."""
     w = _weights(bridge, dtype, device)
@@ -238,7 +239,7 @@ def build(bridge: Any, dtype: Any, device: Any, s: int) -> tuple[Model, Weights]
     return Model(layers, unembedding(w), bridge.cfg.n_heads, bridge.cfg.d_head), w
 
 
-def attention_layer(bridge: Any, L: int, s: int, dtype: Any, device: Any) -> Layer:
+def attention_layer(bridge: Bridge, L: int, s: int, dtype: Any, device: Any) -> Layer:
     """Layer L's norm1, projections, QK-norms and rotation (positions 0..s-1) in `dtype` on `device`,
     without its MLP (the hand attention's arithmetic)."""
     w = _weights(bridge, dtype, device, layers=(L,))

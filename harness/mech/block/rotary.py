@@ -19,6 +19,7 @@ from typing import Any
 
 from ...errors import UnsupportedError
 from ...model import architecture
+from ...model.bridge import Bridge
 
 Table = tuple[Any, Any]  # (cos, sin) [1, s, r]
 
@@ -26,7 +27,7 @@ _TABLES: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], list[Table | None]
 DYNAMIC = ("dynamic", "longrope")
 
 
-def module(bridge: Any) -> Any:
+def module(bridge: Bridge) -> Any:
     """The model's rotary embedding module (the one the bridge wraps)."""
     rot = getattr(bridge, "rotary_emb", None)
     found = getattr(rot, "original_component", None) if rot is not None else None
@@ -39,7 +40,7 @@ def module(bridge: Any) -> Any:
     return found
 
 
-def tables(bridge: Any, s: int, dtype: Any, device: Any) -> list[Table | None]:
+def tables(bridge: Bridge, s: int, dtype: Any, device: Any) -> list[Table | None]:
     """Per layer, (cos, sin) [1, s, r] of positions 0..s-1 in `dtype` on `device` (None for every
     layer of a model without rotary positions); made once per length, dtype and device."""
     import torch
@@ -72,7 +73,7 @@ def tables(bridge: Any, s: int, dtype: Any, device: Any) -> list[Table | None]:
     return memo[key]
 
 
-def _model_dtype(bridge: Any) -> Any:
+def _model_dtype(bridge: Bridge) -> Any:
     """The dtype of the model's hidden states (its first floating-point parameter's)."""
     import torch
 

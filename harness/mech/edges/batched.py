@@ -66,6 +66,7 @@ import numpy as np
 
 from ... import cost
 from ...errors import UnsupportedError
+from ...model.bridge import Bridge
 from ...model.devices import like
 from ...spec import names
 from ...spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
@@ -126,7 +127,7 @@ def silent(items: Any, label: str) -> Any:
     return items
 
 
-def checked_model(bridge: Any, check: dict[str, Any]) -> Model:
+def checked_model(bridge: Bridge, check: dict[str, Any]) -> Model:
     """The torch arithmetic (mech.block.arith) built in the dtype and on the device of `check`'s
     activations and held to the model on its first prompts (`check` cached every layer's residual;
     UnsupportedError where it does not reproduce them).  Building copies the weights and checking
@@ -141,7 +142,7 @@ def checked_model(bridge: Any, check: dict[str, Any]) -> Model:
     return model
 
 
-def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict[str, Any], source: dict[str, Any],
+def batched_metrics(bridge: Bridge, edges: list[names.Edge], base: dict[str, Any], source: dict[str, Any],
                     clean: dict[str, Any],
                     positions: Any, metric_fn: Callable[..., Any], *, replacement: str = Replacement.RESAMPLE,
                     budget_bytes: int = 32 * 2**20, progress: Callable[..., Any] = silent,
@@ -179,7 +180,7 @@ def batched_metrics(bridge: Any, edges: list[names.Edge], base: dict[str, Any], 
     return out
 
 
-def _sweep(bridge: Any, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any], positions: Any,
+def _sweep(bridge: Bridge, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any], positions: Any,
            metric_fn: Callable[..., Any], replacement: str, budget: int, out: np.ndarray,
            model: Model) -> _Sweep:
     """The checked torch arithmetic, the caches trimmed to the positions up to the last scored one
@@ -218,7 +219,7 @@ def _trim(cache: dict[str, Any], s: int, n_layers: int) -> dict[str, Any]:
     return {name: cache[name][:, :s] for name in names_ if name in cache}
 
 
-def _deltas(bridge: Any, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any],
+def _deltas(bridge: Bridge, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any],
             replacement: str) -> Callable[..., Any]:
     """senders -> [S, n, s, d]: D_A, the change of the sender's write (mech.edges.writes), computed in
     float64 once per sender.  resample: the source run's activation; mean: its mean over

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import UnsupportedError
 from ...model import architecture
+from ...model.bridge import Bridge
 from ...model.devices import like, of, wide
 from ...spec import names
 from ...spec.names import hook_input, hook_pattern, hook_resid_post, hook_resid_pre, hook_z
@@ -86,7 +87,7 @@ def receiver_names(receiver: names.Receiver, n_layers: int) -> list[str]:
     raise UnsupportedError(names.edge_end_unsupported(receiver, "into"))
 
 
-def receiver_residual(bridge: Any, base: Cache, receiver: names.Receiver) -> Residual:
+def receiver_residual(bridge: Bridge, base: Cache, receiver: names.Receiver) -> Residual:
     """The residual the receiver reads in the base run (float64): a head input reads its layer's
     resid_pre, `logits` the last layer's resid_post."""
     key = (hook_resid_pre(receiver.head.layer) if isinstance(receiver, names.HeadInput)
@@ -94,7 +95,7 @@ def receiver_residual(bridge: Any, base: Cache, receiver: names.Receiver) -> Res
     return cast("Tensor", wide(base[key]))
 
 
-def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
+def sender_output(bridge: Bridge, cache: Cache, sender: names.Sender) -> Residual:
     """The sender's write into the residual stream [n, pos, d_model] (float64; mech.edges.writes)."""
     return writes.output(bridge, cache, sender)
 
@@ -109,7 +110,7 @@ def attn_scale(cfg: Any) -> float:
 apply_module = attention.apply_norm
 
 
-def receiver_input(bridge: Any, head: names.Head, which: str, resid: Residual) -> Float[Tensor, "n pos d_head"]:
+def receiver_input(bridge: Bridge, head: names.Head, which: str, resid: Residual) -> Float[Tensor, "n pos d_head"]:
     """x = norm1(resid) W_x + b_x for one query head (its key/value head's W, b for k and v):
     [n, pos, d_head] (float64, before any rotation)."""
     return attention.head_input(bridge, head, which, resid)
@@ -123,7 +124,7 @@ class EdgePatch:
     resid: Residual  # the patched residual the receiver sees
 
 
-def prepare(bridge: Any, edge: names.Edge, base: Cache, source: Cache | None, replacement: str,
+def prepare(bridge: Bridge, edge: names.Edge, base: Cache, source: Cache | None, replacement: str,
             means: dict[Any, Any] | None = None) -> EdgePatch:
     """r' = (the receiver's base residual) + D, D the sender's change of write (mech.edges.writes);
     `means`: per member, the reference mean activation (mean replacement)."""
@@ -132,7 +133,7 @@ def prepare(bridge: Any, edge: names.Edge, base: Cache, source: Cache | None, re
     return EdgePatch(edge, resid + change.to(resid.device))
 
 
-def final_logits(bridge: Any, resid: Residual) -> Any:
+def final_logits(bridge: Bridge, resid: Residual) -> Any:
     """The logits of a final residual: the final norm, the unembedding and the model's output
     transform (Gemma 2's soft cap), in the model's dtype."""
     import torch
@@ -142,7 +143,7 @@ def final_logits(bridge: Any, resid: Residual) -> Any:
                                                             bridge.W_U)))
 
 
-def fast_plan(bridge: Any, patch: EdgePatch, base: Cache | None = None) -> Plan:
+def fast_plan(bridge: Bridge, patch: EdgePatch, base: Cache | None = None) -> Plan:
     """Hooks that apply the patch: the receiver's q/k/v slice of `blocks.L.attn.hook_x` (the
     projection, before any QK-norm and rotation, which the model then applies) where the model has
     one for that query head alone (q always; k and v unless the key/value head is shared; q and k
@@ -179,7 +180,7 @@ def fast_plan(bridge: Any, patch: EdgePatch, base: Cache | None = None) -> Plan:
     return z_plan(bridge, r.head, patched_z(bridge, r, patch.resid, base))
 
 
-def patched_z(bridge: Any, receiver: names.HeadInput, resid: Residual, base: Cache) -> Any:
+def patched_z(bridge: Bridge, receiver: names.HeadInput, resid: Residual, base: Cache) -> Any:
     """The receiver head's z when its input `receiver.which` reads `resid` and the other two its
     base residual (attention by hand, checked against the model once per layer)."""
     L = receiver.head.layer
@@ -189,7 +190,7 @@ def patched_z(bridge: Any, receiver: names.HeadInput, resid: Residual, base: Cac
     return attention.head_z(bridge, receiver.head, inputs)
 
 
-def z_plan(bridge: Any, head: names.Head, z: Any) -> Plan:
+def z_plan(bridge: Bridge, head: names.Head, z: Any) -> Plan:
     """Hooks that set one head's z (its other heads untouched)."""
     plan = Plan()
 
@@ -202,7 +203,7 @@ def z_plan(bridge: Any, head: names.Head, z: Any) -> Plan:
     return plan
 
 
-def fast_logits(bridge: Any, tokens: Any, patch: EdgePatch, extra: Plan | None = None,
+def fast_logits(bridge: Bridge, tokens: Any, patch: EdgePatch, extra: Plan | None = None,
                 base: Cache | None = None) -> Any:
     plan = fast_plan(bridge, patch, base)
     if extra is not None:
@@ -210,7 +211,7 @@ def fast_logits(bridge: Any, tokens: Any, patch: EdgePatch, extra: Plan | None =
     return run_plan(bridge, tokens, plan)
 
 
-def slow_logits(bridge: Any, tokens: Any, patch: EdgePatch, base: Cache) -> Float[Tensor, "n pos vocab"]:
+def slow_logits(bridge: Bridge, tokens: Any, patch: EdgePatch, base: Cache) -> Float[Tensor, "n pos vocab"]:
     """Reference: recompute the receiver head's attention by hand, replace its z.
 
     q, k, v of head B are computed from norm1 of the base residual, except the patched

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import UnsupportedError
 from ...model import architecture
+from ...model.bridge import Bridge
 from ...model.devices import like, of, wide
 from ...spec import names
 from ...spec.names import (
@@ -143,29 +144,29 @@ def layer_of(member: names.Node) -> int:
     return 0 if isinstance(member, names.Embed) else member.layer
 
 
-def node_output(bridge: Any, cache: Cache, node: names.Node) -> Residual:
+def node_output(bridge: Bridge, cache: Cache, node: names.Node) -> Residual:
     """What a node writes into the residual stream in the run `cache` holds [n, pos, d] (float64)."""
     return writes.output(bridge, cache, node)
 
 
-def sender_output(bridge: Any, cache: Cache, sender: names.Sender) -> Residual:
+def sender_output(bridge: Bridge, cache: Cache, sender: names.Sender) -> Residual:
     """A sender's write (a group's: its members' joint write; mech.edges.writes)."""
     return writes.output(bridge, cache, sender)
 
 
-def first_change(bridge: Any, base: Cache, source: Cache | None, sender: names.Sender, replacement: str,
+def first_change(bridge: Bridge, base: Cache, source: Cache | None, sender: names.Sender, replacement: str,
                  means: dict[Any, Any] | None = None) -> Residual:
     """D_0: the sender's replacement write minus its base write (mech.edges.writes.sender_change)."""
     return writes.sender_change(bridge, base, source, sender, replacement, means)
 
 
-def mlp_reads(bridge: Any, layer: int) -> str:
+def mlp_reads(bridge: Bridge, layer: int) -> str:
     """The residual MLP `layer` reads: after its layer's attention (resid_mid), or, in a model
     with parallel blocks, the block's input (resid_pre)."""
     return hook_resid_pre(layer) if architecture.of(bridge).parallel else hook_resid_mid(layer)
 
 
-def mlp_output(bridge: Any, layer: int, resid: Residual) -> Residual:
+def mlp_output(bridge: Bridge, layer: int, resid: Residual) -> Residual:
     """What MLP `layer` adds to the residual when it reads `resid`: MLP_l(norm2_l(resid)), then the
     norm after the MLP where the model has one (the model's modules; float64)."""
     block = bridge.blocks[layer]
@@ -176,14 +177,14 @@ def mlp_output(bridge: Any, layer: int, resid: Residual) -> Residual:
     return cast("Tensor", patching.apply_module(post, out, device) if post is not None else out)
 
 
-def head_z(bridge: Any, receiver: names.HeadInput, resid_pre: Residual, changed: Residual, base: Cache) -> Any:
+def head_z(bridge: Bridge, receiver: names.HeadInput, resid_pre: Residual, changed: Residual, base: Cache) -> Any:
     """Head h's z when its input `receiver.which` reads `changed` and the other two read
     `resid_pre` (its attention recomputed by hand, mech.block.attention; float64)."""
     inputs = {w: changed if w == receiver.which else resid_pre for w in "qkv"}
     return attention.head_z(bridge, receiver.head, inputs)
 
 
-def hop_change(bridge: Any, base: Cache, hop: names.Receiver, change: Residual) -> Residual:
+def hop_change(bridge: Bridge, base: Cache, hop: names.Receiver, change: Residual) -> Residual:
     """D_k: how much an intermediate hop's write changes when its listed input reads the
     base residual plus `change` (both writes computed by hand, so their rounding cancels)."""
     if isinstance(hop, names.HeadInput):
@@ -199,7 +200,7 @@ def hop_change(bridge: Any, base: Cache, hop: names.Receiver, change: Residual) 
     raise ValueError(f"{hop} cannot be an intermediate hop of a path")
 
 
-def last_plan(bridge: Any, base: Cache, receiver: names.Receiver, change: Residual) -> Plan:
+def last_plan(bridge: Bridge, base: Cache, receiver: names.Receiver, change: Residual) -> Plan:
     """Hooks that deliver `change` into the last hop's listed input and write its changed
     output into the residual stream."""
     if isinstance(receiver, names.Mlp):
@@ -213,7 +214,7 @@ def last_plan(bridge: Any, base: Cache, receiver: names.Receiver, change: Residu
     return patching.fast_plan(bridge, patching.EdgePatch(some, resid), base)
 
 
-def read_hook(bridge: Any, receiver: names.Receiver) -> str:
+def read_hook(bridge: Bridge, receiver: names.Receiver) -> str:
     """The hook whose residual the receiver reads: its layer's resid_pre (a head input), what
     an MLP reads (mlp_reads), the last resid_post (logits)."""
     if isinstance(receiver, names.HeadInput):
@@ -223,7 +224,7 @@ def read_hook(bridge: Any, receiver: names.Receiver) -> str:
     return hook_resid_post(int(bridge.cfg.n_layers) - 1)
 
 
-def sender_plan(bridge: Any, base: Cache, source: Cache | None, sender: names.Sender, replacement: str,
+def sender_plan(bridge: Bridge, base: Cache, source: Cache | None, sender: names.Sender, replacement: str,
                 means: dict[Any, Any] | None = None) -> Plan:
     """Hooks that give each of the sender's members its replacement activation (writes.replacement)
     in a forward of the base prompts: a head's slice of z, an MLP's output, the embedding (the
@@ -246,7 +247,7 @@ def sender_plan(bridge: Any, base: Cache, source: Cache | None, sender: names.Se
     return out
 
 
-def all_routes_change(bridge: Any, route: AllRoutes, base: Cache, source: Cache | None, replacement: str,
+def all_routes_change(bridge: Bridge, route: AllRoutes, base: Cache, source: Cache | None, replacement: str,
                       means: dict[Any, Any] | None, forward: Forward) -> Residual:
     """D = r'_v - r_v: how the residual the receiver reads changes when the sender is replaced and
     every component in between responds (module docstring; one forward)."""
@@ -263,7 +264,7 @@ def all_routes_change(bridge: Any, route: AllRoutes, base: Cache, source: Cache 
     return cast("Tensor", wide(got[read]) - wide(base[read]).to(got[read].device))
 
 
-def plan(bridge: Any, route: Route, base: Cache, source: Cache | None, replacement: str,
+def plan(bridge: Bridge, route: Route, base: Cache, source: Cache | None, replacement: str,
          means: dict[Any, Any] | None = None, forward: Forward | None = None) -> Plan:
     """The hooks of one patched forward of the base prompts along `route` (`means`: each sender
     member's reference mean activation, for the mean replacement; `forward`: runs the base
@@ -281,8 +282,8 @@ def plan(bridge: Any, route: Route, base: Cache, source: Cache | None, replaceme
     return last_plan(bridge, base, path.hops[-1], change)
 
 
-def patch_path(bridge: Any, route: Route, base_tokens: Any, source_tokens: Any, replacement: str = Replacement.RESAMPLE,
-               reference_tokens: Any = None) -> Float[Tensor, "n pos vocab"]:
+def patch_path(bridge: Bridge, route: Route, base_tokens: Any, source_tokens: Any,
+               replacement: str = Replacement.RESAMPLE, reference_tokens: Any = None) -> Float[Tensor, "n pos vocab"]:
     """The logits [n, pos, vocab] (float64) of the base prompts with `route` patched: the
     whole computation from tokens (caching what it needs; `reference_tokens` [m, pos]: the
     prompts the `mean` replacement averages over, per position)."""
@@ -303,7 +304,7 @@ def patch_path(bridge: Any, route: Route, base_tokens: Any, source_tokens: Any, 
     return cast("Tensor", wide(run_plan(bridge, base_tokens, patched)))
 
 
-def check_route(bridge: Any, path: names.Path) -> None:
+def check_route(bridge: Bridge, path: names.Path) -> None:
     """Refuse a route through an edge the architecture does not have: in a model with parallel
     blocks, a head of layer l does not feed MLP l (both read the block's input)."""
     if not architecture.of(bridge).parallel:

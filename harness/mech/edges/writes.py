@@ -34,6 +34,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, cast
 
 from ...model import architecture
+from ...model.bridge import Bridge
 from ...model.devices import of, wide
 from ...spec import names
 from ...spec.names import HOOK_EMBED, HOOK_POS_EMBED, hook_attn_sum, hook_mlp_out, hook_z
@@ -68,7 +69,7 @@ def activation_names(sender: names.Sender) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def activation(bridge: Any, cache: Cache, member: Member) -> Any:
+def activation(bridge: Bridge, cache: Cache, member: Member) -> Any:
     """The member's activation in the run `cache` holds (float64): z [n, pos, d_head] for a
     head, [n, pos, d_model] for embed and an MLP."""
     if isinstance(member, names.Head):
@@ -82,7 +83,7 @@ def activation(bridge: Any, cache: Cache, member: Member) -> Any:
 _W_O_MEMO: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Any]] = weakref.WeakKeyDictionary()
 
 
-def _W_O(bridge: Any, head: names.Head, device: Any) -> Any:
+def _W_O(bridge: Bridge, head: names.Head, device: Any) -> Any:
     """The head's W_O [d_head, d_model] in float64 (read from its layer once per bridge and head)."""
     memo = _W_O_MEMO.setdefault(bridge, {})
     key = (head.layer, head.head)
@@ -94,7 +95,7 @@ def _W_O(bridge: Any, head: names.Head, device: Any) -> Any:
     return memo[key].to(device)
 
 
-def change(bridge: Any, base: Cache, sender: names.Sender, new: dict[Member, Any]) -> Residual:
+def change(bridge: Bridge, base: Cache, sender: names.Sender, new: dict[Member, Any]) -> Residual:
     """D: the change of the sender's write when each member's activation becomes new[member]
     (module docstring), [n, pos, d_model] float64."""
     arch = architecture.of(bridge)
@@ -124,14 +125,14 @@ def change(bridge: Any, base: Cache, sender: names.Sender, new: dict[Member, Any
     return cast("Tensor", total)
 
 
-def output(bridge: Any, base: Cache, sender: names.Sender) -> Residual:
+def output(bridge: Bridge, base: Cache, sender: names.Sender) -> Residual:
     """The sender's write in the base run: what it adds against a zero activation (z W_O for a
     head of a model without post norms)."""
     zeros = {m: 0.0 * activation(bridge, base, m) for m in members(sender)}
     return -change(bridge, base, sender, zeros)
 
 
-def replacement(bridge: Any, base: Cache, source: Cache | None, member: Member, kind: str,
+def replacement(bridge: Bridge, base: Cache, source: Cache | None, member: Member, kind: str,
                 mean: Any = None) -> Any:
     """The activation that replaces the member's base activation: the source run's (resample),
     `mean` ([1 or n, pos, .], the per-position mean over reference prompts) or 0 (zero)."""
@@ -149,14 +150,14 @@ def replacement(bridge: Any, base: Cache, source: Cache | None, member: Member, 
     raise ValueError(f"unknown replacement {kind!r}; allowed: {', '.join(REPLACEMENTS)}")
 
 
-def sender_change(bridge: Any, base: Cache, source: Cache | None, sender: names.Sender, kind: str,
+def sender_change(bridge: Bridge, base: Cache, source: Cache | None, sender: names.Sender, kind: str,
                   means: dict[Member, Any] | None = None) -> Residual:
     """D_0 of an edge or path: the sender's replacement write minus its base write."""
     new = {m: replacement(bridge, base, source, m, kind, (means or {}).get(m)) for m in members(sender)}
     return change(bridge, base, sender, new)
 
 
-def reference_means(bridge: Any, reference: Any, sender: names.Sender, drop: int | None = None) -> dict[Member, Any]:
+def reference_means(bridge: Bridge, reference: Any, sender: names.Sender, drop: int | None = None) -> dict[Member, Any]:
     """Each member's per-position mean activation over the reference prompts
     (mech.runs.reference.Reference.mean: each prompt left out of its own mean when they are the clean ones)."""
     return {m: reference.mean(activation(bridge, reference.cache, m), drop) for m in members(sender)}

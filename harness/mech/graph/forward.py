@@ -56,6 +56,7 @@ import numpy as np
 from ... import cost, memory
 from ...errors import UnsupportedError
 from ...model import architecture
+from ...model.bridge import Bridge
 from ...model.shape import vocab_out
 from ...spec import names
 from ...spec.names import hook_resid_post, hook_resid_pre
@@ -103,7 +104,7 @@ class GraphModel:
         return post if isinstance(post, Norm) else None
 
     @classmethod
-    def build(cls, bridge: Any, base: dict[str, Any], positions: Any) -> GraphModel:
+    def build(cls, bridge: Bridge, base: dict[str, Any], positions: Any) -> GraphModel:
         """The checked arithmetic for a batch whose base run cached `parts.cache_names` (mech.block.fidelity);
         UnsupportedError where a norm after the attention is not one harness writes out (its Jacobian
         is needed)."""

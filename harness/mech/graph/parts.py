@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...model import architecture
+from ...model.bridge import Bridge
 from ...spec import names
 from ...spec.names import hook_mlp_out, hook_z
 from ..block.arith import Norm
@@ -103,7 +104,7 @@ class Writes:
         return x.expand(len(idx), *x.shape[1:]) if x.shape[0] == 1 else x[idx]
 
 
-def run_writes(bridge: Any, cache: dict[str, Any], s: int, dtype: Any, layers: set[int] | None = None) -> Writes:
+def run_writes(bridge: Bridge, cache: dict[str, Any], s: int, dtype: Any, layers: set[int] | None = None) -> Writes:
     """The senders' writes in the run `cache` holds, at positions < s; with `layers`, those of the
     senders in these layers only (and embed; the other layers' entries are None)."""
     L = int(bridge.cfg.n_layers)

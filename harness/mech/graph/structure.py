@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from ...model import architecture
+from ...model.bridge import Bridge
 from ...spec import names
 
 SENDER_KINDS = ("embed", "head", "mlp")
@@ -93,7 +93,7 @@ class Graph:
         return lu < r.layer or (lu == r.layer and not self.parallel)
 
     @classmethod
-    def of(cls, bridge: Any) -> Graph:
+    def of(cls, bridge: Bridge) -> Graph:
         """The graph of a loaded model (its architecture decides MLPs and parallel blocks)."""
         arch = architecture.of(bridge)
         return cls(arch.n_layers, arch.n_heads, arch.has_mlp, arch.parallel)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ... import memory
+from ...model.bridge import Bridge
 from ...model.shape import vocab_out
 from ...spec.names import Head, hook_z
 from ..hooks import Plan, logits_bytes, run_from
@@ -49,7 +50,7 @@ def bytes_per_variant(n: int, s: int, d: int, d_mlp: int, n_heads: int, itemsize
     return 2 * itemsize * n * s * (6 * d + 2 * d_mlp + 2 * n_heads * s) + n * logits_bytes(k, vocab)
 
 
-def ablated_metrics(bridge: Any, resid: Any, start: int, positions: Any, variants: list[Variant],
+def ablated_metrics(bridge: Bridge, resid: Any, start: int, positions: Any, variants: list[Variant],
                     metric_rows: Callable[[Any], np.ndarray], *, budget_bytes: int | None = None) -> np.ndarray:
     """[V, n] metric of each variant.  `resid`: the run's blocks.{start}.hook_resid_pre [n, pos, d];
     `metric_rows(logits_at [V' n, k, vocab])` -> [V' n] metric (answers tiled V' times)."""

@@ -11,6 +11,7 @@ import numpy as np
 
 from ... import memory
 from ...model import architecture, metrics
+from ...model.bridge import Bridge
 from ...model.devices import wide
 from ...progress import stage
 from ...spec import names
@@ -28,7 +29,7 @@ REFERENCE_FIRST = 8  # reference prompts of the first chunk, which measures a pr
 REFERENCE_BUDGET = 128 * 2**20  # the caches of one chunk of reference prompts, before they are summed
 
 
-def base_runs(bridge: Any, ds: Any, wanted: Sequence[str], metric: str, parts: Sequence[str] = ()) -> Runs:
+def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts: Sequence[str] = ()) -> Runs:
     """The clean run and one run per corruption of `ds` (data.dataset.Dataset, on the model's
     device), each caching the `wanted` hooks and the logits at the scored positions, with the
     metric per prompt (model.metrics.per_prompt) on each; the reference prompts for means run

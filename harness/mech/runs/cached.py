@@ -34,6 +34,7 @@ from ... import memory
 from ...data.dataset import Dataset
 from ...errors import UnsupportedError
 from ...model import architecture, shape
+from ...model.bridge import Bridge
 from ...progress import progress
 from ...spec import names
 from ...spec.names import hook_mlp_out, hook_pattern, hook_resid_pre, hook_z
@@ -63,7 +64,7 @@ CHUNK_BUDGET = 256 * 2**20  # working memory of one prompt chunk of an intervent
 
 @dataclass
 class Runs:
-    bridge: Any  # the TransformerBridge
+    bridge: Bridge  # the TransformerBridge
     ds: Dataset  # on the model's device
     clean: Cache  # cached activations of the clean run (+ "logits")
     corrupt: Cache  # the same for the corrupted run of `corruption`

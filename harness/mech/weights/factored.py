@@ -36,6 +36,7 @@ from typing import Any, cast
 import numpy as np
 
 from ... import memory
+from ...model.bridge import Bridge
 from ...model.devices import float64_home, of
 from ...progress import progress
 from ...spec.names import Head, HeadInput
@@ -106,7 +107,7 @@ class Composition:
     _peer_ratios: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, bridge: Any, processing: str, seed: int) -> Composition:
+    def read(cls, bridge: Bridge, processing: str, seed: int) -> Composition:
         """The composition of `bridge`'s head weights (scores.head_weights with `processing`), its
         score grids on the bridge's device."""
         return cls(scores.head_weights(bridge, processing), seed, of(bridge))

@@ -87,6 +87,7 @@ from typing import Any
 
 from ...evidence.details import Num, Record, optional
 from ...model import architecture
+from ...model.bridge import Bridge
 from ...model.shape import vocab_out
 from ...spec.vocabulary import MODES
 from ...spec.vocabulary import WEIGHT_PROCESSING as PROCESSING
@@ -185,7 +186,7 @@ class HeadWeights:
         return int(self.W_Q.shape[1])
 
 
-def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
+def head_weights(bridge: Bridge, processing: str = "folded") -> HeadWeights:
     """Read the attention weights from a bridge (never modifying it), as CPU float64 copies."""
     import torch
 
@@ -245,7 +246,7 @@ def head_weights(bridge: Any, processing: str = "folded") -> HeadWeights:
                        vocab_out(bridge.cfg), arch.rotary)
 
 
-def _positions(bridge: Any) -> Any | None:
+def _positions(bridge: Bridge) -> Any | None:
     """W_pos [n_ctx, d] as a CPU float64 copy; None unless the model adds learned absolute
     positions to the residual stream (`positional_embedding_type: standard`)."""
     import torch

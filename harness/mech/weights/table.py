@@ -14,6 +14,7 @@ from typing import Any, cast
 import numpy as np
 
 from ... import stats
+from ...model.bridge import Bridge
 from ...model.devices import of
 from ...progress import stage
 from ...spec.settings import MIN_PEER_RATIO
@@ -98,7 +99,7 @@ def _c_max(comp: Composition, mode: str) -> np.ndarray:
     return cast(np.ndarray, np.minimum(x[:, :, None, None], y[None, None, :, :]))
 
 
-def composition_data(bridge: Any, *, processing: str, n_draws: int, alpha: float, seed: int,
+def composition_data(bridge: Bridge, *, processing: str, n_draws: int, alpha: float, seed: int,
                      modes: tuple[str, ...] = scores.MODES, max_draws: int = MAX_DRAWS,
                      min_ratio: float = MIN_PEER_RATIO) -> WeightsTables | None:
     """The numbers of every mode (None for a single-layer model); pairs with p < alpha after

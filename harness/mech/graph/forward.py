@@ -233,15 +233,7 @@ class GraphModel:
                 probes[-1] = _AfterNorm(probes[-1], norm, resid.detach(), y.detach())
             else:
                 h = lay.ln1(probe(resid[:, :, None, :].expand(R, s, 3 * H, d)))
-            _, P = self.attention(L, h.reshape(R, s, H, 3, d))
-            if record is not None:
-                record[L] = P.detach()
-            attn = lay.attn_out(P)
-            if lay.mlp is None:
-                resid = resid + attn
-                continue
-            mlp_out = lay.mlp(probe(resid if arch.parallel else resid + attn))
-            resid = resid + attn + mlp_out
+            resid = self._rest_of_layer(L, h.reshape(R, s, H, 3, d), resid, probe, record)
         cost.spend(R)
         return m.logits(probe(at(positions, resid[None])[0]))
 
@@ -277,19 +269,25 @@ class GraphModel:
                 h = lay.ln1(resid[:, :, None, :] + one * edit[:, :, None, :])
             else:
                 h = lay.ln1(resid)[:, :, None, :].expand(R, s, 3 * H, d)
-            _, P = self.attention(L, h.reshape(R, s, H, 3, d))
-            if record is not None:
-                record[L] = P.detach()
-            attn = lay.attn_out(P)
-            if lay.mlp is None:
-                resid = resid + attn
-                continue
-            mlp_in = resid if arch.parallel else resid + attn
-            mlp_out = lay.mlp(mlp_in + edit if v == mlp_col else mlp_in)
-            resid = resid + attn + mlp_out
+            resid = self._rest_of_layer(L, h.reshape(R, s, H, 3, d), resid,
+                                        (lambda x: x + edit) if v == mlp_col else (lambda x: x), record)
         cost.spend(R, cost.layers_from(start, arch.n_layers))
         final_at = at(positions, resid[None])[0]
         return m.logits(final_at + edit if lv == arch.n_layers else final_at)
+
+    def _rest_of_layer(self, layer: int, h: Any, resid: Any, mlp_input: Callable[[Any], Any],
+                       record: dict[int, Any] | None) -> Any:
+        """resid_post of layer `layer` with every edge kept, from its heads' normalised inputs h [R, s, H, 3, d]
+        and its input resid [R, s, d]; the MLP reads mlp_input(its input) (a probe or an edit, or the
+        input itself); `record` receives P."""
+        lay = self.model.layers[layer]
+        _, P = self.attention(layer, h)
+        if record is not None:
+            record[layer] = P.detach()
+        attn = lay.attn_out(P)
+        if lay.mlp is None:
+            return resid + attn
+        return resid + attn + lay.mlp(mlp_input(resid if self.arch.parallel else resid + attn))
 
     # ------------------------------------------------------------ edge circuits and single edges
     def circuits(self, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any,

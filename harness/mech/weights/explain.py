@@ -217,17 +217,21 @@ class Explainer:
         return torch.cat(list(self.block_chunks(r, n, draws)))
 
     def block_chunks(self, r: int, n: int, draws: int) -> Iterator[Any]:
-        """blocks(r, n, draws) chunk by chunk (null.chunk_draws(r) draws each, the last cut to `draws`);
+        """blocks(r, n, draws) chunk by chunk (block_chunk)."""
+        for c in range(math.ceil(draws / chunk_draws(r))):
+            yield self.block_chunk(r, n, c, draws)
+
+    def block_chunk(self, r: int, n: int, c: int, draws: int) -> Any:
+        """Chunk c of the first `draws` null blocks (null.chunk_draws(r) draws, the last cut to `draws`);
         kept for the next route where a chunk is CHUNK draws, made afresh where the blocks are too
         large to keep (a 256-dimensional head's 1,000 would hold 512 MiB)."""
         size = chunk_draws(r)
         kept = self._blocks.setdefault((r, n), []) if size == CHUNK else []
-        for c in range(math.ceil(draws / size)):
-            chunk = kept[c] if c < len(kept) else haar_blocks(r, n, size, derive_seed(self.seed, Stream.EXPLAIN_NULL,
-                                                                                     r, n, c))
-            if size == CHUNK and c == len(kept):
-                kept.append(chunk)
-            yield chunk[:draws - c * size]
+        while size == CHUNK and len(kept) <= c:  # kept chunks are made in order
+            kept.append(haar_blocks(r, n, size, derive_seed(self.seed, Stream.EXPLAIN_NULL, r, n, len(kept))))
+        chunk = kept[c] if size == CHUNK else haar_blocks(r, n, size, derive_seed(self.seed, Stream.EXPLAIN_NULL,
+                                                                                   r, n, c))
+        return chunk[:draws - c * size]
 
     def explain(self, sender: Head, receiver: HeadInput, draws: int = 1000, top: int = TOP,
                 n_tokens: int = TOKENS) -> Explanation:
@@ -268,6 +272,7 @@ class Explainer:
         far = right[:, :k] if two_sided else left.new_zeros(left.shape[0], 0)
         v = _vocab_pass(hw, torch.cat([left, far, W_V], dim=1), right[:, :k] if value else None, left.shape[1], k,
                         far.shape[1], W_O.numpy(), writes.numpy())
+        memory.release()  # the pass's block temporaries fragment the heap (about 1 GB at 262k tokens, d_head 256)
         sign = np.where(v.extreme < 0, -1.0, 1.0)  # the token of largest |cos(W_E[t], a_i)| loads positively
         left_, right_, writes_ = left.numpy() * sign, right.numpy() * sign, writes.numpy() * sign
         readouts = []
@@ -297,9 +302,10 @@ class Explainer:
         r = int(sx.shape[0])
         step = max(1, NULL_STEP // max(1, r) ** 3)  # draws per step: a 256-dimensional head's take minutes in all
         parts: list[Any] = []
-        chunks = self.block_chunks(r, self.hw.null_dim, draws)
         with single_threaded():
-            for F in progress(chunks, f"null spectra of {draws} draws (d_head {r})", quiet=True):
+            for c in progress(range(math.ceil(draws / chunk_draws(r))), f"null spectra of {draws} draws (d_head {r})",
+                              quiet=True):
+                F = self.block_chunk(r, self.hw.null_dim, c, draws)  # one chunk held at a time
                 for lo in range(0, len(F), step):
                     part = F[lo:lo + step]
                     sv_ = torch.linalg.svdvals(sx[:, None] * part * sy[None, :]).numpy()
@@ -393,8 +399,8 @@ def _vocab_pass(hw: HeadWeights, left: Any, right: Any, r: int, k: int, k_far: i
         top = c[rows, np.arange(r)]
         better = np.abs(top) > best
         best, extreme = np.where(better, np.abs(top), best), np.where(better, top, extreme)
-        cos.append(c[:, :k])
-        cos_far.append(c[:, r:r + k_far])
+        cos.append(c[:, :k].copy())  # copies: a view would keep the block's whole [block, 2r + k] array alive
+        cos_far.append(c[:, r:r + k_far].copy())
         squares += np.sum(dots[:, :k] ** 2, axis=0)
         squares_far += np.sum(dots[:, r:r + k_far] ** 2, axis=0)
         n += len(dots)

@@ -97,7 +97,7 @@ __all__ = ["MODES", "PROCESSING", "HeadWeights", "head_weights", "copying_score"
            "CompositionResult", "draws_needed"]
 
 
-VOCAB_CHUNK = 4096  # tokens per block when the vocabulary is read in blocks (HeadWeights.vocab_products)
+VOCAB_CHUNK = 1024  # tokens per block when the vocabulary is read in blocks (HeadWeights.vocab_products)
 
 
 @dataclass

@@ -44,6 +44,27 @@ def test_null_draws_come_in_seeded_chunks():
     assert np.mean(longer ** 2) == pytest.approx(1 / 20, rel=0.05)
 
 
+def test_large_blocks_are_made_again_not_kept(monkeypatch):
+    """What a SharedNull keeps is bounded by KEEP_BYTES (a 256-dimensional head's 1,000 draws would
+    hold 512 MiB): with room for one chunk, the later chunks are made again on each use, with the
+    same seed and so the same numbers as a null that keeps them all."""
+    from harness.mech.weights import null as N
+
+    r, n = 6, 20
+    monkeypatch.setattr(N, "CHUNK_BYTES", 8 * r * r * 300)  # chunks of 300 draws
+    rng = np.random.default_rng(1)
+    a = torch.from_numpy(rng.dirichlet(np.ones(r), size=3))
+    b = torch.from_numpy(rng.dirichlet(np.ones(r), size=3))
+    kept_all = SharedNull(r=r, n=n, seed=5)
+    full = kept_all.pair_samples(a, b, CHUNK)
+    assert sorted(kept_all._chunks) == [0, 1, 2, 3]
+    monkeypatch.setattr(N, "KEEP_BYTES", 8 * r * r * 300)
+    bounded = SharedNull(r=r, n=n, seed=5)
+    np.testing.assert_array_equal(bounded.pair_samples(a, b, CHUNK), full)
+    np.testing.assert_array_equal(bounded.pair_samples(a, b, CHUNK), full)  # made again: the same draws
+    assert sorted(bounded._chunks) == [0]
+
+
 def test_many_pairs_drawn_together_match_one_at_a_time():
     """pair_samples of K pairs (more than PAIRS, so in several contractions) is each pair's own null
     C_null = sqrt(a^T (F o F) b), checked against the explicit draws, to float64 rounding."""

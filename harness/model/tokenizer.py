@@ -135,26 +135,32 @@ def read_tokenizer(folder: Path, model: str) -> Any:
     if not any((folder / n).is_file() for n in VOCABULARY_FILES):
         raise DataError(f"{where}: {', '.join(present)} but no vocabulary file ({', '.join(VOCABULARY_FILES[:4])}): "
                         "the tokenizer cannot be built; write it with tokenizer.save_pretrained(DIR)")
-    for name in ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json", "vocab.json",
-                 "added_tokens.json"):
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise DataError(f"{where}: {path}: not a valid JSON file ({one_line(exc)})") from None
-        if name in ("tokenizer_config.json", "special_tokens_map.json") and isinstance(doc, dict):
-            _check_config(doc, path, where)
-        if name == "tokenizer.json":
-            _check_tokenizer_json(path, where)
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"):
+        doc = _json(folder / name, where)
+        if name != "added_tokens.json" and isinstance(doc, dict):
+            _check_config(doc, folder / name, where)
     try:
         from transformers import AutoTokenizer
 
         with offline():
             return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # transformers raises many types for a bad file; any of them is one line here
+        # the large files are read again only now, to name the one at fault: read on the way in, a 262k
+        # vocabulary's tokenizer.json would cost its parsed JSON and a second tokenizer (about 0.8 GB)
+        _json(folder / "vocab.json", where)
+        if _json(folder / "tokenizer.json", where) is not None:
+            _check_tokenizer_json(folder / "tokenizer.json", where)
         raise DataError(f"{where}: cannot read its tokenizer files ({', '.join(present)}): {one_line(exc)}") from None
+
+
+def _json(path: Path, where: str) -> Any:
+    """The JSON document of `path` (None where there is no such file); DataError naming it when it is not JSON."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DataError(f"{where}: {path}: not a valid JSON file ({one_line(exc)})") from None
 
 
 def _check_config(doc: dict[str, Any], path: Path, where: str) -> None:

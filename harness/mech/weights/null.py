@@ -51,6 +51,7 @@ Monte Carlo p <= u).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,8 @@ def chunk_draws(r: int) -> int:
     """Draws per seeded chunk for blocks of size r: CHUNK, or fewer where CHUNK blocks would pass
     CHUNK_BYTES (a 256-dimensional head's 1,000 blocks hold 512 MiB, and their draws several times it)."""
     return max(1, min(CHUNK, CHUNK_BYTES // (8 * r * r)))
+BUILD_BYTES = 32 * 2**20  # draws of F built at once from their random numbers (each several temporaries of their size)
+KEEP_BYTES = 128 * 2**20  # at most this many bytes of a SharedNull's draws stay in memory (d_head 64: all 1,000)
 PAIRS = 128  # pairs per contraction in SharedNull.pair_samples
 TOL = 1e-12  # C_null >= C - TOL counts as reaching C (ties in exact arithmetic)
 
@@ -84,29 +87,34 @@ def haar_blocks(r: int, n: int, m: int, seed: int) -> Any:
             G = torch.from_numpy(rng.standard_normal((m, n, r)))
             R = torch.linalg.cholesky(G.mT @ G, upper=True)
             return torch.linalg.solve_triangular(R, G[:, :r, :], upper=True, left=False)
-        G_top = torch.from_numpy(rng.standard_normal((m, r, r)))
-        Lw = torch.from_numpy(np.tril(rng.standard_normal((m, r, r)), -1))
+        G_top = rng.standard_normal((m, r, r))
+        W = rng.standard_normal((m, r, r))  # its strictly lower triangle is L's
         dof = n - r - np.arange(r)  # n - r - i + 1 for i = 1..r
         diag = np.sqrt(rng.chisquare(dof, size=(m, r)))
-        Lw = Lw + torch.diag_embed(torch.from_numpy(diag))
-        gram = G_top.mT @ G_top + Lw @ Lw.mT
-        R = torch.linalg.cholesky(gram, upper=True)
-        return torch.linalg.solve_triangular(R, G_top, upper=True, left=False)  # G_top R^{-1}
+        out = torch.empty((m, r, r), dtype=torch.float64)
+        step = max(1, BUILD_BYTES // (8 * r * r))  # the draws drawn at once, built a part at a time
+        for lo in range(0, m, step):
+            G = torch.from_numpy(G_top[lo:lo + step])
+            Lw = torch.from_numpy(np.tril(W[lo:lo + step], -1)) + torch.diag_embed(torch.from_numpy(diag[lo:lo + step]))
+            R = torch.linalg.cholesky(G.mT @ G + Lw @ Lw.mT, upper=True)
+            out[lo:lo + step] = torch.linalg.solve_triangular(R, G, upper=True, left=False)  # G_top R^{-1}
+        return out
 
 
 def haar_block_squares(r: int, n: int, m: int, seed: int) -> Any:
     """m draws of F o F, F the top-left r x r block of a Haar n x n orthogonal matrix:
     a float64 tensor [m, r, r] (`haar_blocks` squared elementwise)."""
-    F = haar_blocks(r, n, m, seed)
-    return F * F
+    return haar_blocks(r, n, m, seed).square_()
 
 
 @dataclass
 class SharedNull:
     """The shared draws P_m = F_m o F_m for block size r in dimension n, chunk by chunk.
 
-    The chunks of the first `keep` draws stay in memory (the base draws every pair uses); chunks
-    beyond them (extensions) are made when asked for and not kept."""
+    The chunks of the first `keep` draws stay in memory (the base draws every pair uses), as far
+    as they fit KEEP_BYTES (d_head 256: the first 256 of 1,000 draws); chunks beyond them
+    (extensions, and base draws of large blocks) are made again, with the same seed and so the
+    same numbers, when asked for."""
 
     r: int
     n: int
@@ -124,17 +132,17 @@ class SharedNull:
             return self._chunks[i]
         P = haar_block_squares(self.r, self.n, self.size,
                                derive_seed(self.seed, Stream.ROTATION_NULL, self.r, self.n, i))
-        if i * self.size < self.keep:
+        if i * self.size < self.keep and (i + 1) * self.size * 8 * self.r * self.r <= KEEP_BYTES:
             self._chunks[i] = P
         return P
 
-    def blocks(self, stop: int, start: int = 0) -> list[tuple[int, int, Any]]:
-        """[(first draw, last draw + 1, P)] covering draws start..stop-1."""
-        out, size = [], self.size
+    def blocks(self, stop: int, start: int = 0) -> Iterator[tuple[int, int, Any]]:
+        """(first draw, last draw + 1, P) covering draws start..stop-1, one chunk at a time (a chunk
+        not kept is let go of before the next is made)."""
+        size = self.size
         for i in range(start // size, math.ceil(stop / size)):
             lo, hi = max(start, i * size), min(stop, (i + 1) * size)
-            out.append((lo, hi, self.chunk(i)[lo - i * size:hi - i * size]))
-        return out
+            yield lo, hi, self.chunk(i)[lo - i * size:hi - i * size]
 
     def pair_samples(self, a: Any, b: Any, stop: int, start: int = 0) -> np.ndarray:
         """C_null of K pairs (rows of a, b: [K, r] normalised squared spectra): [K, stop - start].

@@ -9,7 +9,7 @@ checks that passed.
   attention by hand (mech.block.attention), the identity patch of a few edges into q/k/v and the
   logits, their fast and reference paths agreeing, the batched sweep agreeing with them, and the
   edge graph reproducing the clean run with every edge kept and the corrupted one with none.
-* `check_claim_kind(kind, view, claim, model_dir)`: the kind's declaration (name, schema literal,
+* `check_claim_kind(kind, claim, model_dir)`: the kind's declaration (name, schema literal,
   details, evidence type, summary, view), then a hypothesis file of that one claim run end to end
   on the model: a verdict, details of the declared type, a valid evidence.json, and `harness
   report` rendering it again from the document alone.
@@ -33,6 +33,7 @@ from typing import Any
 
 from .claims import registry
 from .claims.base import ClaimKind
+from .claims.view import ClaimView
 from .data import sources
 from .engine import runner
 from .errors import HarnessError
@@ -46,7 +47,7 @@ from .mech.graph import forward, parts
 from .model import architecture, families, metrics
 from .model.metrics import Metric
 from .model.ref import ModelRef
-from .report import views, writer
+from .report import writer
 from .spec import names
 from .spec.fields import ClaimSpec
 
@@ -203,9 +204,9 @@ def _family_checks(checks: _Checks, family: Any, model_dir: Path, n: int, seq: i
 
 
 # ------------------------------------------------------------------------------------------- claim kinds
-def check_claim_kind(kind: Any, view: Any, claim: dict[str, Any], model_dir: str | Path, *,
+def check_claim_kind(kind: Any, claim: dict[str, Any], model_dir: str | Path, *,
                      data: dict[str, Any] | None = None) -> list[str]:
-    """Conformance of a claim kind and its view (module docstring): `claim` one claim of the kind
+    """Conformance of a claim kind and the view it carries (module docstring): `claim` one claim of the kind
     (its `id` and keys, as a hypothesis file writes it), run on `model_dir` with `data` (default:
     40 repeated-token prompts)."""
 
@@ -218,21 +219,12 @@ def check_claim_kind(kind: Any, view: Any, claim: dict[str, Any], model_dir: str
     checks.check("its details are a Details record", lambda: issubclass(kind.details, Details))
     checks.check("its evidence type is weights, observational, attribution or causal",
                  lambda: kind.evidence in ("weights", "observational", "attribution", "causal"))
-    checks.check("its view is a ClaimView", lambda: view is None or isinstance(view, views.ClaimView))
+    checks.check("its view is a ClaimView", lambda: isinstance(kind.view, ClaimView))
     if checks.failed:
         return checks.done()
     present = registry.kinds().get(kind.name) is kind
 
-    def add() -> None:
-        registry.register(kind)
-        if view is not None:
-            views.register(kind.name, view)
-
-    def remove() -> None:
-        views.unregister(kind.name)
-        registry.unregister(kind.name)
-
-    with _registered(add, remove, present):
+    with _registered(lambda: registry.register(kind), lambda: registry.unregister(kind.name), present):
         _run_checks(checks, kind, claim, Path(model_dir), data)
     return checks.done()
 
@@ -256,6 +248,9 @@ def _run_checks(checks: _Checks, kind: Any, claim: dict[str, Any], model_dir: Pa
     checks.check("it ends PASS, FAIL or INCONCLUSIVE with a reason or a value",
                  lambda: str(result.verdict) in ("PASS", "FAIL", "INCONCLUSIVE"))
     checks.check("its details are of the declared type", lambda: isinstance(result.details, kind.details))
+    checks.check("its view reads the result: text lines and the claim table's number",
+                 lambda: isinstance(kind.view.key_number(result), str)
+                 and all(isinstance(line, str) for line in kind.view.lines(result, result.unit)))
     with tempfile.TemporaryDirectory(prefix="harness-conformance-") as tmp:
         def written() -> bool:
             folder = writer.write_report(state["ev"], reports_root=tmp)

@@ -7,9 +7,9 @@ re-exported here) that a plugin author runs on their own code, in the spirit of
 scikit-learn's `check_estimator`:
 
 * a model family: `Family`, `register_family`, `check_family(family, model_dir)`;
-* a claim kind and its view: `ClaimKind`, `ClaimSpec`, `BoundedClaim`, `Details`, `ClaimView`,
-  ... and `register_claim_kind(kind, view)` (both in one call),
-  `check_claim_kind(kind, view, claim, model_dir)`;
+* a claim kind, with the view it carries (`ClaimKind.view`, how its results read in a report):
+  `ClaimKind`, `ClaimSpec`, `BoundedClaim`, `Details`, `ClaimView`, ... and
+  `register_claim_kind(kind)`, `check_claim_kind(kind, claim, model_dir)`;
 * a metric: `Metric`, `register_metric`, `check_metric(metric)`;
 * a data source: `DataSourceKind`, `DataSettings`, `Where`, `register_data_source`,
   `check_data_source(source, data, model_dir)`;
@@ -21,6 +21,7 @@ from __future__ import annotations
 from . import stats
 from .claims import registry as _claims
 from .claims.base import ClaimKind, Context, Indexed, Measured
+from .claims.view import ClaimView, details
 from .conformance import ConformanceError, check_claim_kind, check_data_source, check_family, check_metric
 from .data import dataset
 from .data import sources as _sources
@@ -38,8 +39,6 @@ from .model.loaded import LoadedModel, from_bridge
 from .model.metrics import Metric
 from .model.ref import ModelSource
 from .model.tokenizer import model_bos
-from .report import views as _views
-from .report.views import ClaimView, details
 from .spec import names
 from .spec.fields import BoundedClaim, ClaimSpec, HeadName
 from .spec.names import Shape
@@ -64,20 +63,13 @@ def unregister_family(name: str) -> None:
     _families.unregister(name)
 
 
-def register_claim_kind(kind: ClaimKind, view: ClaimView | None = None) -> None:
-    """Add a claim kind and, with it, how its results read in a report (a kind without a view reads
-    with the defaults); the kind is not added when its view is refused."""
+def register_claim_kind(kind: ClaimKind) -> None:
+    """Add a claim kind, and with it how its results read in a report (`kind.view`; ClaimView's
+    defaults unless the kind sets its own); RegistryError if its name is taken."""
     _claims.register(kind)
-    if view is not None:
-        try:
-            _views.register(kind.name, view)
-        except Exception:
-            _claims.unregister(kind.name)
-            raise
 
 
 def unregister_claim_kind(name: str) -> None:
-    _views.unregister(name)
     _claims.unregister(name)
 
 

@@ -244,7 +244,7 @@ def test_the_toy_kind_metric_and_data_source_pass_their_conformance_checks():
 
     claim = {"id": "L0H7-focused", "kind": "attention_entropy", "head": "L0H7", "at_most": 0.5}
     assert "it ends PASS, FAIL or INCONCLUSIVE with a reason or a value" in extend.check_claim_kind(
-        toy_kind.KIND, toy_kind.VIEW, claim, FIXTURE)
+        toy_kind.KIND, claim, FIXTURE)
     assert len(extend.check_metric(toy_metric.METRIC)) == 4
     assert "each corruption changes some prompt" in extend.check_data_source(
         toy_data_source.SOURCE, toy_data_source.mapping(), FIXTURE)
@@ -252,6 +252,23 @@ def test_the_toy_kind_metric_and_data_source_pass_their_conformance_checks():
         from harness.model import metrics
 
         extend.check_metric(metrics.get(name))
+
+
+def test_conformance_catches_a_view_that_cannot_read_its_kinds_result():
+    from harness import extend
+
+    from . import toy_kind
+
+    class NumbersView(extend.ClaimView):
+        def lines(self, result, unit):
+            return [len(result.per_prompt or [])]  # not text: the report would print a number as a line
+
+    class Unreadable(toy_kind.EntropyKind):
+        view = NumbersView()
+
+    claim = {"id": "L0H7-focused", "kind": "attention_entropy", "head": "L0H7", "at_most": 0.5}
+    with pytest.raises(extend.ConformanceError, match="its view reads the result"):
+        extend.check_claim_kind(Unreadable(), claim, FIXTURE)
 
 
 def test_conformance_catches_a_metric_pointing_the_wrong_way():

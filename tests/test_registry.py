@@ -10,6 +10,7 @@ import yaml
 
 import harness
 from harness.claims import registry
+from harness.claims.view import ClaimView
 from harness.cli import main
 from harness.errors import HarnessError, SpecError
 from harness.report import views, writer
@@ -29,12 +30,10 @@ DOC = {"harness": 1, "name": "toy", "model": str(FIXTURE),
 @pytest.fixture
 def toy():
     registry.register(toy_kind.KIND)
-    views.register(toy_kind.KIND.name, toy_kind.VIEW)
     try:
         yield toy_kind.KIND
     finally:
         registry.unregister(toy_kind.KIND.name)
-        views.unregister(toy_kind.KIND.name)
 
 
 def test_builtin_kinds_and_their_protocol():
@@ -44,7 +43,7 @@ def test_builtin_kinds_and_their_protocol():
         assert kind.evidence in ("weights", "observational", "attribution", "causal")
         assert kind.name == name and kind.summary
         assert kind.spec.model_fields["kind"].annotation.__args__[0] == name  # the schema's literal is the name
-        assert type(views.get(name)) is not views.ClaimView  # every built-in kind has its own view in report.views
+        assert type(kind.view) is not ClaimView and views.get(name) is kind.view  # each carries its own view
     with pytest.raises(HarnessError, match="already registered"):
         registry.register(registry.get("role"))
     with pytest.raises(HarnessError, match="built-in"):

@@ -4,9 +4,9 @@
     H_n = mean over query positions q >= 1 of  -sum_k A[n, q, k] log A[n, q, k]
 
 per prompt n (query 0 can only attend to itself), averaged over prompts with a
-BCa CI; the threshold rule decides.  `EntropyView` says how its details read in a
-report.  It imports only the declared extension surface (harness.extend).  tests/test_registry.py
-registers both (harness.extend.register_claim_kind(KIND, VIEW)) and checks that files, runs, reports,
+BCa CI; the threshold rule decides.  `EntropyView`, which the kind carries, says how its
+details read in a report.  It imports only the declared extension surface (harness.extend).
+tests/test_registry.py registers it (harness.extend.register_claim_kind(KIND)) and checks that files, runs, reports,
 re-rendering and the pytest plugin handle it with no edit anywhere else.
 """
 
@@ -53,11 +53,18 @@ def row_entropy(pattern: np.ndarray) -> np.ndarray:
     return -(p * logs).sum(-1).mean(-1)
 
 
+class EntropyView(ClaimView):
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, EntropyDetails)
+        return [f"- per-prompt entropy median {fmt(d.median)} nats over {d.n_prompts} prompts"]
+
+
 class EntropyKind(ClaimKind[EntropyClaim, EntropyDetails]):
     name = "attention_entropy"
     spec = EntropyClaim
     details = EntropyDetails
     evidence = "observational"
+    view = EntropyView()
     summary = "mean entropy of a head's attention rows (nats)"
 
     def hooks(self, claim: EntropyClaim, n_layers: int) -> list[str]:
@@ -80,11 +87,4 @@ class EntropyKind(ClaimKind[EntropyClaim, EntropyDetails]):
         return Measured(out)
 
 
-class EntropyView(ClaimView):
-    def lines(self, result: ClaimResult, unit: str) -> list[str]:
-        d = details(result, EntropyDetails)
-        return [f"- per-prompt entropy median {fmt(d.median)} nats over {d.n_prompts} prompts"]
-
-
 KIND = EntropyKind()
-VIEW = EntropyView()

@@ -27,7 +27,7 @@ from pydantic import StrictBool
 
 from .. import stats
 from ..evidence.details import CI, Num, Sensitivity, Summary, optional
-from ..evidence.format import fmt
+from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE, threshold_verdict
 from ..mech.runs import jackknife
@@ -52,6 +52,7 @@ from .base import (
     with_details,
 )
 from .metric_parts import MetricPart
+from .view import ClaimView, baseline_line, change_line, details, parts_line, sensitivity_line
 
 FRACTION = "fraction of gap"
 
@@ -131,12 +132,32 @@ def ablate(runs: Runs, claim: AblationClaim, kind: str, st: Stats, part: str | N
                    jack_part=[effects.floor_changes(view.m_clean - mk, scale) for mk in jack_part])
 
 
+class AblationView(ClaimView):
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, AblationDetails)
+        out = [f"- metric: clean {fmt(d.clean_metric_mean)}, ablated {fmt(d.ablated_metric_mean)}, corrupted "
+               f"{fmt(d.corrupted_metric_mean)} {unit}" + (f" (corruption {d.corruption})" if d.corruption else ""),
+               f"- raw drop {fmt(d.drop_mean)} {unit} {fmt_ci(d.drop_ci)}, sign-flip p = {fmt_p(d.drop_p_value)}; "
+               f"per-prompt median {fmt(d.drop_summary.median)}, IQR {fmt(d.drop_summary.iqr)}"]
+        if d.normalized is not None and d.normalized_summary is not None:
+            out.append(f"- normalized effect {fmt(d.normalized)} {fmt_ci(d.normalized_ci)}; per-prompt median "
+                       f"{fmt(d.normalized_summary.median)}, IQR {fmt(d.normalized_summary.iqr)}; "
+                       f"{d.n_excluded_small_gap} prompt(s) excluded for a small clean-corrupted gap")
+        out += baseline_line(d, unit) + parts_line(d.parts, unit)
+        if d.intervention_change is not None:
+            out.append(change_line(d.intervention_change, "the ablated heads' output"))
+        if d.sensitivity is not None:
+            out.append(sensitivity_line(d.sensitivity, "ablation type"))
+        return out
+
+
 class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
     name = "ablation"
     spec = AblationClaim
     details = AblationDetails
     evidence = "causal"
     summary = "ablating heads (zero, mean, resample) moves the metric by at least / at most"
+    view = AblationView()
 
     def hooks(self, claim: AblationClaim, n_layers: int) -> list[str]:
         frozen = [hook_pattern(layer) for layer in range(n_layers)] if claim.freeze_patterns else []

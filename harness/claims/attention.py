@@ -37,6 +37,7 @@ from ..spec.names import hook_pattern
 from ..spec.settings import Strict
 from ..spec.vocabulary import Rung
 from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
+from .view import ClaimView, details
 
 
 class SlotPosition(Strict):
@@ -141,12 +142,20 @@ def attention_scores(pattern: Any, q: Any, span: Any) -> np.ndarray:
     return out
 
 
+class AttentionView(ClaimView):
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, AttentionDetails)
+        return [f"- from {d.from_position} to {d.to_position}: per-prompt median {fmt(d.median)}, IQR {fmt(d.iqr)}; "
+                f"{d.n_prompts} prompts"]
+
+
 class AttentionKind(ClaimKind[AttentionClaim, AttentionDetails]):
     name = "attention"
     spec = AttentionClaim
     details = AttentionDetails
     evidence = "observational"
     summary = "a head's attention from one named position (scored, bos, a slot of a template) to another"
+    view = AttentionView()
 
     def hooks(self, claim: AttentionClaim, n_layers: int) -> list[str]:
         return [hook_pattern(claim.head.layer)]

@@ -15,15 +15,15 @@ corruption does not change where the receiver reads it leaves the estimate untes
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from .. import stats
 from ..errors import UnsupportedError
-from ..evidence.details import CI, Summary, optional
-from ..evidence.format import fmt, fmt_p
+from ..evidence.details import CI, Num, Summary, optional
+from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import INCONCLUSIVE
 from ..mech.edges import patching, writes
@@ -42,8 +42,9 @@ from .base import (
     Measured,
     verdict_status,
 )
-from .edge import edge_verdict, read_hooks
-from .edge_test import UNTESTED, UseRule
+from .edge import read_hooks
+from .edge_test import UNTESTED, UseRule, edge_verdict
+from .view import ClaimView, change_line, details, prompt_effect_line, use_reference_lines
 
 FRACTION = "fraction of gap (estimate)"
 
@@ -85,12 +86,36 @@ class AttributionDetails(effects.NormalizedFields):
     undefined_reason: str = ""
 
 
+class AttributionView(ClaimView):
+    """Attribution claims: an estimate, said so on every line."""
+
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, AttributionDetails)
+        how = d.method + (f", {d.steps} steps" if d.method == "eap-ig" else "")
+        where = f" (corruption {d.corruption})" if d.corruption else ""
+        out = [f"- attribution score ({how}; estimates clean minus patched metric): mean {fmt(d.score_mean)} {unit} "
+               f"{fmt_ci(d.score_ci)}{where}; sign-flip p = {fmt_p(d.p_value)}, BH-adjusted {fmt_p(d.p_adjusted)}; "
+               f"estimated use: **{d.use}** — an estimate, not an intervention"]
+        out += prompt_effect_line(d, "estimated effect")
+        if d.intervention_change is not None:
+            out.append(change_line(d.intervention_change, f"the sender {d.edge.split(' -> ')[0]}'s output"))
+        return out
+
+    def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
+        d = details(result, AttributionDetails)
+        return use_reference_lines(plan.get("expect", "used") == "used", d.min_effect, d.tolerance)
+
+    def claimed_edges(self, result: ClaimResult) -> list[str]:
+        return [details(result, AttributionDetails).edge]
+
+
 class AttributionKind(ClaimKind[AttributionClaim, AttributionDetails]):
     name = "attribution"
     spec = AttributionClaim
     details = AttributionDetails
     evidence = "attribution"
     summary = "an edge's attribution score (EAP, EAP-IG) estimates that patching it would move the metric"
+    view = AttributionView()
 
     def hooks(self, claim: AttributionClaim, n_layers: int) -> list[str]:
         # embed's and the sender's writes (the graph arithmetic is checked on a run of the first prompts,

@@ -13,14 +13,12 @@ typed details model (a `Details` subclass) and a `ClaimKind` subclass saying
   immutable `Measured` (the results, and the weights-vs-use rows the kind adds);
 * `ladder(claim, result)`: the steps the claim puts on the evidence ladder;
 * `shown_heads(claim)`, `edges(claim)`, `pass_region(claim, result)`: what the
-  report's figures draw for it (computed at run time and kept in evidence.json).
+  report's figures draw for it (computed at run time and kept in evidence.json);
+* `view`: how a result reads in a report (claims.view.ClaimView: its detail lines, the
+  number in the claim table, the lines of sweep plots), from what evidence.json holds alone.
 
-Measuring stops there: how a result reads in a report (its detail lines, the number
-in the claim table, the lines of sweep plots) is the report's (report.views), which
-reads only what evidence.json holds.  Registering an instance
-(`claims.registry.register`) is all it takes for the schema, the runner, evidence.json,
-sweeps and the pytest plugin to handle it; a view (`report.views.register`) tells the
-reports how to show its details.
+Registering an instance (`claims.registry.register`) is all it takes for the schema, the
+runner, evidence.json, sweeps, the reports and the pytest plugin to handle it.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ from ..spec.fields import BoundedClaim, ClaimSpec
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, LadderStatus, Rung
 from ..streams import Stream, derive_seed
+from .view import ClaimView
 
 S = TypeVar("S", bound=ClaimSpec)
 D = TypeVar("D", bound=Details)
@@ -233,6 +232,7 @@ class ClaimKind(ABC, Generic[S, D]):
     details: type[D]  # the typed details of one result
     evidence: ClassVar[EvidenceType]  # weights, observational, attribution (an estimate) or causal
     summary: ClassVar[str] = ""  # one line for docs and `--help` texts
+    view: ClassVar[ClaimView] = ClaimView()  # how its results read in a report (claims.view)
 
     def matches(self, raw: dict[str, Any]) -> bool:
         """Whether a claim mapping from a file is of this kind (aliases override this)."""

@@ -74,9 +74,45 @@ from .circuit_plans import (
     with_mlps,
 )
 from .circuit_spec import CircuitClaim, CircuitDetails, CriterionResult
+from .view import ClaimView, change_line, details, edge_classes_text, sensitivity_line
 
 UNIT = "faithfulness"
 LADDER_EDGES = 60  # an edge circuit of more edges is one ladder row, not a row per edge
+
+
+class CircuitView(ClaimView):
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, CircuitDetails)
+        kept = (f"{len(d.edges)} of the model's {d.graph_edges} edges kept, joining {', '.join(d.heads) or 'no heads'}"
+                if d.edges is not None else f"heads kept: {', '.join(d.heads)}")
+        out = [f"- metric: full {fmt(d.full_metric_mean)}, circuit {fmt(d.circuit_metric_mean)}, empty "
+               f"{fmt(d.empty_metric_mean)} {unit}; {kept}"]
+        if d.edge_classes is not None:
+            out.append(f"- kept edges by class: {edge_classes_text(d.edge_classes)}")
+        if d.beaten is not None and d.random_faithfulness_summary is not None and d.beat_p_value is not None:
+            rs = d.random_faithfulness_summary
+            out.append(f"- {d.random_circuits} random circuits drawn (at most {d.random_draws_max}; {d.random_draw}): "
+                       f"faithfulness median {fmt(rs.median)}, IQR {fmt(rs.iqr)}, max "
+                       f"{fmt(d.random_faithfulness_max)}; beaten {d.beaten}; sequential test: {d.beat_decision} than "
+                       f"the rate {d.beat_rate:g}, p = {fmt_p(d.beat_p_value)}")
+        if d.intervention_change is not None:
+            out.append(change_line(d.intervention_change, "the output of the heads outside the circuit"
+                                   if d.edges is None else "the output of the senders whose edges are removed"))
+        if d.sensitivity is not None:
+            out.append(sensitivity_line(d.sensitivity, "ablation type (faithfulness bound only)"))
+        if d.criteria:
+            out.append(f"- faithfulness bound and random circuits alone: {d.bound_verdict}")
+            out += [f"- {name}: **{r.verdict}** ({r.circuits} circuits): {r.rule}" for name, r in d.criteria.items()]
+            minimality = d.criteria.get("minimality")
+            failing = [m for m in (minimality.members or []) if m.status != "needed"] if minimality else []
+            if failing:
+                out.append("- members not shown needed: " + ", ".join(
+                    f"{m.member} {m.status} (knockout {m.knockout:+.3f}, beats {m.beaten} fillers)"
+                    for m in failing[:20]) + (f", and {len(failing) - 20} more" if len(failing) > 20 else ""))
+        return out
+
+    def claimed_edges(self, result: ClaimResult) -> list[str]:
+        return list(details(result, CircuitDetails).edges or [])
 
 
 class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
@@ -85,6 +121,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
     details = CircuitDetails
     evidence = "causal"
     summary = "keeping only these heads or edges recovers the behaviour (faithfulness) better than random circuits"
+    view = CircuitView()
 
     def hooks(self, claim: CircuitClaim, n_layers: int) -> list[str]:
         if claim.edges is not None:

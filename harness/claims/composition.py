@@ -20,11 +20,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .. import stats
-from ..evidence.details import Details, Explained, optional
-from ..evidence.format import fmt_p
+from ..evidence.details import Details, Explained, Num, optional
+from ..evidence.format import fmt, fmt_p
 from ..evidence.result import ClaimResult
 from ..evidence.verdicts import FAIL, PASS
 from ..mech.weights import scores
@@ -34,6 +34,7 @@ from ..spec.fields import ClaimSpec, HeadRouteName
 from ..spec.settings import Stats
 from ..spec.vocabulary import Rung
 from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
+from .view import ClaimView, details, explained_lines
 
 UNIT = "composition score"
 
@@ -96,12 +97,36 @@ def route_evidence(comp: Composition, edges: Sequence[names.Edge], st: Stats,
             for r, p in zip(results, adjusted, strict=True)]
 
 
+class CompositionView(ClaimView):
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, CompositionDetails)
+        return [f"- null (random relative orientation, spectra kept, {d.n_draws} draws): mean "
+                f"{fmt(d.null_mean)}, sd {fmt(d.null_std)}, 95th pct {fmt(d.null_q95)}, 99th pct {fmt(d.null_q99)}",
+                f"- C·sqrt({d.null_dim}) = {fmt(d.ratio_to_isotropic, 2)} (1 = isotropic baseline); "
+                f"C / C_max = {fmt(d.fraction_of_max)} (C_max = {fmt(d.c_max)}); percentile among all cross-layer "
+                f"{d.mode.upper()} pairs: {fmt(d.percentile, 1)}; rank(X) = {d.rank_sender} (X: the sender's OV), "
+                f"rank(Y) = {d.rank_receiver} (Y: the receiver's {'OV' if d.mode == 'v' else 'QK'}); "
+                f"weights {d.processing}"] + explained_lines(d.explained, d.edge)
+
+    def key_number(self, result: ClaimResult) -> str:
+        if result.value is None:
+            return "undefined"
+        return f"{result.value:.3f} (p_adj {fmt_p(details(result, CompositionDetails).p_adjusted)})"
+
+    def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
+        return [(details(result, CompositionDetails).null_q99, "null 99th pct")]
+
+    def claimed_edges(self, result: ClaimResult) -> list[str]:
+        return [details(result, CompositionDetails).edge]
+
+
 class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
     name = "composition"
     spec = CompositionClaim
     details = CompositionDetails
     evidence = "weights"
     summary = "a head's OV composes with a later head's q, k or v input (rotation null)"
+    view = CompositionView()
 
     def needs_weights(self, claim: CompositionClaim) -> bool:
         return True

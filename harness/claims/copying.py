@@ -25,6 +25,7 @@ from ..mech.weights import scores
 from ..spec.fields import BoundedClaim, HeadName
 from ..spec.vocabulary import Rung
 from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
+from .view import ClaimView, details
 
 UNIT = "eigenvalue positivity"
 
@@ -55,12 +56,20 @@ class CopyingDetails(Details):
     processing: str  # folded or raw
 
 
+class CopyingView(ClaimView):
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, CopyingDetails)
+        return [f"- {d.n_eigenvalues} eigenvalues of W_E OV W_U (d_head x d_head form), "
+                f"sum |lambda| = {d.sum_abs_eigenvalues:.4g}; weights {d.processing}"]
+
+
 class CopyingKind(ClaimKind[CopyingClaim, CopyingDetails]):
     name = "copying"
     spec = CopyingClaim
     details = CopyingDetails
     evidence = "weights"
     summary = "a head's OV circuit copies tokens (eigenvalue positivity of W_E OV W_U)"
+    view = CopyingView()
 
     def matches(self, raw: dict[str, Any]) -> bool:
         return raw.get("kind") == "copying" or (raw.get("kind") == "role" and raw.get("role") == "copying")

@@ -35,14 +35,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, StrictBool, model_validator
 
 from ..evidence.details import CI, EdgeTest, Num, PassRegion, Sensitivity, Summary, WeightsVsUseRow, optional
-from ..evidence.format import fmt_p
+from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult
-from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict
+from ..evidence.verdicts import INCONCLUSIVE
 from ..mech.edges import patching, paths
 from ..spec import names
 from ..spec.fields import CorruptionChoice, EdgeName
@@ -65,22 +65,30 @@ from .base import (
 from .composition import RouteEvidence, route_evidence
 from .edge_test import (
     OPPOSITE,
-    UNDETERMINED,
     UNTESTED,
-    UNUSED,
-    USED,
     EdgeEffect,
     EdgeTestSpec,
     UseRule,
     classify,
     edge_tests,
+    edge_verdict,
     prefetch,
+    row_use,
 )
 from .metric_parts import MetricPart
+from .view import (
+    ClaimView,
+    baseline_line,
+    change_line,
+    details,
+    parts_line,
+    prompt_effect_line,
+    sensitivity_line,
+    use_reference_lines,
+)
 
 FRACTION = "fraction of gap"
 CORRECTION = "Benjamini-Hochberg over the file's edge claims (structurally zero edges left out)"
-USE_PRECEDENCE = (USED, OPPOSITE, UNUSED, UNDETERMINED)
 
 
 class RouteClaim(CorruptionChoice):
@@ -188,27 +196,36 @@ def read_hooks(edge: names.Edge, n_layers: int) -> list[str]:
             and r.head.layer == n_layers - 1 else [])
 
 
-def edge_verdict(expect: str, use: UseStatus, lo: float, hi: float, min_effect: float, tolerance: float) -> Verdict:
-    """The verdict of an `expect` claim given its use status and CI (module docstring)."""
-    if use == UNTESTED:
-        return INCONCLUSIVE
-    if expect == "used":
-        return PASS if use == USED else FAIL if hi < min_effect else INCONCLUSIVE
-    return PASS if use == UNUSED else FAIL if use in (USED, OPPOSITE) else INCONCLUSIVE
-
-
 def mlp_end(edge: names.Edge) -> bool:
     """Whether an edge has an MLP among its senders or as its receiver."""
     return isinstance(edge.receiver, names.Mlp) or any(isinstance(m, names.Mlp) for m in names.members(edge.sender))
 
 
-def row_use(tests: Sequence[EdgeTest]) -> EdgeTest:
-    """The test that decides a weights-vs-use row (module docstring)."""
-    for status in USE_PRECEDENCE:
-        for t in tests:
-            if t.use == status:
-                return t
-    return tests[0]
+class EdgeView(ClaimView):
+    """Edge and path claims."""
+
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, EdgeDetails)
+        wvu = f"; weights vs use: **{d.weights_vs_use}**" if d.weights_vs_use is not None else ""
+        where = f" (corruption {d.corruption})" if d.corruption else ""
+        out = [f"- metric: clean {fmt(d.clean_metric_mean)}, patched {fmt(d.patched_metric_mean)}, corrupted "
+               f"{fmt(d.corrupted_metric_mean)} {unit}{where}",
+               f"- raw change {fmt(d.change_mean)} {unit} {fmt_ci(d.change_ci)}; sign-flip p = {fmt_p(d.p_value)}, "
+               f"BH-adjusted {fmt_p(d.p_adjusted)}; use: **{d.use}**{wvu}"]
+        out += prompt_effect_line(d, "effect")
+        out += baseline_line(d, unit) + parts_line(d.parts, unit)
+        if d.intervention_change is not None:
+            out.append(change_line(d.intervention_change, f"the sender {d.edge.split(' -> ')[0]}'s output"))
+        if d.sensitivity is not None:
+            out.append(sensitivity_line(d.sensitivity, "replacement"))
+        return out
+
+    def reference_lines(self, result: ClaimResult, plan: dict[str, Any]) -> list[tuple[Num, str]]:
+        d = details(result, EdgeDetails)
+        return use_reference_lines(plan.get("expect") == "used", d.min_effect, d.tolerance)
+
+    def claimed_edges(self, result: ClaimResult) -> list[str]:
+        return [details(result, EdgeDetails).edge]
 
 
 class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
@@ -217,6 +234,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
     details = EdgeDetails
     evidence = "causal"
     summary = "patching one edge (exact edge patching) moves the metric, or does not"
+    view = EdgeView()
 
     def hooks(self, claim: RouteClaim, n_layers: int) -> list[str]:
         frozen = [hook_pattern(layer) for layer in range(n_layers)] if claim.freeze_patterns else []

@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 
 from .. import stats
+from ..evidence.details import EdgeTest
 from ..evidence.format import fmt_p
+from ..evidence.verdicts import FAIL, INCONCLUSIVE, PASS, Verdict
 from ..mech.edges import paths
 from ..mech.runs import change as read_change
 from ..mech.runs import jackknife
@@ -245,3 +247,24 @@ def edge_tests(runs: Runs, specs: Sequence[EdgeTestSpec], st: Stats, unit: str, 
         use = rule.measured(e.read.vacuous, chosen.interval, p_adj, e.change.interval.estimate)
         out.append(EdgeTestResult(s, e, p_adj, use))
     return out
+
+
+USE_PRECEDENCE = (USED, OPPOSITE, UNUSED, UNDETERMINED)  # which test decides a weights-vs-use row
+
+
+def edge_verdict(expect: str, use: UseStatus, lo: float, hi: float, min_effect: float, tolerance: float) -> Verdict:
+    """The verdict of an `expect` claim given its use status and CI (claims.edge, module docstring)."""
+    if use == UNTESTED:
+        return INCONCLUSIVE
+    if expect == "used":
+        return PASS if use == USED else FAIL if hi < min_effect else INCONCLUSIVE
+    return PASS if use == UNUSED else FAIL if use in (USED, OPPOSITE) else INCONCLUSIVE
+
+
+def row_use(tests: Sequence[EdgeTest]) -> EdgeTest:
+    """The test that decides a weights-vs-use row (claims.edge, module docstring)."""
+    for status in USE_PRECEDENCE:
+        for t in tests:
+            if t.use == status:
+                return t
+    return tests[0]

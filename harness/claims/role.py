@@ -26,6 +26,7 @@ from ..spec.fields import BoundedClaim, HeadName
 from ..spec.names import hook_pattern
 from ..spec.vocabulary import AttentionRole, Rung
 from .base import ClaimKind, Context, Indexed, LadderEntry, Measured, verdict_status
+from .view import ClaimView, details
 
 
 class RoleClaim(BoundedClaim):
@@ -53,12 +54,20 @@ class RoleDetails(Details):
     confidence: float | None = optional()
 
 
+class RoleView(ClaimView):
+    def lines(self, result: ClaimResult, unit: str) -> list[str]:
+        d = details(result, RoleDetails)
+        return [f"- per-prompt median {fmt(d.median)}, IQR {fmt(d.iqr)}; {d.n_prompts} prompts, "
+                f"{d.n_undefined} undefined"]
+
+
 class RoleKind(ClaimKind[RoleClaim, RoleDetails]):
     name = "role"
     spec = RoleClaim
     details = RoleDetails
     evidence = "observational"
     summary = "a head's attention-pattern score (previous_token, induction, duplicate_token, first_token)"
+    view = RoleView()
 
     def matches(self, raw: dict[str, Any]) -> bool:
         return raw.get("kind") == "role" and raw.get("role") != "copying"  # role: copying is `copying`

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..evidence.details import Explained, ExplainedDirection
+from ..evidence.explain_text import DIRECT_DEPTH, readout_depths, token
 from ..evidence.format import fmt, fmt_ci
 from ..evidence.result import Evidence
-from .explain_text import DIRECT_DEPTH, readout_depths, token
 from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
 
 MAX_ROUTES = 6

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from ..evidence import explain_text
 from ..evidence.details import Explained, LadderRow, WeightsVsUseRow
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
 from ..spec.vocabulary import CIRCUIT_RUNGS, Rung
-from . import explain_text, views
+from . import views
 from .prompts import prompt_lines
 from .text import literal_result, md_block, md_cell, md_code, md_link_text, md_text, plain
 

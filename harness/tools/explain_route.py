@@ -13,6 +13,7 @@ from typing import Any
 from tabulate import tabulate
 
 from ..errors import OutputWriteError, UserError
+from ..evidence import explain_text
 from ..evidence.details import Explained
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..mech.weights import scores
@@ -21,7 +22,7 @@ from ..mech.weights.factored import Composition
 from ..model.devices import of
 from ..model.ref import load_model
 from ..model.tokenizer import shown_tokenizer
-from ..report import explain_figure, explain_text
+from ..report import explain_figure
 from ..report.figures import png
 from ..report.text import plain
 from ..spec import names

@@ -38,6 +38,7 @@ import yaml
 
 from .. import memory, threads
 from ..claims.edge_test import UNTESTED, USED, EdgeTestResult, EdgeTestSpec, classify, edge_tests
+from ..claims.view import edge_classes_text
 from ..data import sources as data_sources
 from ..data.settings import DEFAULT_CORRUPTIONS, FileData
 from ..data.sources import generated
@@ -57,7 +58,6 @@ from ..model.devices import of, resolve_device
 from ..model.ref import ModelRef, load_model
 from ..progress import progress
 from ..report.figures import signature
-from ..report.views import edge_classes_text
 from ..report.writer import write_folder
 from ..spec import names
 from ..spec.names import hook_pattern

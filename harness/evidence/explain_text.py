@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..evidence.details import Explained, ExplainedDirection, TokenLoad
-from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..spec import names
+from .details import Explained, ExplainedDirection, TokenLoad
+from .format import fmt, fmt_ci, fmt_p
 
 Escape = Callable[[object], str]
 

@@ -174,10 +174,10 @@ def composition(comp: Composition, claims: Sequence[ClaimSpec], st: Stats) -> di
         scores = comp.scores(mode)
         q99 = np.full((len(senders), len(targets)), np.nan)
         val = np.full_like(q99, np.nan)
-        for l1 in range(L - 1):
+        for l1, grid in enumerate(comp.null_layer_grids(mode, draws)):  # n_pairs x draws numbers at most the budget
             rows = slice(l1 * H, (l1 + 1) * H)
             cols = slice(l1 * H, (L - 1) * H)  # receivers in layers l1 + 1 .. L - 1
-            q99[rows, cols] = comp.null_grid(mode, l1, draws).quantile(0.99, dim=-1).numpy()
+            q99[rows, cols] = grid.quantile(0.99, dim=-1).numpy()
             val[rows, cols] = scores[l1, :, l1 + 1:, :].reshape(H, -1)
         out[mode] = {"senders": [str(s) for s in senders],
                      "receivers": [str(names.HeadInput(r, mode)) for r in targets],

@@ -42,7 +42,7 @@ from ...progress import progress
 from ...spec.names import Head, HeadInput
 from ...threads import single_threaded
 from . import scores
-from .null import SharedNull, mc_or_bound_p, mc_p, normalised_squares, tail_bound
+from .null import SharedNull, grid_of, mc_or_bound_p, mc_p, normalised_squares, tail_bound
 from .scores import CompositionResult, HeadWeights
 
 GRID_MEMORY = 256 * 2**20  # bytes a score grid's chunk of receiver layers may hold, outside a budget
@@ -221,12 +221,20 @@ class Composition:
         """a (or b): normalised squared spectra [L, H, r]."""
         return normalised_squares(self.spectrum(side))
 
-    def null_grid(self, mode: str, sender_layer: int, n_draws: int) -> Any:
-        """Null draws of every head of `sender_layer` with every head input `mode` of the later
-        layers: [H, (L - sender_layer - 1) H, n_draws]."""
-        a = self.weights_of("x")[sender_layer]
-        b = self.weights_of(mode)[sender_layer + 1:].reshape(-1, a.shape[-1])
-        return self.null.grid_samples(a, b, n_draws)
+    def null_layer_grids(self, mode: str, stop: int, start: int = 0) -> list[Any]:
+        """Null draws start..stop-1 of every head of every sender layer l1 with every head input
+        `mode` of the later layers: [H, (L - l1 - 1) H, stop - start] for l1 = 0 .. L - 2.  Each
+        chunk of the shared draws is made once for all layers (a chunk the null does not keep is
+        made again on every call: loop over the draws outside, the layers inside)."""
+        import torch
+
+        x, y = self.weights_of("x"), self.weights_of(mode)
+        L, r = self.hw.n_layers, x.shape[-1]
+        out: list[list[Any]] = [[] for _ in range(L - 1)]
+        for _, _, P in self.null.blocks(stop, start):
+            for l1 in range(L - 1):
+                out[l1].append(grid_of(x[l1], y[l1 + 1:].reshape(-1, r), P))
+        return [torch.cat(parts, dim=2) for parts in out]
 
     def p_values(self, mode: str, n_draws: int, extend_to: int = 0,
                  alpha: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -239,10 +247,12 @@ class Composition:
         L, H = self.hw.n_layers, self.hw.n_heads
         scores = self.scores(mode)
         exceed = np.zeros((L, H, L, H), dtype=np.int64)
-        for l1 in range(L - 1):
-            row = torch.from_numpy(scores[l1, :, l1 + 1:, :].reshape(H, -1))
-            grid = (self.null_grid(mode, l1, n_draws) >= (row - 1e-12)[..., None]).sum(-1)
-            exceed[l1, :, l1 + 1:, :] = grid.reshape(H, L - l1 - 1, H).numpy()
+        rows = [torch.from_numpy(scores[l1, :, l1 + 1:, :].reshape(H, -1) - 1e-12)[..., None] for l1 in range(L - 1)]
+        label = f"{mode.upper()}-composition null, {n_draws} draws in chunks of {self.null.size}"
+        for lo in progress(range(0, n_draws, self.null.size), label, quiet=True):  # each chunk made once
+            grids = self.null_layer_grids(mode, min(n_draws, lo + self.null.size), lo)
+            for l1, grid in enumerate(grids):
+                exceed[l1, :, l1 + 1:, :] += (grid >= rows[l1]).sum(-1).reshape(H, L - l1 - 1, H).numpy()
         used = np.full((L, H, L, H), n_draws)
         pairs = [(l1, h1, l2, h2) for l1 in range(L) for h1 in range(H) for l2 in range(l1 + 1, L) for h2 in range(H)]
         short = [q for q in pairs if not math.isnan(scores[q]) and (1 + exceed[q]) / (1 + n_draws) < alpha]
@@ -251,7 +261,9 @@ class Composition:
             a = self.weights_of("x")[idx[0], idx[1]]
             b = self.weights_of(mode)[idx[2], idx[3]]
             target = scores[idx][:, None]
-            for start in range(n_draws, extend_to, self.null.size):
+            for start in progress(range(n_draws, extend_to, self.null.size),
+                                  f"{mode.upper()}-composition null: {len(short)} pairs with p < {alpha:g} extended to "
+                                  f"{extend_to} draws, chunks of {self.null.size}"):
                 more = self.null.pair_samples(a, b, min(extend_to, start + self.null.size), start)
                 exceed[idx] += (more >= target - 1e-12).sum(1)
             used[idx] = extend_to
@@ -291,7 +303,9 @@ class Composition:
         if short:
             a, b = self._pair_weights(short)
             target = np.array([self.score(*q) for q in short])[:, None]
-            for start in range(n_draws, extend_to, self.null.size):
+            for start in progress(range(n_draws, extend_to, self.null.size),
+                                  f"composition null: {len(short)} pairs with p < {alpha:g} extended to "
+                                  f"{extend_to} draws, chunks of {self.null.size}"):
                 more = self.null.pair_samples(a, b, min(extend_to, start + self.null.size), start)
                 for q, k in zip(short, (more >= target - 1e-12).sum(1), strict=True):
                     exceed[q] += int(k)

@@ -162,11 +162,16 @@ class SharedNull:
         a tensor [NA, NB, stop - start]."""
         import torch
 
-        parts = []
-        for _, _, P in self.blocks(stop, start):
-            left = torch.einsum("ir,mrs->mis", a, P)  # [m, NA, r]
-            parts.append((left @ b.T).clamp_min(0).sqrt().permute(1, 2, 0))  # [NA, NB, m]
-        return torch.cat(parts, dim=2)
+        return torch.cat([grid_of(a, b, P) for _, _, P in self.blocks(stop, start)], dim=2)
+
+
+def grid_of(a: Any, b: Any, P: Any) -> Any:
+    """C_null of every sender (rows of a [NA, r]) with every receiver (rows of b [NB, r]) on the
+    draws P [m, r, r]: sqrt(a_i^T P_m b_j), a tensor [NA, NB, m]."""
+    import torch
+
+    left = torch.einsum("ir,mrs->mis", a, P)  # [m, NA, r]
+    return (left @ b.T).clamp_min(0).sqrt().permute(1, 2, 0)
 
 
 def normalised_squares(s: Any) -> Any:

@@ -10,12 +10,16 @@
   and by `harness.run`; the first stage starts it otherwise).  Printed whether or
   not stderr is a terminal, so CI logs show what a long run is doing; set
   HARNESS_PROGRESS=0 to silence both.
+* While a command runs (inside `clock()`) and stderr is not a terminal, a watch
+  prints `still at: LABEL (N s since the last line)` when QUIET seconds pass with
+  no line, so a log never stays silent for a minute, whatever the stage does.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -34,13 +38,63 @@ def interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
+QUIET = 45.0  # seconds without a line after which the watch says the command is still at its last line
+_WATCH_EVERY = 5.0  # how often the watch looks
+
+
+class _Watch:
+    """The last line printed (its time and label) and how many commands are running; one daemon
+    thread, started with the first command, prints a line when a running command is quiet."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last, self.label, self.start, self.running = 0.0, "", 0.0, 0
+        self.thread: threading.Thread | None = None
+        self.wake = threading.Event()  # set: look now (and read _WATCH_EVERY again)
+
+    def said(self, label: str, start: float) -> None:
+        with self.lock:
+            self.last, self.label, self.start = time.perf_counter(), label, start
+
+    def enter(self, start: float) -> None:
+        with self.lock:
+            self.running += 1
+            self.last, self.start = time.perf_counter(), start
+            if self.thread is None and not interactive():
+                self.thread = threading.Thread(target=self._loop, name="harness-progress-watch", daemon=True)
+                self.thread.start()
+
+    def leave(self) -> None:
+        with self.lock:
+            self.running -= 1
+
+    def _loop(self) -> None:
+        while True:
+            self.wake.wait(_WATCH_EVERY)
+            self.wake.clear()
+            with self.lock:
+                now = time.perf_counter()
+                if not self.running or silenced() or now - self.last < QUIET:
+                    continue
+                quiet, self.last = now - self.last, now
+                line = (f"[{now - self.start:7.1f} s] still at: {self.label or 'starting'} "
+                        f"({quiet:.0f} s since the last line)")
+            print(line, file=sys.stderr, flush=True)
+
+
+_WATCH = _Watch()
+
+
 @contextmanager
 def clock() -> Iterator[None]:
-    """Count stage times from here (nested clocks keep the outermost start)."""
+    """Count stage times from here (nested clocks keep the outermost start); while inside, a
+    quiet command gets the watch's lines (module docstring)."""
     token = _START.set(_START.get() or time.perf_counter())
+    _WATCH.enter(_START.get() or 0.0)
     try:
         yield
     finally:
+        _WATCH.leave()
         _START.reset(token)
 
 
@@ -56,6 +110,7 @@ def stage(label: str) -> None:
     if _START.get() is None:
         _START.set(time.perf_counter())
     print(f"[{elapsed():7.1f} s] {label}", file=sys.stderr, flush=True)
+    _WATCH.said(label, _START.get() or 0.0)
 
 
 def progress(items: Iterable[T], label: str, quiet: bool = False) -> Iterable[T]:

@@ -62,3 +62,27 @@ def test_stage_lines_go_to_stderr_and_can_be_silenced(capsys, monkeypatch):
     monkeypatch.setenv("HARNESS_PROGRESS", "0")
     progress.stage("quiet")
     assert capsys.readouterr().err == ""
+
+
+def test_a_quiet_command_is_said_to_be_still_at_its_last_line(capsys, monkeypatch):
+    """The watch: a command inside clock() that prints nothing for QUIET seconds gets a line naming
+    the stage it is still in; outside a command, or silenced, it says nothing."""
+    import time
+
+    monkeypatch.delenv("HARNESS_PROGRESS", raising=False)
+    monkeypatch.setattr(progress, "QUIET", 0.3)
+    monkeypatch.setattr(progress, "_WATCH_EVERY", 0.05)
+    progress._WATCH.enter(time.perf_counter())  # the thread starts with a command (or is running already)
+    progress._WATCH.leave()
+    progress._WATCH.wake.set()  # it looks now, and then every _WATCH_EVERY seconds
+    with progress.clock():
+        progress.stage("claims: 4 edge")
+        time.sleep(1.0)
+    time.sleep(0.8)  # no command running: nothing more
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "still at" in ln]
+    assert lines and all("still at: claims: 4 edge (" in ln and "s since the last line)" in ln for ln in lines)
+    assert len(lines) <= 4  # one per quiet spell of QUIET seconds, not one per look
+    monkeypatch.setenv("HARNESS_PROGRESS", "0")
+    with progress.clock():
+        time.sleep(0.8)
+    assert "still at" not in capsys.readouterr().err

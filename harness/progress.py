@@ -11,8 +11,9 @@
   not stderr is a terminal, so CI logs show what a long run is doing; set
   HARNESS_PROGRESS=0 to silence both.
 * While a command runs (inside `clock()`) and stderr is not a terminal, a watch
-  prints `still at: LABEL (N s since the last line)` when QUIET seconds pass with
-  no line, so a log never stays silent for a minute, whatever the stage does.
+  prints `still at: STAGE (N s since the last line)` when QUIET seconds pass with
+  no line (STAGE: the last stage line, not a loop's), so a log never stays silent
+  for a minute, whatever the stage does.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ class _Watch:
         self.thread: threading.Thread | None = None
         self.wake = threading.Event()  # set: look now (and read _WATCH_EVERY again)
 
-    def said(self, label: str, start: float) -> None:
+    def said(self, label: str | None, start: float) -> None:
         with self.lock:
-            self.last, self.label, self.start = time.perf_counter(), label, start
+            self.last, self.start = time.perf_counter(), start
+            self.label = self.label if label is None else label
 
     def enter(self, start: float) -> None:
         with self.lock:
@@ -103,14 +105,15 @@ def elapsed() -> float:
     return 0.0 if start is None else time.perf_counter() - start
 
 
-def stage(label: str) -> None:
-    """One progress line on stderr: the time since the command started, and `label`."""
+def stage(label: str, within: bool = False) -> None:
+    """One progress line on stderr: the time since the command started, and `label`; `within`: a
+    line of a loop inside the stage (the watch goes on naming the stage, not the loop)."""
     if silenced():
         return
     if _START.get() is None:
         _START.set(time.perf_counter())
     print(f"[{elapsed():7.1f} s] {label}", file=sys.stderr, flush=True)
-    _WATCH.said(label, _START.get() or 0.0)
+    _WATCH.said(None if within else label, _START.get() or 0.0)
 
 
 def progress(items: Iterable[T], label: str, quiet: bool = False) -> Iterable[T]:
@@ -134,7 +137,7 @@ def _lines(items: Iterable[T], label: str, quiet: bool = False) -> Iterator[T]:
     t = last = time.perf_counter()
     said = not quiet
     if said:
-        stage(f"{label}: {len(seq)} steps")
+        stage(f"{label}: {len(seq)} steps", within=True)
     for i, item in enumerate(seq):
         yield item
         now = time.perf_counter()
@@ -142,6 +145,6 @@ def _lines(items: Iterable[T], label: str, quiet: bool = False) -> Iterator[T]:
             last, said = now, True
             spent = now - t
             stage(f"{label}: {i + 1} of {len(seq)} steps in {spent:.0f} s, about "
-                  f"{spent / (i + 1) * (len(seq) - i - 1):.0f} s left")
+                  f"{spent / (i + 1) * (len(seq) - i - 1):.0f} s left", within=True)
     if said:
-        stage(f"{label}: done in {time.perf_counter() - t:.1f} s")
+        stage(f"{label}: done in {time.perf_counter() - t:.1f} s", within=True)

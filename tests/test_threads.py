@@ -66,7 +66,8 @@ def test_stage_lines_go_to_stderr_and_can_be_silenced(capsys, monkeypatch):
 
 def test_a_quiet_command_is_said_to_be_still_at_its_last_line(capsys, monkeypatch):
     """The watch: a command inside clock() that prints nothing for QUIET seconds gets a line naming
-    the stage it is still in; outside a command, or silenced, it says nothing."""
+    the stage it is still in (not the last loop inside it); outside a command, or silenced, it
+    says nothing."""
     import time
 
     monkeypatch.delenv("HARNESS_PROGRESS", raising=False)
@@ -77,6 +78,7 @@ def test_a_quiet_command_is_said_to_be_still_at_its_last_line(capsys, monkeypatc
     progress._WATCH.wake.set()  # it looks now, and then every _WATCH_EVERY seconds
     with progress.clock():
         progress.stage("claims: 4 edge")
+        assert list(progress.progress(range(2), "100 prompts in chunks of 4")) == [0, 1]  # a loop's lines
         time.sleep(1.0)
     time.sleep(0.8)  # no command running: nothing more
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "still at" in ln]

@@ -91,3 +91,24 @@ def test_caching_batches_are_sized_by_the_logits_computed(tmp_path, monkeypatch)
         whole = m.bridge(ds.clean)
     rows = torch.arange(ds.n).unsqueeze(-1)
     torch.testing.assert_close(got["logits_at"], whole[rows, ds.positions], rtol=0, atol=1e-5)
+
+
+def test_runs_are_freed_when_let_go_not_at_the_next_garbage_collection():
+    """Runs hold no reference cycle once every lazy part has been used (the edge graph, the batched
+    edge path, reference means, chunk views): `harness discover` lets the discovery runs go before
+    the confirmation runs cache theirs, and with a cycle their caches (1.4 GiB on Gemma 3 270M at
+    50 prompts) stayed until a full collection."""
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        runs = graph_runs("names", 6, reference=False)
+        interventions(runs)
+        runs.graph_model()
+        gone = weakref.ref(runs)
+        del runs
+        assert gone() is None
+    finally:
+        gc.enable()

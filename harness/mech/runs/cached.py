@@ -92,7 +92,10 @@ class Runs:
 
     def __post_init__(self) -> None:
         if self.edge_source.make is None:  # views (`prompts`, `with_corruption`) share their runs' source
-            self.edge_source = Lazy(self._checked_edge_blocks)
+            # over the runs' parts, not the runs: a bound method would make a cycle, and dropping the
+            # runs would not free their caches until the next full garbage collection
+            bridge, clean, probe = self.bridge, self.clean, self.graph_probe
+            self.edge_source = Lazy(lambda: checked_edge_blocks(bridge, clean, probe))
 
     @property
     def n_layers(self) -> int:
@@ -357,13 +360,6 @@ class Runs:
             raise got
         return got
 
-    def _checked_edge_blocks(self) -> Any:
-        every = [hook_resid_pre(layer) for layer in range(self.n_layers)]
-        check = self.clean if all(n in self.clean for n in every) else self.graph_probe.get()
-        try:
-            return batched.checked_model(self.bridge, check)
-        except UnsupportedError as exc:
-            return exc
 
     def graph_model(self) -> forward.GraphModel:
         """The model's arithmetic with one input per receiver (mech.graph.forward), checked on the clean run
@@ -438,3 +434,15 @@ class Runs:
 def _heads(units: Sequence[names.Unit]) -> list[names.Head]:
     """The heads among ablation members (the batched path takes heads only)."""
     return [h for h in units if isinstance(h, names.Head)]
+
+
+def checked_edge_blocks(bridge: Bridge, clean: Cache, probe: Lazy) -> Any:
+    """The batched edge path's arithmetic (Runs.edge_blocks), checked on the clean run when it cached
+    every layer's residual, else on the run of the first prompts (`probe`); the UnsupportedError
+    where the check failed."""
+    every = [hook_resid_pre(layer) for layer in range(int(bridge.cfg.n_layers))]
+    check = clean if all(n in clean for n in every) else probe.get()
+    try:
+        return batched.checked_model(bridge, check)
+    except UnsupportedError as exc:
+        return exc

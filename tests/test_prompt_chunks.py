@@ -1,9 +1,10 @@
 """Interventions run over consecutive prompt chunks (Runs.chunk, Runs.in_chunks: what keeps an
 intervention's logits within the memory budget at any n_prompts) give the metric that one pass
 over every prompt gives: ablations (single and stacked, zero, resample, and mean with a reference
-group left out, over a leave-one-out reference and a reference split) and edge patches (one and
-batched), on the induction fixture (means over the generator's reference split) and the names
-fixture (MLPs; means over the other prompts, leave-one-out, as a prompt file has them)."""
+group left out, over a leave-one-out reference and a reference split), edge patches (one and
+batched) and edge circuits (resample, mean, zero), on the induction fixture (means over the
+generator's reference split) and the names fixture (MLPs; means over the other prompts,
+leave-one-out, as a prompt file has them)."""
 
 import numpy as np
 import pytest
@@ -32,6 +33,9 @@ def interventions(runs: Runs) -> dict[str, np.ndarray]:
     out["edge, denoising"] = runs.patched(edges[2], Direction.DENOISING, "resample")
     many = runs.patched_many([edges[0], edges[2], to_logits], Direction.NOISING, "resample")
     out |= {f"batched {i}": m for i, m in enumerate(many)}
+    half = g.adjacency & (np.arange(g.adjacency.size).reshape(g.adjacency.shape) % 2 == 0)  # every other edge
+    for kind in ("resample", "mean", "zero"):
+        out[f"edge circuit, {kind}"] = runs.edge_circuits([half], kind)[0]
     return out
 
 

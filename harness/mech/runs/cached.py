@@ -360,7 +360,6 @@ class Runs:
             raise got
         return got
 
-
     def graph_model(self) -> forward.GraphModel:
         """The model's arithmetic with one input per receiver (mech.graph.forward), checked on the clean run
         (or, when the base runs did not cache every sender's write, on a run of the first prompts that

@@ -157,13 +157,6 @@ class SharedNull:
                                         for lo in range(0, a.shape[0], PAIRS)]).clamp_min(0).sqrt())
         return torch.cat(parts, dim=1).numpy()
 
-    def grid_samples(self, a: Any, b: Any, stop: int, start: int = 0) -> Any:
-        """C_null of every sender (rows of a [NA, r]) with every receiver (rows of b [NB, r]):
-        a tensor [NA, NB, stop - start]."""
-        import torch
-
-        return torch.cat([grid_of(a, b, P) for _, _, P in self.blocks(stop, start)], dim=2)
-
 
 def grid_of(a: Any, b: Any, P: Any) -> Any:
     """C_null of every sender (rows of a [NA, r]) with every receiver (rows of b [NB, r]) on the

@@ -60,6 +60,8 @@ class _Watch:
 
     def enter(self, start: float) -> None:
         with self.lock:
+            if not self.running:  # a new command: nothing said yet
+                self.label = ""
             self.running += 1
             self.last, self.start = time.perf_counter(), start
             if self.thread is None and not interactive():

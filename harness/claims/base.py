@@ -44,6 +44,7 @@ from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, LadderStatus, Rung
 from ..streams import Stream, derive_seed
 from .view import ClaimView
+from .view import details as typed_details
 
 S = TypeVar("S", bound=ClaimSpec)
 D = TypeVar("D", bound=Details)
@@ -284,11 +285,8 @@ class ClaimKind(ABC, Generic[S, D]):
 
     # helpers for subclasses
     def details_of(self, result: ClaimResult) -> D:
-        """The result's details, as this kind's type."""
-        if not isinstance(result.details, self.details):
-            raise TypeError(f"claim {result.id!r}: details are {type(result.details).__name__}, "
-                            f"not {self.details.__name__}")
-        return result.details
+        """The result's details, as this kind's type (claims.view.details)."""
+        return typed_details(result, self.details)
 
     def result(self, claim: S, *, expectation: str, verdict: Verdict, value: float | None,
                ci: list[float] | None, unit: str, rule: str, details: Details,

@@ -229,11 +229,11 @@ def child_harness(c: Child) -> dict[str, Any]:
     doc = {"harness": 1, "name": "stages", "model": c.folder, "data": {"generator": "repeated_tokens", "bos": True},
            "claims": stage_claims(model)}
     claims = harness.load_hypothesis(doc).spec.claims
-    hooks = hooks_needed(claims, m.n_layers)
+    hooks, corrupted = hooks_needed(claims, m.n_layers)
     out: dict[str, Any] = {"hooks": len(hooks), "prompts": prompt_args(m)}
     with memory.using(device=c.device) as budget:  # as `harness run` sets it: the stages' chunks follow from it
         out["memory_budget"] = budget
-        runs = sw.time("base", lambda: base_runs(m.bridge, ds, hooks, "logprob"))
+        runs = sw.time("base", lambda: base_runs(m.bridge, ds, hooks, "logprob", corrupted=corrupted))
         out["base"] = _plain(np.concatenate([runs.m_clean, runs.m_corrupt]))
         if "ablation" in c.stages:
             out["ablation"] = _plain(sw.time("ablation", lambda: runs.ablated([a], "mean")))

@@ -103,7 +103,7 @@ def child_tl(c: Child) -> dict[str, Any]:
     hand = ByHand(bridge, b.layer, b.head)
     z_a, z_b = f"blocks.{a.layer}.attn.hook_z", f"blocks.{b.layer}.attn.hook_z"
     resid = f"blocks.{b.layer}.hook_resid_pre"
-    wanted = list(dict.fromkeys(hooks_needed(harness.load_hypothesis(doc).spec.claims, m.n_layers)
+    wanted = list(dict.fromkeys(hooks_needed(harness.load_hypothesis(doc).spec.claims, m.n_layers)[0]
                                 + hand.hooks() + [z_a, z_b, resid, "hook_embed"]))
     out: dict[str, Any] = {"hooks": len(wanted)}
 

@@ -112,8 +112,8 @@ def test_a_named_receivers_layer_is_cached_whatever_the_plot_patches():
            "data": {"generator": "repeated_tokens", "n_prompts": 10},
            "claims": [{"id": "e", "kind": "edge", "edge": "L0.mlp -> L2H0.v", "expect": "used"}]}
     claims = load(doc).spec.claims
-    got = measure.hooks_needed(claims, 3, True, 10, patched=set())
+    got, _ = measure.hooks_needed(claims, 3, True, 10, patched=set())
     assert {hook_attn_out(2), hook_z(2), *(hook_input(2, x) for x in "qkv")} <= set(got)
     assert hook_z(0) not in got and hook_z(1) not in got
-    every = measure.hooks_needed(claims, 3, True, 10)
+    every, _ = measure.hooks_needed(claims, 3, True, 10)
     assert hook_z(0) in every and hook_z(1) in every  # not knowing the patches: every candidate's layer

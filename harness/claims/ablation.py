@@ -164,6 +164,11 @@ class AblationKind(ClaimKind[AblationClaim, AblationDetails]):
         first = hook_resid_pre(min(h.layer for h in claim.heads))  # interventions start there (Runs.run)
         return [unit_hook(h) for h in claim.heads] + frozen + [first]
 
+    def corrupted_hooks(self, claim: AblationClaim, n_layers: int) -> list[str]:
+        """Zero and mean ablation run on the clean prompts alone; resample (also a sensitivity
+        variant) reads the heads' outputs in the corrupted run."""
+        return self.hooks(claim, n_layers) if claim.ablation == Ablation.RESAMPLE or claim.sensitivity else []
+
     def reads_gap(self, claim: AblationClaim) -> bool:
         return claim.measure == "normalized" and claim.normalize == Normalization.CORRUPTED
 

@@ -240,7 +240,13 @@ class ClaimKind(ABC, Generic[S, D]):
         return raw.get("kind") == self.name
 
     def hooks(self, claim: S, n_layers: int) -> list[str]:
+        """The hooks the claim reads from the base runs' caches."""
         return []
+
+    def corrupted_hooks(self, claim: S, n_layers: int) -> list[str]:
+        """The hooks the claim reads from a corrupted run's cache (the others are cached in the clean
+        run only): by default all of `hooks`."""
+        return self.hooks(claim, n_layers)
 
     def needs_weights(self, claim: S) -> bool:
         return False

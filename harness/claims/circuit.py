@@ -129,6 +129,11 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
         mlps = [hook_mlp_out(layer) for layer in range(n_layers)] if with_mlps(claim) else []
         return [hook_z(layer) for layer in range(n_layers)] + mlps + [hook_resid_pre(0)]  # Runs.run starts there
 
+    def corrupted_hooks(self, claim: CircuitClaim, n_layers: int) -> list[str]:
+        """Zero and mean ablation keep the circuit in the clean run and replace the rest with zeros
+        or means of clean prompts; resample (also a sensitivity variant) reads the corrupted run."""
+        return self.hooks(claim, n_layers) if claim.ablation == Ablation.RESAMPLE or claim.sensitivity else []
+
     def uses_means(self, claim: CircuitClaim) -> bool:
         return claim.ablation == Ablation.MEAN or claim.sensitivity
 

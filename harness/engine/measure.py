@@ -53,14 +53,18 @@ class Measurements:
 
 
 def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int, figures: bool = True,
-                 n_prompts: int = 0, patched: Collection[names.Edge] | None = None) -> list[str]:
+                 n_prompts: int = 0, patched: Collection[names.Edge] | None = None) -> tuple[list[str], list[str]]:
     """Every hook the claims (and the figures, if drawn, on at most figure_data.FIGURE_PROMPTS
-    prompts: else they run their own, figure_data.runs_for) read from the base runs, once each;
+    prompts: else they run their own, figure_data.runs_for) read from the base runs, once each:
+    from the clean run, and from the corrupted runs (ClaimKind.corrupted_hooks: a zero-ablation
+    circuit reads every head's output in the clean run and nothing in a corrupted one);
     `patched`: the signature plot's patches (figure_data.hooks_needed; None: every candidate)."""
-    out = [h for c in claims for h in kind_of(c).hooks(c, n_layers)]
+    clean = [h for c in claims for h in kind_of(c).hooks(c, n_layers)]
+    corrupted = [h for c in claims for h in kind_of(c).corrupted_hooks(c, n_layers)]
     if figures and figure_data.signature_in_base_runs(claims, n_prompts):
-        out += figure_data.hooks_needed(claims, n_layers, patched)
-    return list(dict.fromkeys(out))
+        drawn = figure_data.hooks_needed(claims, n_layers, patched)
+        clean, corrupted = clean + drawn, corrupted + drawn
+    return list(dict.fromkeys(clean)), list(dict.fromkeys(corrupted))
 
 
 def signature_patches(model: LoadedModel, claims: Sequence[ClaimSpec], processing: str,
@@ -121,10 +125,10 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
         stage("figure data: choosing the signature plot's patches by composition scores")
         plan = signature_patches(model, claims, processing, seed)
         spent(ledger, f"{len(plan[0])} patches chosen")
-    names_ = hooks_needed(claims, n_layers, figures, ds.n, None if plan is None else plan[0])
+    names_, corrupted = hooks_needed(claims, n_layers, figures, ds.n, None if plan is None else plan[0])
     stage(f"base runs: {ds.n} prompts ({start_words(model, ds)}), clean and {len(ds.corruptions)} corruption(s)")
     parts = (metric_parts.first(metric),) if any(c.metric_parts() for c in claims) else ()
-    runs = base_runs(bridge, ds, names_, metric, parts)
+    runs = base_runs(bridge, ds, names_, metric, parts, corrupted)
     spent(ledger, "base runs done")
     clean, corruptions, default = runs.clean, runs.corruptions, runs.corruption
     unit = metrics.get(metric).unit

@@ -204,7 +204,7 @@ def for_architecture(bridge: Bridge, wanted: list[str]) -> list[str]:
 
 
 def cache_hooks(bridge: Bridge, tokens: Int[Tensor, "n pos"], names: list[str], positions: Any = None,
-                budget_bytes: int | None = None, check: Callable[[float], None] | None = None,
+                budget_bytes: int | None = None, check: Callable[[dict[str, float]], None] | None = None,
                 keep: int | None = None, each: Callable[[Any, int], None] | None = None) -> Cache:
     """A clean forward caching the named hooks; returns {name: tensor} and the logits, on the
     model's device (the tokens are moved there).  The prompts run in batches whose logits fit
@@ -214,8 +214,8 @@ def cache_hooks(bridge: Bridge, tokens: Int[Tensor, "n pos"], names: list[str], 
     batches' working memory is `budget_bytes` (default: harness.memory.working of 256 MiB): a
     prompt's float32 logits where the model unembeds, with the float64 temporaries of the metric
     at its k scored positions (logits_bytes, as an intervention's chunks count them).
-    `check(bytes a prompt)` is called after the first batch with what each prompt's cached
-    activations hold (harness.memory.check_cache stops a run whose caches cannot fit).
+    `check({hook: bytes a prompt})` is called after the first batch with what each prompt's cached
+    activations hold, hook by hook (harness.memory.check_cache stops a run whose caches cannot fit).
     `each(logits, lo)`: called with each batch's logits (at the scored positions) and the index of
     its first prompt, so what is read of them (the metric) is taken batch by batch; `keep`: the
     logits of the first `keep` prompts only are kept (0: none; None: all), so they do not grow
@@ -234,6 +234,7 @@ def cache_hooks(bridge: Bridge, tokens: Int[Tensor, "n pos"], names: list[str], 
     per_prompt = max(1, max(0, unembedded - k) * vocab * 4 + logits_bytes(k, vocab))
     size = max(1, budget_bytes // per_prompt)
     parts: dict[str, list[Any]] = {name: [] for name in names}
+    whole: dict[str, Any] = {}  # hooks whose first axis is the batch: one tensor [n, ...] filled batch by batch
     logits_parts = []
     for lo in progress(range(0, n, size), f"caching {n} prompts in batches of {size}", quiet=True):
         unembed = {} if positions is None else logits_from(bridge, s, int(positions[lo:lo + size].min()))
@@ -246,10 +247,17 @@ def cache_hooks(bridge: Bridge, tokens: Int[Tensor, "n pos"], names: list[str], 
         cost.spend(min(n, lo + size) - lo)
         if check is not None and lo == 0:
             rows = min(n, size)
-            check(sum(cache[x].numel() * cache[x].element_size() for x in names
-                      if cache[x].shape[0] == rows) / rows)
+            check({x: cache[x].numel() * cache[x].element_size() / rows for x in names if cache[x].shape[0] == rows})
         for name in names:
-            parts[name].append(cache[name])
+            got, rows = cache[name], min(n, lo + size) - lo
+            if lo == 0 and got.shape[0] == rows and n > rows:  # filled in place: no list and no concatenation
+                whole[name] = got.new_empty((n, *got.shape[1:]))  # of all n, which would hold the cache twice
+            if name in whole and (got.shape[0] != rows or got.shape[1:] != whole[name].shape[1:]):
+                parts[name].append(whole.pop(name)[:lo])  # a batch of another shape: concatenated after all
+            if name in whole:
+                whole[name][lo:lo + rows] = got
+            else:
+                parts[name].append(got)
         if positions is not None:
             # the kept positions' index: the logits start at position s - logits.shape[1]
             logits = metrics.at_positions(logits, positions[lo:lo + size] - (s - logits.shape[1]))
@@ -259,7 +267,8 @@ def cache_hooks(bridge: Bridge, tokens: Int[Tensor, "n pos"], names: list[str], 
         if kept:
             logits_parts.append(logits if kept == logits.shape[0] else logits[:kept].clone())
         del logits, cache
-    out = {name: torch.cat(parts[name]) if len(parts[name]) > 1 else parts[name][0] for name in names}
+    out = {name: whole[name] if name in whole else
+           torch.cat(parts[name]) if len(parts[name]) > 1 else parts[name][0] for name in names}
     if logits_parts:
         out["logits" if positions is None else "logits_at"] = (torch.cat(logits_parts) if len(logits_parts) > 1
                                                                else logits_parts[0])

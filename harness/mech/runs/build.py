@@ -29,15 +29,19 @@ REFERENCE_FIRST = 8  # reference prompts of the first chunk, which measures a pr
 REFERENCE_BUDGET = 128 * 2**20  # the caches of one chunk of reference prompts, before they are summed
 
 
-def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts: Sequence[str] = ()) -> Runs:
+def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts: Sequence[str] = (),
+              corrupted: Sequence[str] | None = None) -> Runs:
     """The clean run and one run per corruption of `ds` (data.dataset.Dataset, on the model's
     device), each caching the `wanted` hooks and the logits at the scored positions, with the
     metric per prompt (model.metrics.per_prompt) on each; the reference prompts for means run
     on first use, caching activations only (z, MLP outputs, the embedding).  The one way base
     runs are built: `harness run` (engine.measure) and `harness scan` both call it.  `parts`:
-    other metrics taken from the same logits (runs.part_key in each cache; Runs.with_metric)."""
+    other metrics taken from the same logits (runs.part_key in each cache; Runs.with_metric).
+    `corrupted`: the hooks the corrupted runs cache, where the claims read fewer of them there
+    than in the clean run (default: `wanted`)."""
 
     wanted = list(dict.fromkeys(wanted))
+    in_corrupted = wanted if corrupted is None else list(dict.fromkeys(corrupted))
     reference_lp: list[Any] = []  # the clean run's log-probabilities at the scored positions (needs_clean metrics)
     metric_of, metric_at, metric_rows = scorers(ds, metric, lambda: reference_lp[0] if reference_lp else None)
     part_rows = {p: scorers(ds, p, lambda: reference_lp[0] if reference_lp else None)[2] for p in parts}
@@ -46,14 +50,20 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
     said: list[bool] = []
     weights = float(sum(p.numel() * p.element_size() for p in bridge.parameters()))
 
-    def fits(per_prompt: float) -> None:
+    def fits(per_hook: dict[str, float]) -> None:  # called by the clean run, which caches every hook wanted
+        clean_pp = sum(per_hook.values())
+        other = set(hooks.for_architecture(bridge, in_corrupted))
+        other_pp = sum(b for x, b in per_hook.items() if x in other)
+        per_prompt = (clean_pp + other_pp * (n_runs - 1)) / n_runs  # a prompt and run, on average
         if not said:
             said.append(True)
-            stage(f"base runs cache {len(wanted)} hooks: {per_prompt / 2**20:.2f} MiB a prompt and run, "
+            fewer = (f"; the corrupted run(s) {len(other)} of them, {other_pp / 2**20:.2f} MiB a prompt"
+                     if n_runs > 1 and len(other) < len(per_hook) else "")
+            stage(f"base runs cache {len(per_hook)} hooks: {clean_pp / 2**20:.2f} MiB a prompt{fewer}; "
                   f"{memory.gb(per_prompt * ds.n * n_runs)} for {n_runs} run(s) of {ds.n} prompts")
         memory.check_cache(per_prompt, ds.n, n_runs, weights, f"the base runs of {ds.n} prompts")
 
-    def run(tokens: Any) -> tuple[Cache, PerPrompt]:
+    def run(tokens: Any, wanted: list[str]) -> tuple[Cache, PerPrompt]:
         import torch
 
         got: dict[str, list[Any]] = {name: [] for name in (metric, *parts)}
@@ -74,13 +84,14 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
                 got[name].append(fn(at, torch.arange(ds.n, device=at.device)).detach().cpu())
             cache["logits_at"] = cache["logits_at"][:KEEP_LOGITS].clone()  # run_from's check reads these
         else:
-            cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=fits, keep=KEEP_LOGITS, each=take)
+            cache = hooks.cache_hooks(bridge, tokens, wanted, ds.positions, check=None if said else fits,
+                                      keep=KEEP_LOGITS, each=take)
         for name in parts:
             cache[part_key(name)] = torch.cat(got[name])
         return cache, torch.cat(got[metric]).numpy()
 
-    clean, m_clean = run(ds.clean)
-    corruptions = {name: run(tokens) for name, tokens in ds.corruptions.items()}
+    clean, m_clean = run(ds.clean, wanted)
+    corruptions = {name: run(tokens, in_corrupted) for name, tokens in ds.corruptions.items()}
 
     def reference() -> Reference:
         if ds.reference is None:  # the clean prompts themselves, each prompt's mean leaving it out
@@ -99,7 +110,8 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
                 hi = min(m, lo + size)
                 # no logits: a large vocabulary makes them the biggest tensors, and no mean reads them
                 yield lo, hooks.cache_hooks(bridge, ds.reference[lo:hi], means_of or wanted, positions[lo:hi],
-                                            keep=0, check=per_prompt.append if not per_prompt else None)
+                                            keep=0, check=(lambda got: per_prompt.append(sum(got.values())))
+                                            if not per_prompt else None)
                 lo = hi
         return Reference.summed(chunks(), m)
 
@@ -142,9 +154,17 @@ def scorers(ds: Any, metric: str, clean_lp: Callable[[], Any]) -> tuple[Callable
         return metrics.per_prompt(logits_at, None, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
 
     def metric_rows(logits_at: Any, idx: Any) -> Any:  # rows [R, k, vocab] showing prompts idx [R]
+        """The metric of each row, its float64 work in chunks of rows (metrics.CHUNK_ELEMENTS values:
+        at a 262,144-token vocabulary a few rows' float64 logits and log-probabilities are 100s of MiB)."""
+        import torch
+
         m = metrics.get(metric)
         ref = clean_lp()
-        return m.fn(wide(logits_at), ds.answers[idx], None if ds.wrong is None else ds.wrong[idx],
-                    None if ref is None else wide(ref[idx]))  # the rows first: the whole reference is large
+        k, vocab = logits_at.shape[1], logits_at.shape[2]
+        size = max(1, metrics.CHUNK_ELEMENTS // max(1, k * vocab))
+        return torch.cat([m.fn(wide(logits_at[lo:lo + size]), ds.answers[idx[lo:lo + size]],
+                               None if ds.wrong is None else ds.wrong[idx[lo:lo + size]],
+                               None if ref is None else wide(ref[idx[lo:lo + size]]))  # the rows first
+                          for lo in range(0, logits_at.shape[0], size)])
 
     return metric_of, metric_at, metric_rows

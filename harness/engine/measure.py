@@ -64,7 +64,7 @@ def hooks_needed(claims: Sequence[ClaimSpec], n_layers: int, figures: bool = Tru
     if figures and figure_data.signature_in_base_runs(claims, n_prompts):
         drawn = figure_data.hooks_needed(claims, n_layers, patched)
         clean, corrupted = clean + drawn, corrupted + drawn
-    return list(dict.fromkeys(clean)), list(dict.fromkeys(corrupted))
+    return list(dict.fromkeys(clean + corrupted)), list(dict.fromkeys(corrupted))  # the clean run caches both
 
 
 def signature_patches(model: LoadedModel, claims: Sequence[ClaimSpec], processing: str,

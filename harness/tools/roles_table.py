@@ -124,7 +124,7 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     stage(f"head table: {ds.n} prompts ({start_words(m, ds)}), {len(heads)} heads")
     one = ds.keep_corruptions(list(ds.corruptions)[:1]) if ds.corruptions else ds
     parts = PARTS if metric == "logit_diff" and direct else (metric,)
-    runs = base_runs(m.bridge, one, hooks, parts[0])
+    runs = base_runs(m.bridge, one, hooks, parts[0], corrupted=edge_hooks)  # patterns: the clean run's only
     q = queries(ds, "scored").to(of(m.bridge))
     slots = list(ds.spans) if ds.spans else []  # in reading order
     per_role: dict[str, list[np.ndarray]] = {r: [] for r in roles.ROLES}

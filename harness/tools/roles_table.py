@@ -119,7 +119,8 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     heads = list(names.Head.every(m.n_layers, m.n_heads))
     metric = metric or ("logit_diff" if ds.wrong is not None else "logprob")
     direct = direct and bool(ds.corruptions)
-    edge_hooks = sets.cache_names(m.n_layers) if direct else []  # what the head -> logits patches read
+    to_logits = [names.Edge(h, names.Logits()) for h in heads]
+    edge_hooks = sets.cache_names(m.n_layers, to_logits) if direct else []  # what the head -> logits patches read
     hooks = [hook_pattern(layer) for layer in range(m.n_layers)] + edge_hooks
     stage(f"head table: {ds.n} prompts ({start_words(m, ds)}), {len(heads)} heads")
     one = ds.keep_corruptions(list(ds.corruptions)[:1]) if ds.corruptions else ds

@@ -38,12 +38,22 @@ def test_drops_are_falls_beyond_both_intervals():
     pts = [{"k": 10, "faithfulness": 0.9, "ci": [0.85, 0.95]},
            {"k": 0, "faithfulness": 0.0, "ci": [0.0, 0.0]},
            {"k": 1, "faithfulness": 0.5, "ci": [0.4, 0.6]},
-           {"k": 100, "faithfulness": 0.6, "ci": [0.5, 0.7]},     # falls from 0.85 beyond both intervals
+           {"k": 100, "faithfulness": 0.6, "ci": [0.5, 0.7]},     # falls from 0.9 at k 10 beyond both intervals
            {"k": 50, "faithfulness": 0.85, "ci": [0.8, 0.9]},     # falls from 0.9, but the intervals overlap
            {"k": 1000, "faithfulness": 1.0, "ci": [1.0, 1.0]},
            {"k": 1001, "faithfulness": 0.99, "ci": [0.99, 0.99]}]  # beyond the intervals, by less than 0.05
-    assert drops(pts, 0.05) == [{"from_k": 50, "to_k": 100, "from": 0.85, "to": 0.6}]
+    assert drops(pts, 0.05) == [{"from_k": 10, "to_k": 100, "from": 0.9, "to": 0.6}]
     assert drops(pts, 0.0)[-1] == {"from_k": 1000, "to_k": 1001, "from": 1.0, "to": 0.99}
+
+
+def test_a_fall_spread_over_neighbours_whose_intervals_overlap_is_a_drop():
+    """SmolLM2's IOI curve: no two neighbours' intervals are apart, but 10 % lies wholly below 1 %."""
+    pts = [{"k": 123, "faithfulness": 0.735, "ci": [0.647, 0.861]},
+           {"k": 1232, "faithfulness": 0.875, "ci": [0.751, 1.008]},
+           {"k": 2464, "faithfulness": 0.694, "ci": [0.509, 0.851]},
+           {"k": 12321, "faithfulness": 0.571, "ci": [0.480, 0.689]},
+           {"k": 61605, "faithfulness": 0.961, "ci": [0.926, 0.997]}]
+    assert drops(pts, 0.05) == [{"from_k": 1232, "to_k": 12321, "from": 0.875, "to": 0.571}]
 
 
 def test_resampled_scores_are_the_per_prompt_scores_reweighted():

@@ -170,6 +170,25 @@ def test_names_discovery_end_to_end(tmp_path):
     assert {c["id"] for c in ev["claims"]} == {c["id"] for c in starter["claims"]}
 
 
+def test_the_model_is_shown_as_the_evidence_reports_show_it(tmp_path, monkeypatch):
+    """discovery.json's `model` and discover.md's title name a model under the home folder
+    `~/...` (and one under the working directory relative to it), as evidence.json does."""
+    import shutil
+    from pathlib import Path
+
+    home = tmp_path / "home"
+    shutil.copytree(ROOT / "fixtures" / "induction-2l", home / "models" / "induction-2l")
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: home))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # the home folder is not under it
+    out = tmp_path / "d"
+    assert main(["discover", str(home / "models" / "induction-2l"), "--out", str(out), "--n-prompts", "8",
+                 "--bootstrap", "100", "--top", "3", "--device", "cpu"]) == 0
+    doc = json.loads((out / "discovery.json").read_text())
+    assert doc["settings"]["model"] == "~/models/induction-2l"
+    assert (out / "discover.md").read_text().startswith("# Discovery: ~/models/induction-2l\n")
+
+
 def test_a_starter_that_cannot_be_written_is_a_warning_not_a_lost_run(tmp_path, monkeypatch, capsys):
     """When the starter would not be a valid hypothesis file (here: over a hypothesis file's size
     limit, lowered to 200 bytes), discovery still writes its whole folder, without

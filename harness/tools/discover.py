@@ -49,6 +49,7 @@ from ..claims import effects
 from ..claims.circuit_plans import with_mlps
 from ..claims.circuit_spec import CircuitClaim
 from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
+from ..engine import provenance
 from ..engine.data_source import for_exploring, from_data_file
 from ..errors import SpecError, UserError
 from ..hypothesis.loading import load
@@ -265,7 +266,8 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     confirmed = [confirmed_row(r, t) for r, t in enumerate(tests, start=1)]
     return {
         "kind": "discovery", "version": VERSION,
-        "settings": {"input": source, "model": m.source, "model_sha256": m.sha256, "method": cfg.method,
+        "settings": {"input": source, "model": m.source if m.kind == "bridge" else provenance.shown_path(m.source),
+                     "model_sha256": m.sha256, "method": cfg.method,
                      "steps": cfg.steps if cfg.method == "eap-ig" else None, "rank": cfg.rank, "metric": metric,
                      "unit": unit, "corruption": ds.default_corruption, "seed": cfg.seed, "top": cfg.top,
                      "bound": cfg.bound, "replacement": Replacement.RESAMPLE.value,

@@ -43,6 +43,12 @@ def command_line() -> str:
     return " ".join(sys.argv)
 
 
+def shown_source(kind: str, source: str) -> str:
+    """A loaded model's source as reports show it: a handed-over bridge's description as it is,
+    anything else by `shown_path`."""
+    return source if kind == "bridge" else str(shown_path(source))
+
+
 def shown_path(path: str | None) -> str | None:
     """A path as reports show it: relative to the working directory when inside it, else
     `~/...` when inside the home folder (as written: links are not followed), else absolute."""

@@ -156,8 +156,7 @@ def model_record(m: LoadedModel) -> dict[str, Any]:
     """The evidence's model `source`, `kind`, `sha256` (and `revision` for a hub model).  A
     directory is shown relative to the working directory when inside it; `hf:NAME` and a
     handed-over bridge's description as they are."""
-    source = m.source if m.kind == "bridge" else provenance.shown_path(m.source)
-    record: dict[str, Any] = {"source": source, "kind": m.kind, "sha256": m.sha256}
+    record: dict[str, Any] = {"source": provenance.shown_source(m.kind, m.source), "kind": m.kind, "sha256": m.sha256}
     if m.revision is not None:
         record["revision"] = m.revision
     return record

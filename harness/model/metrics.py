@@ -72,6 +72,11 @@ class Metric:
     needs_clean: bool = False
 
 
+def rows_per_chunk(k: int, vocab: int) -> int:
+    """Prompts whose float64 work at k scored positions over `vocab` fits CHUNK_ELEMENTS (at least one)."""
+    return max(1, CHUNK_ELEMENTS // max(1, k * vocab))
+
+
 def _metric_name(name: str, metric: Metric) -> str | None:
     if name != metric.name:
         return f"registered as {name!r} but called {metric.name!r}"
@@ -142,7 +147,7 @@ def _kl(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
 def _kl_none(V: int, clean: Any) -> float:
     """-mean KL(p_clean || uniform) = -mean (log V - H(p_clean)), in chunks of prompts (float64)."""
     n, k = clean.shape[0], clean.shape[1]
-    size = max(1, CHUNK_ELEMENTS // max(1, k * clean.shape[-1]))
+    size = rows_per_chunk(k, clean.shape[-1])
     total = 0.0
     for i in range(0, n, size):
         part = wide(clean[i:i + size])
@@ -197,7 +202,7 @@ def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k
         raise DataError(f"metric {metric} compares with the clean run: its log-probabilities are needed")
     n, k = answers.shape
     vocab = logits.shape[-1]
-    size = max(1, CHUNK_ELEMENTS // max(1, k * vocab))
+    size = rows_per_chunk(k, vocab)
     if n > size:
         parts = [per_prompt(logits[i:i + size], None if positions is None else positions[i:i + size],
                             answers[i:i + size], metric, None if wrong is None else wrong[i:i + size],

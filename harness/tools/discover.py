@@ -266,7 +266,7 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     confirmed = [confirmed_row(r, t) for r, t in enumerate(tests, start=1)]
     return {
         "kind": "discovery", "version": VERSION,
-        "settings": {"input": source, "model": m.source if m.kind == "bridge" else provenance.shown_path(m.source),
+        "settings": {"input": source, "model": provenance.shown_source(m.kind, m.source),
                      "model_sha256": m.sha256, "method": cfg.method,
                      "steps": cfg.steps if cfg.method == "eap-ig" else None, "rank": cfg.rank, "metric": metric,
                      "unit": unit, "corruption": ds.default_corruption, "seed": cfg.seed, "top": cfg.top,

@@ -142,10 +142,10 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     note = ""
     if direct:
         corruption = runs.corruption
-        found = [_direct(runs, heads)]
+        found = [_direct(runs, to_logits)]
         del runs
         for part in parts[1:]:  # logit_diff = answer_logit + wrong_logit, prompt by prompt
-            found.append(_direct(base_runs(m.bridge, one, edge_hooks, part), heads))
+            found.append(_direct(base_runs(m.bridge, one, edge_hooks, part), to_logits))
         effect, gap = np.sum([e for e, _ in found], axis=0), np.sum([g for _, g in found], axis=0)
         columns[:0] = [_ratio(DIRECT, effect, gap, seed)] + (
             [_ratio(f"{DIRECT} via {part}", e, gap, seed) for part, (e, _) in zip(parts, found, strict=True)]
@@ -160,10 +160,9 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     return HeadTable(heads, columns, ds.description, metric, note)
 
 
-def _direct(runs: Any, heads: list[names.Head]) -> tuple[np.ndarray, np.ndarray]:
+def _direct(runs: Any, edges: list[names.Edge]) -> tuple[np.ndarray, np.ndarray]:
     """(e [n, H]: each head's per-prompt direct effect m_clean - m_patched, gap [n]: m_clean - m_corrupt)
     of the runs' metric (module docstring)."""
-    edges = [names.Edge(h, names.Logits()) for h in heads]
     stage(f"direct effects: {len(edges)} head -> logits edges, one final-norm and unembedding pass each")
     patched = runs.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE)
     clean = np.asarray(runs.m_clean, dtype=float)

@@ -160,8 +160,7 @@ def scorers(ds: Any, metric: str, clean_lp: Callable[[], Any]) -> tuple[Callable
 
         m = metrics.get(metric)
         ref = clean_lp()
-        k, vocab = logits_at.shape[1], logits_at.shape[2]
-        size = max(1, metrics.CHUNK_ELEMENTS // max(1, k * vocab))
+        size = metrics.rows_per_chunk(logits_at.shape[1], logits_at.shape[2])
         return torch.cat([m.fn(wide(logits_at[lo:lo + size]), ds.answers[idx[lo:lo + size]],
                                None if ds.wrong is None else ds.wrong[idx[lo:lo + size]],
                                None if ref is None else wide(ref[idx[lo:lo + size]]))  # the rows first

@@ -38,6 +38,7 @@ from .engine.runner import run
 from .errors import ExitCode, HarnessError, SanityCheckError, SpecError, UserError
 from .evidence.result import Evidence
 from .hypothesis.loading import load, load_all
+from .interrupt import armed
 from .mech.weights.table import composition_data
 from .model.devices import check_form, resolve_device
 from .model.ref import load_model
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan, "sweep": cmd_sweep,
         "explain": cmd_explain, "discover": cmd_discover}
     try:
-        with clock():
+        with armed(), clock():
             if getattr(args, "threads", None) is not None:  # the same as HARNESS_THREADS (workers inherit it)
                 os.environ[threads.ENV] = str(args.threads)
             if getattr(args, "memory", None) is not None:  # checked here, read by harness.memory.chosen
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(error_text(exc), file=sys.stderr)
         return ExitCode.SANITY
-    except KeyboardInterrupt:  # Ctrl-C: one line; report folders are whole or absent (report.folders)
+    except KeyboardInterrupt:  # Ctrl-C (never lost: harness.interrupt): one line; report folders whole or absent
         print("interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
     except (MemoryError, RuntimeError) as exc:

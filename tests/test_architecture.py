@@ -18,7 +18,7 @@ PACKAGE = ROOT / "harness"
 LAYERS = [
     ("harness.errors", "harness.registry",
      "harness.progress", "harness.streams", "harness.stats", "harness.criteria_stats", "harness.textfile",
-     "harness.threads",
+     "harness.threads", "harness.interrupt",
      "harness.cost", "harness.memory", "harness.locations"),
     ("harness.spec", "harness.data.settings", "harness.data.text_settings"),
     ("harness.evidence",),
@@ -31,7 +31,8 @@ LAYERS = [
     ("harness.report",),
     ("harness.sweep", "harness.tools"),
     ("harness.conformance", "harness.extend"),
-    ("harness.cli", "harness.cli_args", "harness.pytest_plugin", "harness.__main__", "harness"),
+    ("harness.cli", "harness.cli_args", "harness.pytest_plugin", "harness.__main__", "harness.entry",
+     "harness"),
 ]
 
 
@@ -128,8 +129,12 @@ def test_data_flows_one_way():
     assert upward == []
 
 
+INSIDE_ALLOWED = {("harness.entry", "harness.cli")}  # the entry point catches Ctrl-C during the CLI's imports
+
+
 def test_in_package_imports_are_at_module_top():
-    inside = [f"{m}:{line} imports {t}" for m in MODULES for t, line, at_top in imports(m) if not at_top]
+    inside = [f"{m}:{line} imports {t}" for m in MODULES for t, line, at_top in imports(m)
+              if not at_top and (m, t) not in INSIDE_ALLOWED]
     assert inside == []
 
 

@@ -435,3 +435,42 @@ def test_the_edge_graph_equals_the_oracle(fam):
 
             want = -((moved(eps) - moved(-eps)) / (2 * eps)).numpy()
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7 * scale, err_msg=f"EAP {e}")
+
+
+def test_what_an_edge_circuit_receives_equals_the_oracle(fam):
+    """An edge circuit's non-vacuity (mech.graph.received): for each receiver the circuit reads, the
+    change its removed edges carry equals the model's own change of those senders' writes taken
+    together (mech.edges.writes, through the norm after the attention where there is one), with the
+    resample and with the zero replacement, summed over the receivers at their read positions."""
+    from harness.mech.graph import forward, parts, received
+    from harness.mech.graph.structure import Graph
+
+    arch = fam.arch
+    n, s = BASE.shape
+    positions = torch.arange(4, s - 1).expand(n, -1).contiguous()
+    g = Graph.of(fam.bridge)
+    wanted = parts.cache_names(arch.n_layers, arch.has_mlp)
+    wanted += [x for u in g.senders for x in writes.activation_names(u)]
+    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
+    keep = g.adjacency & (np.random.default_rng(0).random(g.adjacency.shape) < 0.3)
+    with Float64(), torch.no_grad():
+        gm = forward.GraphModel.build(fam.bridge, base, positions)
+        clean = parts.run_writes(fam.bridge, base, gm.s, torch.float64)
+        got = received.received_sums(gm, clean, parts.run_writes(fam.bridge, source, gm.s, torch.float64), keep,
+                                     positions, budget=1)  # one prompt a chunk
+        scored = torch.zeros(n, gm.s, dtype=torch.float64).scatter_add_(1, positions, torch.ones_like(
+            positions, dtype=torch.float64))
+        upto = (torch.arange(gm.s)[None, :] <= positions.max(1, keepdim=True).values).double()
+        want = np.zeros((4, n))
+        for v in np.nonzero(received.receivers_read(keep))[0]:
+            gone = [g.senders[u] for u in np.nonzero(g.adjacency[:, v] & ~keep[:, v])[0]]
+            if not gone:  # every edge into v kept: v reads nothing changed
+                continue
+            sender = gone[0] if len(gone) == 1 else names.Group(tuple(gone))
+            w = scored if received.reads_scored(g, v) else upto
+            for j, (src, kind) in enumerate([(source, "resample"), (None, "zero")]):
+                d = writes.sender_change(fam.bridge, base, src, sender, kind)[:, :gm.s]
+                want[j] += (w * (d ** 2).sum(-1)).sum(-1).numpy()
+                want[2 + j] += (scored * (d ** 2).sum(-1)).sum(-1).numpy()
+    assert (want[:2] > 0).all()
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=0)

@@ -23,9 +23,12 @@ anytime-valid at `alpha`) stops as soon as it decides.  PASS needs the bound met
 deciding "more"; FAIL when the bound fails, the test decides "not more", or after every draw
 the share of circuits beaten is at most beat_rate.
 
-Non-vacuity (mech.runs.change): ablating a head outside C (for an edge circuit: a sender whose
-edges are removed) that leaves its output as it was does not test whether C needs it; a
-PASS with such a head is INCONCLUSIVE, naming the heads.
+Non-vacuity (mech.runs.change): the intervention tests C only if it changes what C reads.  A node
+circuit: the joint relative change of the ablated heads' (and MLPs') outputs.  An edge circuit:
+of what its receivers (and the logits) read through its removed edges, each where it reads
+(mech.graph.received), so a corruption that changes one token still counts where the circuit
+reads it.  A PASS whose rest changes nothing (below min_change) is INCONCLUSIVE (untested);
+units that do not change on their own are listed, not blocking.
 """
 
 from __future__ import annotations
@@ -96,8 +99,9 @@ class CircuitView(ClaimView):
                        f"{fmt(d.random_faithfulness_max)}; beaten {d.beaten}; sequential test: {d.beat_decision} than "
                        f"the rate {d.beat_rate:g}, p = {fmt_p(d.beat_p_value)}")
         if d.intervention_change is not None:
-            out.append(change_line(d.intervention_change, "the output of the heads outside the circuit"
-                                   if d.edges is None else "the output of the senders whose edges are removed"))
+            read = "what the circuit's receivers read through its removed edges"
+            out.append(change_line(d.intervention_change, read if d.edges is not None
+                                   else "the output of the heads outside the circuit"))
         if d.sensitivity is not None:
             out.append(sensitivity_line(d.sensitivity, "ablation type (faithfulness bound only)"))
         if d.criteria:
@@ -180,8 +184,7 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
             if c.at_least is not None and not effects.undefined_reason(gap, st, ctx.unit):  # F is defined
                 f_point = float(stats.ratio_of_means((m_circuit - m_empty)[kept], gap[kept]))
                 random = random_faithfulness_test(plan, c, m_empty, gap, kept, f_point, seed, st)
-            outside = plan.outside()
-            change = effects.head_change(runs, outside, c.ablation, st) if outside else None
+            change = self.change(plan, c.ablation, st)
             jack = None
             if c.ablation == Ablation.MEAN:
                 def measure(r: Runs, drops: Sequence[int | None], c: CircuitClaim = c,
@@ -201,12 +204,21 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
                 def variant(kind: str, c: CircuitClaim = c, runs: Runs = runs, plan: Plan = plan, seed: int = seed,
                             extra: dict[str, Any] = extra) -> ClaimResult:
                     v = c.model_copy(update={"ablation": kind})
-                    ch = effects.head_change(runs, plan.outside(), kind, st) if plan.outside() else None
+                    ch = self.change(plan, kind, st)
                     return self.evaluate(v, CircuitMetrics(*plan.base(kind), ch, runs.corruption, None, extra), None,
                                          st, seed, ctx.unit, compare=False)
                 result = with_details(result, sensitivity=effects.sensitivity(variant, result))
             out[i] = result
         return Measured(out)
+
+    @staticmethod
+    def change(plan: Plan, kind: str, st: Stats) -> effects.InterventionChange | None:
+        """Non-vacuity: an edge circuit's by what its receivers read through its removed edges, a node
+        circuit's by the output of the heads (and MLPs) it ablates (None: nothing is ablated)."""
+        outside = plan.outside()
+        if isinstance(plan, EdgeCircuit):
+            return effects.circuit_change(plan.runs, plan.mask, outside, kind, st)
+        return effects.head_change(plan.runs, outside, kind, st) if outside else None
 
     @staticmethod
     def edge_fields(plan: EdgeCircuit) -> dict[str, Any]:

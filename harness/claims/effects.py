@@ -226,6 +226,14 @@ def head_change(runs: Any, heads: list[Any], kind: str, st: Stats) -> Interventi
                                c.joint_scored)
 
 
+def circuit_change(runs: Any, keep: np.ndarray, outside: list[Any], kind: str, st: Stats) -> InterventionChange:
+    """The InterventionChange of an edge circuit: what its receivers read through its removed edges
+    (mech.runs.change.received_change), with each sender whose edges are removed listed by its own
+    change (`by_head`, not blocking)."""
+    joint, scored = read_change.received_change(runs, keep, kind)
+    own = read_change.head_changes(runs, outside, kind).per_head if outside else {}
+    return intervention_change(joint, st, read_change.RECEIVED, {str(h): r for h, r in own.items()} or None, scored)
+
 
 def sensitivity(run_variant: Callable[[str], ClaimResult], claimed: ClaimResult) -> Sensitivity:
     """The same claim under zero, mean and resample, and whether each verdict is the claim's."""

@@ -192,6 +192,13 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
             + (f"**the top {k} edges** (starter.yaml's circuit claim; the smallest of several intervals that clear "
                "a bound is an optimistic pick, which the starter file tests again on held-out prompts)." if k else
                "none (no circuit claim in starter.yaml)."), ""]
+    change = doc.get("starter_change")
+    if k and change:
+        out += [f"Non-vacuity, as `harness run` judges the circuit claim: what the circuit's receivers read through "
+                f"its removed edges changes by {fmt(change['relative_change'])} (relative; "
+                f"{fmt(change['at_scored'])} at the scored positions alone) when the rest is resample-ablated — "
+                + ("**untested: the rest's replacement changes nothing the circuit reads**" if change["vacuous"]
+                   else "non-vacuous") + ".", ""]
     drops = doc.get("curve_drops") or []
     if drops:
         out += ["**The curve is not monotone**: keeping more edges makes the circuit less faithful, beyond both "

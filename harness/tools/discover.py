@@ -259,6 +259,7 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     curve = faithfulness_curve(conf, g, order, st, curve_seed, unit, extra)
     finer = refine(conf, g, order, curve, cfg.bound, st, curve_seed, unit)
     k_start = starter_k(curve, finer, cfg.bound)
+    change = starter_change(conf, g, order, k_start, st)
     ks = sorted({*curve_ks(g.n_edges), *(p["k"] for p in finer)})
     stable = None if cfg.rank != "abs" else stability.summary(stability.jaccard(resampled, order, ks), ks, k_start,
                                                               len(disc_idx))
@@ -289,7 +290,21 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
                                                                                 curve),
         "starter_k": k_start,
         "starter_nodes": reading.starter_nodes(rows, k_start) if k_start else [],
-        "warnings": []}
+        "starter_change": change,
+        "warnings": [] if change is None or not change["vacuous"] else [
+            f"the starter circuit is untested: resample-ablating the rest leaves what it reads as it was "
+            f"(relative change {change['relative_change']:.3f} < min_change {st.min_change:g}), so `harness run` "
+            "of starter.yaml will call its circuit claim INCONCLUSIVE"]}
+
+
+def starter_change(conf: Runs, g: Graph, order: np.ndarray, k: int | None, st: Stats) -> dict[str, Any] | None:
+    """The starter circuit's non-vacuity on the confirmation prompts, judged as `harness run` judges its
+    circuit claim (claims.effects.circuit_change: what its receivers read through its removed edges)."""
+    if not k:
+        return None
+    c = effects.circuit_change(conf, top_mask(g, order, k), [], Replacement.RESAMPLE.value, st)
+    return {"relative_change": c.relative_change, "at_scored": c.at_scored, "prompts_changed": c.prompts_changed,
+            "min_change": c.min_change, "vacuous": c.vacuous, "read_at": c.read_at}
 
 
 def ranking_rows(score: np.ndarray, g: Graph, order: np.ndarray, gap: float) -> list[dict[str, Any]]:

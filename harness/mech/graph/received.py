@@ -1,0 +1,145 @@
+"""What an edge circuit's receivers read through its removed edges: the non-vacuity of a circuit.
+
+An edge circuit keeps its edges and gives every other edge the sender's replacement write
+(mech.graph.forward).  The intervention tests something only where a receiver of the circuit
+reads a changed input.  For each receiver v the circuit keeps an edge into, and for the logits
+(which the metric reads whatever the circuit keeps), the change its removed edges carry, at the
+base run's writes (first order: no change propagated from one layer to the next), is
+
+    Δ_v = sum over removed (u, v), u not a head inside a post norm, of  (out_u - rep_u)
+          + sum_l [ post1_l(P_l) - post1_l(P_l - sum_{h in l, (h, v) removed} (z_h - z_h^rep) W_O[h]) ]
+
+and what those edges carry at all, S_v, is the same with every replacement 0 (rep = 0).  Per
+prompt n, summed over the receivers and over positions p with the receiver's read weights w_vp,
+
+    r_n = sqrt(sum_v sum_p w_vp ||Δ_vnp||^2) / sqrt(sum_v sum_p w_vp ||S_vnp||^2)
+
+(NaN where no removed edge writes anything).  w: the scored positions for the logits, the last
+layer's queries and its MLP; every position up to the last scored one for any other receiver (a
+later layer may read any of them).  `at_scored`: the same sums over the scored positions alone.
+Embed's edges count like any other: a receiver cut off from the clean token embeddings reads
+the corrupted ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ... import memory
+from ...spec import names
+from ..block.arith import Norm
+from .forward import BUDGET, GraphModel
+from .parts import Writes
+from .structure import Graph
+
+
+def receivers_read(keep: np.ndarray) -> np.ndarray:
+    """The receivers a circuit's non-vacuity reads: every one the mask keeps an edge into, and the logits."""
+    read = np.asarray(keep.any(0), dtype=bool)
+    read[-1] = True
+    return read
+
+
+def received_sums(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any,
+                  budget: int | None = None) -> np.ndarray:
+    """[4, n]: sum_v sum_p w ||Δ||^2, the same of ||S||^2, and both at the scored positions alone
+    (module docstring), for the edge circuit `keep` [U, V] on the prompts of `clean`."""
+    import torch
+
+    budget = memory.working(BUDGET) if budget is None else budget
+    n, s, d = clean.embed.shape[0], gm.s, clean.embed.shape[-1]
+    row = 2 * len(gm.graph.senders) * s * d * 8 + 16 * s * d * 8  # the sent changes and a layer's inputs, float64
+    size = max(1, budget // row)
+    out = np.zeros((4, n))
+    with torch.no_grad():
+        for lo in range(0, n, size):
+            idx = torch.arange(lo, min(n, lo + size), device=clean.embed.device)
+            for j, r in enumerate((rep, clean.zeros())):
+                carried, at_scored = _sums(gm, clean, r, keep, positions[idx], idx)
+                out[j, lo:lo + len(idx)] = carried
+                out[2 + j, lo:lo + len(idx)] = at_scored
+    return out
+
+
+def _sums(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any, idx: Any
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_v sum_p w ||Δ_v||^2, the same over the scored positions) [R] for prompts idx, with `rep`."""
+    import torch
+
+    g, arch = gm.graph, gm.arch
+    H, s = arch.n_heads, gm.s
+    dev = clean.embed.device
+    R = len(idx)
+    scored = torch.zeros(R, s, dtype=torch.float64, device=dev).scatter_add_(
+        1, positions.to(dev), torch.ones_like(positions, dtype=torch.float64, device=dev))
+    upto = (torch.arange(s, device=dev)[None, :] <= positions.to(dev).max(1, keepdim=True).values).double()
+    removed = torch.from_numpy(g.adjacency & ~keep).to(device=dev, dtype=torch.float64)
+    read = receivers_read(keep & g.adjacency)
+    wide = torch.float64
+    D = torch.zeros(R, len(g.senders), s, clean.embed.shape[-1], dtype=wide, device=dev)  # out_u - rep_u
+    D[:, 0] = (clean.rows(clean.embed, idx) - rep.rows(rep.embed, idx))[:, :s].to(wide)
+    linear = torch.ones(len(g.senders), dtype=wide, device=dev)  # 0: a head inside a post norm
+    posts: list[tuple[int, Any, Any, Any]] = []  # (first head sender, P, post1, post1(P))
+    total, total_scored = torch.zeros(R, dtype=wide, device=dev), torch.zeros(R, dtype=wide, device=dev)
+
+    def take(cols: list[int], U: int) -> None:
+        """Add the receivers `cols` (reading the first U senders) to the sums."""
+        nonlocal total, total_scored
+        if not cols:
+            return
+        M = removed[:U, cols] * linear[:U, None]  # [U, V]
+        change = torch.einsum("uv,rusd->rvsd", M, D[:, :U])
+        for u0, P, post1, out in posts:
+            if u0 >= U:
+                break
+            Mh = removed[u0:u0 + H, cols]  # [H, V]
+            if bool(Mh.any()):
+                X = P[:, None] - torch.einsum("hv,rhsd->rvsd", Mh, D[:, u0:u0 + H])
+                change = change + (out[:, None] - post1(X))
+        sq = (change ** 2).sum(-1)  # [R, V, s]
+        for c, v in enumerate(cols):
+            w = scored if reads_scored(g, v) else upto
+            total = total + (w * sq[:, c]).sum(-1)
+            total_scored = total_scored + (scored * sq[:, c]).sum(-1)
+
+    for L in range(g.n_layers):
+        U = g.senders_before(L)
+        head_cols, mlp_col = g.layer_receivers(L)
+        take([j for j in range(head_cols.start, head_cols.stop) if read[j]], U)
+        hw = gm.heads(L)
+        zc = clean.rows(clean.z[L], idx)[:, :s].to(wide)
+        zr = rep.rows(rep.z[L], idx)[:, :s].to(wide)
+        W_O = hw.W_O.to(wide)
+        D[:, U:U + H] = torch.einsum("rshe,hed->rhsd", zc - zr, W_O)
+        post1 = gm.post_norm(L)
+        if post1 is not None:
+            P = torch.einsum("rshe,hed->rsd", zc, W_O) + hw.b_O.to(wide)
+            norm = _wide(post1)
+            posts.append((U, P, norm, norm(P)))
+            linear[U:U + H] = 0.0
+        if mlp_col is not None:
+            take([mlp_col] if read[mlp_col] else [], U if arch.parallel else U + H)
+            mc, mr = clean.rows(clean.mlp[L], idx), rep.rows(rep.mlp[L], idx)
+            if mc is not None:
+                D[:, U + H] = (mc[:, :s].to(wide) - (0.0 if mr is None else mr[:, :s].to(wide)))
+    take([len(g.receivers) - 1], len(g.senders))
+    return total.cpu().numpy(), total_scored.cpu().numpy()
+
+
+def reads_scored(g: Graph, v: int) -> bool:
+    """Whether receiver v reads the scored positions only: the logits, the last layer's queries and MLP."""
+    r, layer = g.receivers[v], g.receiver_layer(v)
+    if layer == g.n_layers:
+        return True
+    return layer == g.n_layers - 1 and (isinstance(r, names.Mlp) or (isinstance(r, names.HeadInput) and r.which == "q"))
+
+
+def _wide(norm: Norm) -> Norm:
+    """A post norm's arithmetic in float64 (its weights widened)."""
+    import torch
+
+    return replace(norm, w=None if norm.w is None else norm.w.to(torch.float64),
+                   b=None if norm.b is None else norm.b.to(torch.float64))

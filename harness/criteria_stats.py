@@ -17,7 +17,11 @@
       p    = (1 + #{HSIC of a permutation of y >= HSIC}) / (1 + B)
 
   The permutation p-value is exact (P(p <= alpha) <= alpha under independence) whatever the
-  approximation of the kernel.
+  approximation of the kernel.  Given `alpha`, the permutations are drawn in rounds (B, B, 2B,
+  4B, ... up to MOST_ROUNDS_FACTOR B) until the sequential test of the exceedance rate against
+  alpha (stats.sequential_beat_test at RESAMPLING_RISK) decides which side of alpha the exact
+  permutation p lies on: P(the decision differs from the exact test's) <= RESAMPLING_RISK for any
+  data.  A p within Monte Carlo error of alpha after every draw is `borderline`, not a decision.
 * `binomial_sides`: the two one-sided binomial tests of a share k / n against a rate q.
 """
 
@@ -27,10 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .stats import clopper_pearson
+from .stats import clopper_pearson, sequential_beat_test
 
 FEATURES = 32  # Fourier frequencies per variable (a cos and a sin feature each)
 PERMUTATION_FLOATS = 4_000_000  # permuted features held at once (32 MB)
+RESAMPLING_RISK = 1e-3  # at most this chance that the drawn permutations decide otherwise than all of them would
+MOST_ROUNDS_FACTOR = 64  # a test near alpha draws up to this many times its first round's permutations
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,9 @@ def sign_equivalence(delta: np.ndarray, tie: float, tolerance: float, alpha: flo
 @dataclass(frozen=True)
 class Hsic:
     statistic: float
-    p_value: float
+    p_value: float  # (1 + exceedances) / (1 + permutations)
     permutations: int
+    decision: str = "fixed"  # with alpha: "below" or "above" alpha (decided), "borderline" (never decided)
 
 
 def _features(x: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
@@ -90,25 +97,35 @@ def _features(x: np.ndarray, rng: np.random.Generator) -> np.ndarray | None:
     return centred
 
 
-def hsic_test(x: np.ndarray, y: np.ndarray, permutations: int, seed: int) -> Hsic:
-    """The HSIC permutation test of x independent of y (module docstring).  A constant x or y is
-    independent of anything: statistic 0, p = 1."""
+def hsic_test(x: np.ndarray, y: np.ndarray, permutations: int, seed: int, alpha: float | None = None) -> Hsic:
+    """The HSIC permutation test of x independent of y (module docstring): `permutations` of them, or
+    with `alpha`, rounds of them until the side of alpha is decided.  A constant x or y is independent
+    of anything: statistic 0, p = 1."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     rng = np.random.default_rng(seed)
     phi, psi = _features(x, rng), _features(y, rng)
     n = len(x)
     if phi is None or psi is None or n < 3:
-        return Hsic(0.0, 1.0, 0)
+        return Hsic(0.0, 1.0, 0, "fixed" if alpha is None else "above")
     scale = float((n - 1) ** 2)
     observed = float(np.sum((phi.T @ psi) ** 2)) / scale
-    exceed, done = 0, 0
-    while done < permutations:
-        m = max(1, min(permutations - done, PERMUTATION_FLOATS // (n * psi.shape[1])))
-        order = np.argsort(rng.random((m, n)), axis=1)  # m independent permutations
-        cross = np.matmul(phi.T[None], psi[order])  # phi^T psi of each permutation: [m, D, D]
-        exceed += int(np.sum(np.sum(cross ** 2, axis=(1, 2)) / scale >= observed * (1 - 1e-12)))
-        done += m
-    return Hsic(observed, (1 + exceed) / (1 + permutations), permutations)
+
+    def exceeds(count: int) -> list[bool]:
+        """Whether each of `count` new permutations of y reaches the observed HSIC."""
+        out: list[bool] = []
+        while len(out) < count:
+            m = max(1, min(count - len(out), PERMUTATION_FLOATS // (n * psi.shape[1])))
+            order = np.argsort(rng.random((m, n)), axis=1)  # m independent permutations
+            cross = np.matmul(phi.T[None], psi[order])  # phi^T psi of each permutation: [m, D, D]
+            out += (np.sum(cross ** 2, axis=(1, 2)) / scale >= observed * (1 - 1e-12)).tolist()
+        return out
+
+    if alpha is None:
+        exceed = sum(exceeds(permutations))
+        return Hsic(observed, (1 + exceed) / (1 + permutations), permutations)
+    t = sequential_beat_test(exceeds, MOST_ROUNDS_FACTOR * permutations, alpha, RESAMPLING_RISK, first=permutations)
+    decision = {"more": "above", "not more": "below"}.get(t.decision, "borderline")
+    return Hsic(observed, (1 + t.beaten) / (1 + t.drawn), t.drawn, decision)
 
 
 def binomial_sides(k: int, n: int, rate: float) -> tuple[float, float]:

@@ -136,7 +136,8 @@ def beat_likelihood_ratio(k: int, n: int, rate: float, above: bool = True) -> fl
         return 0.0
     width = 1.0 - rate if above else rate
     log_null = k * np.log(rate) + ((n - k) * np.log1p(-rate) if n > k else 0.0)
-    return float(np.exp(betaln(k + 1, n - k + 1) + np.log(part) - np.log(width) - log_null))
+    log_lr = betaln(k + 1, n - k + 1) + np.log(part) - np.log(width) - log_null
+    return float("inf") if log_lr > 700 else float(np.exp(log_lr))  # past 1e304: beyond any 1/alpha
 
 
 @dataclass(frozen=True)

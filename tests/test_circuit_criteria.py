@@ -87,6 +87,36 @@ def test_hsic_size_and_power():
     assert criteria_stats.hsic_test(np.ones(30), x[:30], 200, 0).p_value == 1.0  # a constant is independent
 
 
+@pytest.mark.slow
+def test_hsic_near_alpha_draws_on_until_it_decides_as_every_permutation_would():
+    """Given alpha, a p far from it stops at the first round; one near it draws more rounds, and its
+    decision is the side of alpha that 100,000 permutations put p on (Monte Carlo sd 0.0007); under
+    independence the test decides "below alpha" at most at rate alpha."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=50)
+    far = criteria_stats.hsic_test(x, rng.normal(size=50), 1000, 0, alpha=ALPHA)
+    assert far.decision == "above" and far.permutations == 1000 and far.p_value > 0.2
+    strong = criteria_stats.hsic_test(x, x ** 2, 1000, 0, alpha=ALPHA)
+    assert strong.decision == "below" and strong.permutations == 1000
+    near = None
+    for s in range(300):  # a weakly dependent pair whose 1,000-permutation p is near alpha
+        y = 0.3 * x + rng.normal(size=50)
+        if 0.035 <= criteria_stats.hsic_test(x, y, 1000, s).p_value <= 0.07:
+            near = (y, s)
+            break
+    assert near is not None
+    seq = criteria_stats.hsic_test(x, near[0], 1000, near[1], alpha=ALPHA)
+    assert seq.permutations > 1000
+    exact = criteria_stats.hsic_test(x, near[0], 100_000, 99).p_value
+    if abs(exact - ALPHA) > 0.003:
+        assert seq.decision == ("below" if exact < ALPHA else "above"), (exact, seq)
+    else:
+        assert seq.decision in ("borderline", "below" if exact < ALPHA else "above"), (exact, seq)
+    null = [criteria_stats.hsic_test(rng.normal(size=40), rng.exponential(size=40), 200, s, alpha=ALPHA).decision
+            for s in range(300)]
+    assert np.mean(np.array(null) == "below") <= ALPHA + 3 * np.sqrt(ALPHA * (1 - ALPHA) / 300)
+
+
 def test_binomial_sides():
     from scipy.stats import binomtest
 

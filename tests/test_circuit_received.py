@@ -17,6 +17,7 @@ from harness.claims.circuit_plans import EdgeCircuit
 from harness.claims.circuit_spec import CircuitClaim
 from harness.engine import runner
 from harness.hypothesis.loading import load
+from harness.mech.graph import received
 from harness.mech.runs import change
 from harness.mech.runs.build import base_runs
 from harness.model.ref import ModelRef
@@ -85,3 +86,16 @@ def test_discover_judges_its_starter_as_run_does(hypothesis):
     # float32 base runs, batched differently: equal to float32's precision, far below min_change's 0.05
     assert doc["relative_change"] == pytest.approx(want.relative_change, rel=1e-5)
     assert doc["at_scored"] == pytest.approx(want.at_scored, rel=1e-5)
+
+
+def test_each_position_counts_once_and_at_most_fully():
+    """r_n is the mean over positions of min(1, sqrt(num / den)): a first position whose huge, unchanged
+    residual dwarfs the rest (as in trained models) counts as one unchanged position, not as the whole
+    denominator; a position where nothing is written is left out; a prompt with none is NaN."""
+    num = np.array([[0.0, 0.25, 4.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    den = np.array([[1e6, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    r = received.position_mean(num, den)
+    assert r[0] == pytest.approx((0.0 + 0.5 + 1.0) / 3) and np.isnan(r[1])
+    assert np.sqrt(num[0].sum() / den[0].sum()) < 0.003  # the ratio of sums: vacuous-looking
+    at = received.position_mean(num, den, np.array([[False, True, False, False]] * 2))
+    assert at[0] == pytest.approx(0.5) and np.isnan(at[1])

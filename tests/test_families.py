@@ -441,7 +441,7 @@ def test_what_an_edge_circuit_receives_equals_the_oracle(fam):
     """An edge circuit's non-vacuity (mech.graph.received): for each receiver the circuit reads, the
     change its removed edges carry equals the model's own change of those senders' writes taken
     together (mech.edges.writes, through the norm after the attention where there is one), with the
-    resample and with the zero replacement, summed over the receivers at their read positions."""
+    resample and with the zero replacement, summed over the receivers at each position they read."""
     from harness.mech.graph import forward, parts, received
     from harness.mech.graph.structure import Graph
 
@@ -456,12 +456,11 @@ def test_what_an_edge_circuit_receives_equals_the_oracle(fam):
     with Float64(), torch.no_grad():
         gm = forward.GraphModel.build(fam.bridge, base, positions)
         clean = parts.run_writes(fam.bridge, base, gm.s, torch.float64)
-        got = received.received_sums(gm, clean, parts.run_writes(fam.bridge, source, gm.s, torch.float64), keep,
+        got = received.received_squares(gm, clean, parts.run_writes(fam.bridge, source, gm.s, torch.float64), keep,
                                      positions, budget=1)  # one prompt a chunk
-        scored = torch.zeros(n, gm.s, dtype=torch.float64).scatter_add_(1, positions, torch.ones_like(
-            positions, dtype=torch.float64))
+        scored = torch.zeros(n, gm.s, dtype=torch.float64).scatter_(1, positions, 1.0)
         upto = (torch.arange(gm.s)[None, :] <= positions.max(1, keepdim=True).values).double()
-        want = np.zeros((4, n))
+        want = np.zeros((4, n, gm.s))
         for v in np.nonzero(received.receivers_read(keep))[0]:
             gone = [g.senders[u] for u in np.nonzero(g.adjacency[:, v] & ~keep[:, v])[0]]
             if not gone:  # every edge into v kept: v reads nothing changed
@@ -470,7 +469,7 @@ def test_what_an_edge_circuit_receives_equals_the_oracle(fam):
             w = scored if received.reads_scored(g, v) else upto
             for j, (src, kind) in enumerate([(source, "resample"), (None, "zero")]):
                 d = writes.sender_change(fam.bridge, base, src, sender, kind)[:, :gm.s]
-                want[j] += (w * (d ** 2).sum(-1)).sum(-1).numpy()
-                want[2 + j] += (scored * (d ** 2).sum(-1)).sum(-1).numpy()
-    assert (want[:2] > 0).all()
+                want[j] += (w * (d ** 2).sum(-1)).numpy()
+                want[2 + j] += (d ** 2).sum(-1).numpy()
+    assert (want[1].sum(-1) > 0).all() and (want[0] > 0).any()
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=0)

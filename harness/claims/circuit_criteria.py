@@ -153,12 +153,18 @@ def equivalence(spec: Equivalence, s: Scores) -> CriterionResult:
 
 def independence(spec: Independence, s: Scores) -> CriterionResult:
     (m_rest,) = s.run([Variant(True, frozenset(s.plan.items()), frozenset())])
-    h = criteria_stats.hsic_test(s.full, m_rest, spec.permutations, s.seed)
+    a = s.st.alpha
+    h = criteria_stats.hsic_test(s.full, m_rest, spec.permutations, s.seed, alpha=a)
     what = (f"HSIC between the model's score and the score with the circuit removed {h.statistic:.3g}, "
             f"permutation p {h.p_value:.3g} ({h.permutations} permutations, {len(m_rest)} prompts)")
-    if h.p_value <= s.st.alpha:
+    if h.decision == "borderline":
+        return CriterionResult(verdict=INCONCLUSIVE, statistic=h.statistic, p_value=h.p_value, circuits=1,
+                               rule=f"{what}: borderline, the permutation p lies within Monte Carlo error of "
+                                    f"alpha {a:g} after every permutation drawn")
+    if h.decision == "below":
         return CriterionResult(verdict=FAIL, statistic=h.statistic, p_value=h.p_value, circuits=1,
-                               rule=f"{what}: the rest of the model carries information about its score")
+                               rule=f"{what}: the rest of the model carries information about its score (p below "
+                                    f"alpha {a:g}, decided)")
     return CriterionResult(verdict=PASS, statistic=h.statistic, p_value=h.p_value, circuits=1,
                            rule=f"{what}: no dependence found at alpha {s.st.alpha:g}")
 

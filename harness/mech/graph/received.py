@@ -9,16 +9,21 @@ base run's writes (first order: no change propagated from one layer to the next)
     Δ_v = sum over removed (u, v), u not a head inside a post norm, of  (out_u - rep_u)
           + sum_l [ post1_l(P_l) - post1_l(P_l - sum_{h in l, (h, v) removed} (z_h - z_h^rep) W_O[h]) ]
 
-and what those edges carry at all, S_v, is the same with every replacement 0 (rep = 0).  Per
-prompt n, summed over the receivers and over positions p with the receiver's read weights w_vp,
+and what those edges carry at all, S_v, is the same with every replacement 0 (rep = 0).  At each
+position p, pooled over the receivers that read it (w_vp: 1 where v reads p),
 
-    r_n = sqrt(sum_v sum_p w_vp ||Δ_vnp||^2) / sqrt(sum_v sum_p w_vp ||S_vnp||^2)
+    r_np = min(1, sqrt(sum_v w_vp ||Δ_vnp||^2 / sum_v w_vp ||S_vnp||^2))
 
-(NaN where no removed edge writes anything).  w: the scored positions for the logits, the last
-layer's queries and its MLP; every position up to the last scored one for any other receiver (a
-later layer may read any of them).  `at_scored`: the same sums over the scored positions alone.
-Embed's edges count like any other: a receiver cut off from the clean token embeddings reads
-the corrupted ones.
+and r_n is the mean of r_np over the positions where some removed edge writes something (NaN
+where none does).  w: the scored positions for the logits, the last layer's queries and its MLP;
+every position up to the last scored one for any other receiver (a later layer may read any of
+them).  Each position counts once: a trained model's first position carries residual norms a
+hundred times the others' (over 99% of sum_p ||S_p||^2 in SmolLM2), and it never changes, so a
+ratio of sums over positions would read any corruption as vacuous.  A position counts as fully
+changed at most (the min with 1), so one where the removed edges write almost nothing cannot
+outweigh the rest.  `at_scored`: r_np over every receiver at the scored positions, averaged
+over them.  Embed's edges count like any other: a receiver cut off from the clean token
+embeddings reads the corrupted ones.
 """
 
 from __future__ import annotations
@@ -43,38 +48,47 @@ def receivers_read(keep: np.ndarray) -> np.ndarray:
     return read
 
 
-def received_sums(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any,
-                  budget: int | None = None) -> np.ndarray:
-    """[4, n]: sum_v sum_p w ||Δ||^2, the same of ||S||^2, and both at the scored positions alone
-    (module docstring), for the edge circuit `keep` [U, V] on the prompts of `clean`."""
+def received_squares(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any,
+                     budget: int | None = None) -> np.ndarray:
+    """[4, n, s]: per prompt and position, sum_v w_vp ||Δ_v||^2 and sum_v w_vp ||S_v||^2, then the same
+    summed over every receiver read (w = 1: the scored positions' sums) (module docstring), for the
+    edge circuit `keep` [U, V] on the prompts of `clean`."""
     import torch
 
     budget = memory.working(BUDGET) if budget is None else budget
     n, s, d = clean.embed.shape[0], gm.s, clean.embed.shape[-1]
     row = 2 * len(gm.graph.senders) * s * d * 8 + 16 * s * d * 8  # the sent changes and a layer's inputs, float64
     size = max(1, budget // row)
-    out = np.zeros((4, n))
+    out = np.zeros((4, n, s))
     with torch.no_grad():
         for lo in range(0, n, size):
             idx = torch.arange(lo, min(n, lo + size), device=clean.embed.device)
             for j, r in enumerate((rep, clean.zeros())):
-                carried, at_scored = _sums(gm, clean, r, keep, positions[idx], idx)
-                out[j, lo:lo + len(idx)] = carried
-                out[2 + j, lo:lo + len(idx)] = at_scored
+                read, every = _squares(gm, clean, r, keep, positions[idx], idx)
+                out[j, lo:lo + len(idx)] = read
+                out[2 + j, lo:lo + len(idx)] = every
     return out
 
 
-def _sums(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any, idx: Any
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """(sum_v sum_p w ||Δ_v||^2, the same over the scored positions) [R] for prompts idx, with `rep`."""
+def position_mean(num: np.ndarray, den: np.ndarray, where: np.ndarray | None = None) -> np.ndarray:
+    """r_n [n]: the mean over positions (those of `where`, and with den > 0) of min(1, sqrt(num / den));
+    NaN for a prompt with no such position."""
+    ok = den > 0 if where is None else (den > 0) & where
+    r = np.minimum(1.0, np.sqrt(np.divide(num, den, out=np.zeros_like(num), where=ok)))
+    count = ok.sum(-1)
+    return np.asarray(np.divide((r * ok).sum(-1), count, out=np.full(len(count), np.nan), where=count > 0))
+
+
+def _squares(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any, idx: Any
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_v w_vp ||Δ_v||^2, sum_v ||Δ_v||^2) [R, s] for prompts idx, with `rep`."""
     import torch
 
     g, arch = gm.graph, gm.arch
     H, s = arch.n_heads, gm.s
     dev = clean.embed.device
     R = len(idx)
-    scored = torch.zeros(R, s, dtype=torch.float64, device=dev).scatter_add_(
-        1, positions.to(dev), torch.ones_like(positions, dtype=torch.float64, device=dev))
+    scored = torch.zeros(R, s, dtype=torch.float64, device=dev).scatter_(1, positions.to(dev), 1.0)
     upto = (torch.arange(s, device=dev)[None, :] <= positions.to(dev).max(1, keepdim=True).values).double()
     removed = torch.from_numpy(g.adjacency & ~keep).to(device=dev, dtype=torch.float64)
     read = receivers_read(keep & g.adjacency)
@@ -83,11 +97,11 @@ def _sums(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, position
     D[:, 0] = (clean.rows(clean.embed, idx) - rep.rows(rep.embed, idx))[:, :s].to(wide)
     linear = torch.ones(len(g.senders), dtype=wide, device=dev)  # 0: a head inside a post norm
     posts: list[tuple[int, Any, Any, Any]] = []  # (first head sender, P, post1, post1(P))
-    total, total_scored = torch.zeros(R, dtype=wide, device=dev), torch.zeros(R, dtype=wide, device=dev)
+    read_sq, every_sq = torch.zeros(R, s, dtype=wide, device=dev), torch.zeros(R, s, dtype=wide, device=dev)
 
     def take(cols: list[int], U: int) -> None:
         """Add the receivers `cols` (reading the first U senders) to the sums."""
-        nonlocal total, total_scored
+        nonlocal read_sq, every_sq
         if not cols:
             return
         M = removed[:U, cols] * linear[:U, None]  # [U, V]
@@ -101,9 +115,8 @@ def _sums(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, position
                 change = change + (out[:, None] - post1(X))
         sq = (change ** 2).sum(-1)  # [R, V, s]
         for c, v in enumerate(cols):
-            w = scored if reads_scored(g, v) else upto
-            total = total + (w * sq[:, c]).sum(-1)
-            total_scored = total_scored + (scored * sq[:, c]).sum(-1)
+            read_sq = read_sq + (scored if reads_scored(g, v) else upto) * sq[:, c]
+        every_sq = every_sq + sq.sum(1)
 
     for L in range(g.n_layers):
         U = g.senders_before(L)
@@ -126,7 +139,7 @@ def _sums(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, position
             if mc is not None:
                 D[:, U + H] = (mc[:, :s].to(wide) - (0.0 if mr is None else mr[:, :s].to(wide)))
     take([len(g.receivers) - 1], len(g.senders))
-    return total.cpu().numpy(), total_scored.cpu().numpy()
+    return read_sq.cpu().numpy(), every_sq.cpu().numpy()
 
 
 def reads_scored(g: Graph, v: int) -> bool:

@@ -25,8 +25,9 @@ Edge (A -> R, replacement o'):  Δ = o' - out_A(base) (a group of senders: the s
 their changes over the sum of their outputs); an MLP receiver reads every position up
 to the last scored one, or (last layer) the scored positions.  A path: the change
 its first hop reads.
-Edge circuit: what its receivers read through its removed edges, summed over them
-(mech.graph.received), each at the positions it reads (RECEIVED).
+Edge circuit: what its receivers read through its removed edges, pooled over them per position,
+each receiver at the positions it reads (RECEIVED), and averaged over positions
+(mech.graph.received: a position's ratio, not a ratio of sums over positions).
 Head ablation (each ablated head h):  Δ = out_h(replacement) - out_h(clean),
 with out_h = z_h W_O[h] (inside the layer's post-attention norm where the model has one:
 mech.edges.writes) and the replacement of the ablation type (zero: -out_h),
@@ -194,20 +195,17 @@ def _head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges
 
 def received_change(runs: Runs, keep: np.ndarray, kind: str) -> tuple[PerPrompt, PerPrompt]:
     """(r_n, r_n at the scored positions alone) of what the edge circuit `keep` [senders, receivers]
-    gives its receivers through its removed edges, ablated with `kind` (mech.graph.received)."""
+    gives its receivers through its removed edges, ablated with `kind`: per position, averaged over
+    positions (mech.graph.received)."""
     import torch
 
-    def sums(r: Runs) -> list[PerPrompt]:
+    def squares(r: Runs) -> list[PerPrompt]:
         clean = r.writes(r.clean)
         rep = (r.writes(r.corrupt) if kind == Replacement.RESAMPLE else r.mean_writes()
                if kind == Replacement.MEAN else clean.zeros())
-        return list(received.received_sums(r.graph_model(), clean, rep, keep, r.ds.positions))
+        return list(received.received_squares(r.graph_model(), clean, rep, keep, r.ds.positions))
 
     with torch.no_grad():
-        num, den, num_s, den_s = runs.in_chunks(sums) or sums(runs)
-    return _ratio(num, den), _ratio(num_s, den_s)
-
-
-def _ratio(num: np.ndarray, den: np.ndarray) -> PerPrompt:
-    """sqrt(num / den), NaN where den is 0."""
-    return np.asarray(np.sqrt(np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)))
+        num, den, num_all, den_all = runs.in_chunks(squares) or squares(runs)
+        scored = scored_positions(runs)[:, :num.shape[1]].cpu().numpy() > 0
+    return received.position_mean(num, den), received.position_mean(num_all, den_all, scored)

@@ -136,11 +136,24 @@ def test_names_discovery_end_to_end(tmp_path):
     assert len(doc["curve_finer"]) == 5 or hi - lo <= 1  # 5 steps, or nothing left between
     # every edge kept is the clean run: exactly 1
     assert (curve[-1]["k"], curve[-1]["faithfulness"], curve[-1]["ci"]) == (doc["graph"]["edges"], 1.0, [1.0, 1.0])
-    assert doc["starter_k"] == min(p["k"] for p in [*curve, *doc["curve_finer"]] if p["k"] > 0 and p["ci"][0] >= bound)
+    # the signed ranking: its own curve from 0 to 1, and the starter the smaller of the two rankings' first k
+    signed = doc["signed"]
+    assert signed["curve"][0]["faithfulness"] == 0.0 and signed["curve"][-1]["faithfulness"] == 1.0
+    assert signed["negative_edges"] == sum(r["score"] < 0 for r in doc["ranking"]) > 0
+
+    def first_k(points):
+        return min((p["k"] for p in points if p["k"] > 0 and p["ci"][0] >= bound), default=None)
+
+    k_abs, k_signed = first_k([*curve, *doc["curve_finer"]]), first_k([*signed["curve"], *signed["curve_finer"]])
+    chosen_signed = k_signed is not None and (k_abs is None or k_signed < k_abs)
+    assert doc["starter_ranking"] == ("signed" if chosen_signed else "abs")
+    assert doc["starter_k"] == (k_signed if chosen_signed else k_abs)
+    starter_rows = (sorted(doc["ranking"], key=lambda r: -r["score"]) if chosen_signed else doc["ranking"])
+    chosen_finer = signed["curve_finer"] if chosen_signed else doc["curve_finer"]
     # stability: at every k tried, and at the starter's
     stab = doc["stability"]
     assert stab["resamples"] == 20 and stab["prompts"] == doc["split"]["discovery"]
-    assert {p["k"] for p in stab["points"]} == {p["k"] for p in [*curve, *doc["curve_finer"]]}
+    assert {p["k"] for p in stab["points"]} == {p["k"] for p in [*curve, *chosen_finer]}
     for p in stab["points"]:
         assert 0.0 <= p["range"][0] <= p["jaccard"] <= p["range"][1] <= 1.0
     assert stab["points"][-1]["jaccard"] == 1.0  # every edge: the same set whatever the prompts
@@ -153,7 +166,7 @@ def test_names_discovery_end_to_end(tmp_path):
     assert sum(r["share"] for r in nodes) == pytest.approx(1.0, abs=1e-12)
     assert sum(r["edges"] for r in nodes) == 2 * k  # every edge has two ends
     assert [r["share"] for r in nodes] == sorted((r["share"] for r in nodes), reverse=True)
-    assert (out / "starter-edges.txt").read_text().splitlines() == [r["edge"] for r in doc["ranking"][:k]]
+    assert (out / "starter-edges.txt").read_text().splitlines() == [r["edge"] for r in starter_rows[:k]]
     md = (out / "discover.md").read_text()
     assert "## The estimate against the exact patch" in md and "| node " in md
     assert {"discover.md", "discover.html", "discovery.json", "starter.yaml"} <= {p.name for p in out.iterdir()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from harness.mech.graph.structure import Graph
 from harness.tools import stability
 from harness.tools.curve import drops
 
@@ -71,3 +72,17 @@ def test_resampled_scores_are_the_per_prompt_scores_reweighted():
         assert sc.resampled[:6, u, v] == pytest.approx(sc.per_prompt[j], abs=tol)
         assert sc.resampled[7, u, v] == pytest.approx(np.dot(np.arange(1, 7), sc.per_prompt[j]) / 21, abs=tol)
     assert sc.resampled[6] == pytest.approx(sc.total, abs=1e-6 * np.abs(sc.total).max())
+
+
+def test_the_signed_order_puts_positive_scores_first_ties_in_the_main_order():
+    """signed_order: by signed score summed over positions, the largest first; equal scores keep the
+    order of the main ranking (as the report's rows sorted by score do)."""
+    from harness.tools.curve import signed_order
+
+    g = Graph(1, 1, False)  # senders embed, L0H0; receivers L0H0.q/k/v, logits: 5 edges
+    us, rs = g.edge_index()
+    totals = np.array([0.5, -2.0, 0.5, 3.0, -0.1])  # per edge, graph order
+    score = np.zeros((*g.adjacency.shape, 2))
+    score[us, rs, 0], score[us, rs, 1] = totals / 2, totals / 2  # split over two positions
+    main = np.array([3, 1, 2, 0, 4])  # by |score|, ties (edges 0 and 2) with 2 first
+    assert signed_order(score, g, main).tolist() == [3, 2, 0, 4, 1]

@@ -19,7 +19,8 @@ from .style import VERDICT_COLOURS
 from .text import md_cell, md_code, md_text
 from .writer import place, rendered_again
 
-VERSION = 2  # of discovery.json (docs/discover.md): the versions `rerender` reads are 1 and this
+VERSION = 3  # of discovery.json (docs/discover.md): `rerender` reads READABLE
+READABLE = (1, 2, VERSION)
 USE_COLOURS = {"used": VERDICT_COLOURS["PASS"], "used (opposite sign)": "#7b3294", "unused": "#2c7bb6",
                "undetermined": VERDICT_COLOURS["INCONCLUSIVE"], "untested": "#aaaaaa"}
 
@@ -41,6 +42,12 @@ def draw_curve(doc: dict[str, Any]) -> Any:
         err = [[p["faithfulness"] - p["ci"][0] for p in finer], [p["ci"][1] - p["faithfulness"] for p in finer]]
         ax.errorbar([100 * p["k"] / n for p in finer], [p["faithfulness"] for p in finer], yerr=err,
                     fmt="s", ms=3, color="#6a51a3", capsize=2, lw=0.8, label="finer search")
+    signed = doc.get("signed")
+    if signed:
+        sp = [p for p in signed["curve"] if p["k"] > 0]
+        ax.errorbar([100 * p["fraction"] for p in sp], [p["faithfulness"] for p in sp],
+                    yerr=[[p["faithfulness"] - p["ci"][0] for p in sp], [p["ci"][1] - p["faithfulness"] for p in sp]],
+                    fmt="^--", ms=4, color="#1b9e77", capsize=2, lw=0.8, label="signed ranking (95% CI)")
     ax.axhline(1.0, color="#888888", lw=0.8, ls=":")
     ax.axhline(doc["settings"]["bound"], color=VERDICT_COLOURS["PASS"], lw=0.8, ls="--",
                label=f"bound {doc['settings']['bound']:g}")
@@ -98,7 +105,42 @@ def _node_xy(name: str, n_layers: int) -> tuple[float, float]:
 
 
 STARTER_EDGES = "starter-edges.txt"  # the starter circuit's edges, one per line (starter.yaml's edges_from)
+SHOWN_AGAINST = 10  # the most negative edges named
 CIRCUIT_EDGES = 60  # edges the circuit figure draws at most (the first by |score|; the rest in starter-edges.txt)
+
+
+def signed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranking's rows in the signed ranking's order: the largest signed score first (ties in the
+    main ranking's order)."""
+    return sorted(rows, key=lambda r: -float(r["score"]))
+
+
+def starter_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The starter circuit's rows: the first `starter_k` of the ranking it was chosen from
+    (`starter_ranking`: the main ranking's order, or the signed one's)."""
+    rows = doc["ranking"]
+    return (signed_rows(rows) if doc.get("starter_ranking") == "signed" else rows)[:doc.get("starter_k") or 0]
+
+
+def _signed_lines(doc: dict[str, Any]) -> list[str]:
+    """The signed ranking's curve, its smallest circuit above the bound, and the edges that push
+    against the answer."""
+    signed = doc.get("signed")
+    if not signed:
+        return []
+    pts = [p for p in [*signed["curve"], *signed["curve_finer"]] if 0 < p["k"] < doc["graph"]["edges"]]
+    against = sorted((r for r in doc["ranking"] if r["score"] < 0), key=lambda r: float(r["score"]))[:SHOWN_AGAINST]
+    out = ["The **signed ranking** puts the edges that push the metric towards the clean answer first and those "
+           f"that push against it ({signed['negative_edges']:,} of the {doc['graph']['edges']:,} edges) last, so its "
+           "circuits leave the opposing edges out (the ranking by |score| mixes them in: a faithfulness above 1 "
+           "means the circuit misses edges that hold the answer back):", "",
+           tabulate([[p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"]
+                     for p in sorted(pts, key=lambda p: p["k"])], headers=["k", "faithfulness [CI]"],
+                    tablefmt="github"), "",
+           f"CPR {fmt(signed['summaries']['CPR']['value'])}, CMD {fmt(signed['summaries']['CMD']['value'])}; the "
+           "edges that push hardest against the answer: "
+           + (", ".join(f"{md_code(r['edge'])} ({fmt(r['score'])})" for r in against) or "none") + ".", ""]
+    return out
 
 
 @literal
@@ -109,10 +151,11 @@ def draw_circuit(doc: dict[str, Any]) -> Any | None:
     k = doc.get("starter_k") or 0
     if not k:
         return None
-    edges = [r["edge"] for r in doc["ranking"][:min(k, CIRCUIT_EDGES)]]
+    starter = starter_rows(doc)
+    edges = [r["edge"] for r in sorted(starter, key=lambda r: -abs(float(r["score"])))[:CIRCUIT_EDGES]]
     share = {r["node"]: r["share"] for r in doc.get("starter_nodes") or []}
     use = {c["edge"]: c["use"] for c in doc["confirmed"]}
-    every = {part for r in doc["ranking"][:k] for part in r["edge"].split(" -> ")}
+    every = {part for r in starter for part in r["edge"].split(" -> ")}
     layers = max([int(part[1:].split("H")[0].split(".")[0]) for part in every if part.startswith("L")] + [0]) + 1
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(min(8.0, MAX_WIDTH_IN), 1.2 + 0.5 * (layers + 2)), layout="constrained")
@@ -188,10 +231,12 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
                           for p in sorted(finer, key=lambda p: p["k"])],
                          headers=["k", "faithfulness [CI]"], tablefmt="github"), ""]
     k = doc.get("starter_k")
-    out += [f"The smallest circuit tried whose interval lies above {s['bound']:g}: "
-            + (f"**the top {k} edges** (starter.yaml's circuit claim; the smallest of several intervals that clear "
-               "a bound is an optimistic pick, which the starter file tests again on held-out prompts)." if k else
-               "none (no circuit claim in starter.yaml)."), ""]
+    out += _signed_lines(doc)
+    by = " of the signed ranking" if doc.get("starter_ranking") == "signed" else ""
+    out += [f"The smallest circuit tried, of either ranking, whose interval lies above {s['bound']:g}: "
+            + (f"**the top {k} edges{by}** (starter.yaml's circuit claim; the smallest of several intervals that "
+               "clear a bound is an optimistic pick, which the starter file tests again on held-out prompts)." if k
+               else "none (no circuit claim in starter.yaml)."), ""]
     change = doc.get("starter_change")
     if k and change:
         out += [f"Non-vacuity, as `harness run` judges the circuit claim: what the circuit's receivers read through "
@@ -290,7 +335,7 @@ def files(doc: dict[str, Any]) -> dict[str, bytes]:
     out["discover.html"] = render_html(md, figs, f"discovery: {doc['settings']['model']}").encode()
     out["discovery.json"] = to_json(doc).encode()
     if doc.get("starter_k"):
-        out[STARTER_EDGES] = "".join(r["edge"] + "\n" for r in doc["ranking"][:doc["starter_k"]]).encode()
+        out[STARTER_EDGES] = "".join(r["edge"] + "\n" for r in starter_rows(doc)).encode()
     return out
 
 
@@ -298,15 +343,23 @@ def summary(doc: dict[str, Any]) -> str:
     """The terminal text: split, curve, CPR / CMD, the starter's k, confirmed edges."""
     s, sp, su = doc["settings"], doc["split"], doc["summaries"]
     used = [c["edge"] for c in doc["confirmed"] if c["use"] == "used"]
+    signed = doc.get("signed")
+    by_sign = {p["k"]: p for p in signed["curve"]} if signed else {}
+
+    def cell(p: dict[str, Any] | None) -> str:
+        return "" if p is None else f"{p['faithfulness']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}]"
+
+    start = ("none" if not doc["starter_k"] else f"top {doc['starter_k']} edges"
+             + (" of the signed ranking" if doc.get("starter_ranking") == "signed" else ""))
     lines = [f"{s['method']} on {sp['discovery']} discovery prompts; confirmed on {sp['confirmation']} others",
              f"graph: {doc['graph']['edges']} edges",
-             tabulate([[f"{100 * p['fraction']:g}%", p["k"], f"{p['faithfulness']:.3f}",
-                        f"[{p['ci'][0]:.3f}, {p['ci'][1]:.3f}]"] for p in doc["curve"]],
-                      headers=["edges", "k", "faithfulness", "CI"], disable_numparse=True),
+             tabulate([[f"{100 * p['fraction']:g}%", p["k"], cell(p), *([cell(by_sign.get(p["k"]))] if signed else [])]
+                       for p in doc["curve"]],
+                      headers=["edges", "k", "faithfulness [CI]", *(["signed ranking"] if signed else [])],
+                      disable_numparse=True),
              f"CPR {su['CPR']['value']:.3f} [{su['CPR']['ci'][0]:.3f}, {su['CPR']['ci'][1]:.3f}], "
              f"CMD {su['CMD']['value']:.3f} [{su['CMD']['ci'][0]:.3f}, {su['CMD']['ci'][1]:.3f}]",
-             f"starter circuit: {'top ' + str(doc['starter_k']) + ' edges' if doc['starter_k'] else 'none'}; "
-             f"confirmed edges (used): {len(used)} of the top {s['top']}"]
+             f"starter circuit: {start}; confirmed edges (used): {len(used)} of the top {s['top']}"]
     if doc.get("known"):
         k = doc["known"]
         lines.append(f"known circuit {k['claim']} ({len(k['edges'])} edges): ROC AUC {fmt(k['auc'])}; faithfulness "
@@ -343,9 +396,9 @@ def rerender(json_path: Path, out_dir: Path | None = None) -> Path:
 
 
 def problems(doc: Any) -> list[str]:
-    """What keeps a document from being a discovery.json this harness renders (versions 1 and VERSION)."""
+    """What keeps a document from being a discovery.json this harness renders (the READABLE versions)."""
     if not isinstance(doc, dict):
         return ["not a JSON object"]
     missing = [k for k in REQUIRED if k not in doc]
-    return ([f"version {doc.get('version')!r}; this harness renders 1 and {VERSION}"]
-            if doc.get("version") not in (1, VERSION) else []) + ([f"missing {', '.join(missing)}"] if missing else [])
+    return ([f"version {doc.get('version')!r}; this harness renders {', '.join(map(str, READABLE))}"]
+            if doc.get("version") not in READABLE else []) + ([f"missing {', '.join(missing)}"] if missing else [])

@@ -14,7 +14,8 @@ over the prompts K whose full-empty gap is at least min_prompt_gap, with a BCa i
   rule: CPR = area under F, CMD = area under |1 - F|, each with an interval from one paired
   bootstrap of the prompts.
 * **The finer search** (`refine`): bisection on k between the last grid point below the bound
-  (its interval's lower end under it) and the first at or above it, STEPS circuits one after
+  (its interval's lower end under it; no edge, k = 0, when the grid's first point clears it) and
+  the first at or above it, STEPS circuits one after
   the other: the midpoint k is tried, and becomes the new upper end when its interval clears the
   bound, else the new lower end; the starter is the smallest k tried whose interval clears the
   bound.  Bisection assumes the curve rises between the two grid points; where it does not,
@@ -130,11 +131,11 @@ def clears(point: dict[str, Any], bound: float) -> bool:
 def refine(runs: Runs, g: Graph, order: np.ndarray, curve: Curve, bound: float, st: Stats, seed: int,
            unit: str) -> list[dict[str, Any]]:
     """The finer search's points (module docstring), in the order tried; [] when no grid point
-    clears the bound, or the first one that does has no grid point below it."""
+    clears the bound (below the grid's first point: between no edge, F = 0, and it)."""
     first = next((i for i, p in enumerate(curve.points) if clears(p, bound)), None)
-    if first is None or first == 0:
+    if first is None:
         return []
-    lo, hi = curve.points[first - 1]["k"], curve.points[first]["k"]
+    lo, hi = curve.points[first - 1]["k"] if first else 0, curve.points[first]["k"]  # k = 0: F = 0, below
     gap = curve.m_full - curve.m_empty
     tried: list[dict[str, Any]] = []
     for r in range(STEPS):
@@ -157,6 +158,26 @@ def refine(runs: Runs, g: Graph, order: np.ndarray, curve: Curve, bound: float, 
 def starter_k(curve: Curve, finer: list[dict[str, Any]], bound: float) -> int | None:
     """The smallest k tried (grid or finer search) whose interval clears the bound."""
     return min((p["k"] for p in [*curve.points, *finer] if clears(p, bound)), default=None)
+
+
+def signed_order(score: np.ndarray, g: Graph, order: np.ndarray) -> np.ndarray:
+    """Edge indices (graph.edges() order) by their signed score summed over positions, the largest
+    first (ties in the order of `order`, the main ranking): the edges that push the metric towards
+    the clean run, then those that push against it."""
+    us, rs = g.edge_index()
+    total = score.sum(-1)[us, rs]
+    return order[np.argsort(-total[order], kind="stable")]
+
+
+def signed_search(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed: int, unit: str,
+                  bound: float) -> dict[str, Any]:
+    """discovery.json's `signed`: the faithfulness curve of the signed ranking `order` (signed_order),
+    its finer search and its smallest k whose interval clears the bound."""
+    stage("the signed ranking: edges that push towards the clean answer first")
+    curve = faithfulness_curve(runs, g, order, st, seed, unit, [])
+    finer = refine(runs, g, order, curve, bound, st, seed, unit)
+    return {"curve": curve.points, "summaries": curve.summaries, "curve_finer": finer,
+            "starter_k": starter_k(curve, finer, bound)}
 
 
 def drops(points: list[dict[str, Any]], least: float) -> list[dict[str, Any]]:

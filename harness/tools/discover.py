@@ -64,14 +64,24 @@ from ..model.tokenizer import start_words
 from ..progress import progress, stage
 from ..report import circuit_reading as reading
 from ..report import discovery as render
-from ..report.discovery import STARTER_EDGES, VERSION
+from ..report.discovery import STARTER_EDGES, VERSION, signed_rows, starter_rows
 from ..report.writer import write_folder
 from ..spec import names
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Replacement
 from ..streams import Stream, derive_seed
 from . import stability
-from .curve import Curve, curve_ks, drops, faithfulness_curve, refine, starter_k, top_mask
+from .curve import (
+    Curve,
+    curve_ks,
+    drops,
+    faithfulness_curve,
+    refine,
+    signed_order,
+    signed_search,
+    starter_k,
+    top_mask,
+)
 from .scan import ScanSettings, explore_dataset, held_out_mapping, scan_hooks
 
 METHODS = ("eap-ig", "eap", "exact")
@@ -258,12 +268,18 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     curve_seed = derive_seed(cfg.seed, Stream.DISCOVER_CURVE)
     curve = faithfulness_curve(conf, g, order, st, curve_seed, unit, extra)
     finer = refine(conf, g, order, curve, cfg.bound, st, curve_seed, unit)
-    k_start = starter_k(curve, finer, cfg.bound)
-    change = starter_change(conf, g, order, k_start, st)
-    ks = sorted({*curve_ks(g.n_edges), *(p["k"] for p in finer)})
-    stable = None if cfg.rank != "abs" else stability.summary(stability.jaccard(resampled, order, ks), ks, k_start,
-                                                              len(disc_idx))
+    k_main = starter_k(curve, finer, cfg.bound)
+    s_order = signed_order(score, g, order)
+    signed = signed_search(conf, g, s_order, st, derive_seed(cfg.seed, Stream.DISCOVER_CURVE, 1), unit, cfg.bound)
+    k_signed = signed["starter_k"]
+    use_signed = k_signed is not None and (k_main is None or k_signed < k_main)
+    k_start, chosen = (k_signed, s_order) if use_signed else (k_main, order)
+    change = starter_change(conf, g, chosen, k_start, st)
+    ks = sorted({*curve_ks(g.n_edges), *(p["k"] for p in (signed["curve_finer"] if use_signed else finer))})
+    stable = None if cfg.rank != "abs" else stability.summary(
+        stability.jaccard(resampled, chosen, ks, signed=use_signed), ks, k_start, len(disc_idx))
     rows = ranking_rows(score, g, order, gap)
+    signed["negative_edges"] = int(sum(r["score"] < 0 for r in rows))
     confirmed = [confirmed_row(r, t) for r, t in enumerate(tests, start=1)]
     return {
         "kind": "discovery", "version": VERSION,
@@ -288,8 +304,10 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
                                        derive_seed(cfg.seed, Stream.DISCOVER_AGREEMENT)),
         "known": None if got.known is None or known_mask is None else known_doc(got.known, known_mask, g, order,
                                                                                 curve),
+        "signed": signed,
         "starter_k": k_start,
-        "starter_nodes": reading.starter_nodes(rows, k_start) if k_start else [],
+        "starter_ranking": "signed" if use_signed else cfg.rank,
+        "starter_nodes": reading.starter_nodes(signed_rows(rows) if use_signed else rows, k_start) if k_start else [],
         "starter_change": change,
         "warnings": [] if change is None or not change["vacuous"] else [
             f"the starter circuit is untested: resample-ablating the rest leaves what it reads as it was "
@@ -375,10 +393,12 @@ def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
     k, bound, method = doc["starter_k"], doc["settings"]["bound"], doc["settings"]["method"]
     if k:
         claims.append({"id": f"top-{k}-edge-circuit", "kind": "circuit",
-                       "description": f"The {k} edges discovery ranked first ({method}); on the confirmation "
-                                      "prompts the interval of their circuit's faithfulness lay at or above "
-                                      f"{bound:g}.",
-                       "edges": [r["edge"] for r in doc["ranking"][:k]], "at_least": bound})
+                       "description": f"The {k} edges discovery ranked first ({method}"
+                                      + (", by signed score: those that push towards the answer"
+                                         if doc.get("starter_ranking") == "signed" else "")
+                                      + "); on the confirmation prompts the interval of their circuit's "
+                                      f"faithfulness lay at or above {bound:g}.",
+                       "edges": [r["edge"] for r in starter_rows(doc)], "at_least": bound})
     for c in doc["confirmed"]:
         if c["use"] == USED:
             slug = c["edge"].replace(" -> ", "-to-").replace(".", "-")

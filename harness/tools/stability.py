@@ -8,9 +8,9 @@ score under resample b is the weighted mean of its per-prompt scores (summed ove
 
 taken from the same pass that scored the edges (mech.graph.attribution's `resamples`; for `exact`, the
 per-prompt patches), so stability costs no extra forward.  Resample b ranks the edges by
-|s_b(e)| (the `abs` rank; `positions` would need every position of every resample, and is not
-offered), and at each k its top-k set T_b is compared with the full ranking's T by the Jaccard
-index
+|s_b(e)| (the `abs` rank; by s_b(e) for the signed ranking; `positions` would need every position
+of every resample, and is not offered), and at each k its top-k set T_b is compared with the full
+ranking's T by the Jaccard index
 
     J_b(k) = |T_b ∩ T| / |T_b ∪ T|.
 
@@ -36,16 +36,17 @@ def weights(n: int, seed: int, resamples: int = RESAMPLES) -> np.ndarray:
     return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
 
 
-def jaccard(resampled: np.ndarray, order: np.ndarray, ks: list[int]) -> np.ndarray:
+def jaccard(resampled: np.ndarray, order: np.ndarray, ks: list[int], signed: bool = False) -> np.ndarray:
     """[B, len(ks)]: J_b(k) (module docstring) of each resample's scores `resampled` [B, E] (graph
-    edge order) against the ranking `order` (edge indices, strongest first)."""
+    edge order) against the ranking `order` (edge indices, strongest first); `signed`: each resample
+    ranked by s_b(e), the largest first, as the signed ranking is."""
     E = len(order)
     rank = np.empty(E, dtype=np.int64)
     rank[order] = np.arange(E)
     out = np.zeros((resampled.shape[0], len(ks)))
     for b, values in enumerate(resampled):
         rank_b = np.empty(E, dtype=np.int64)
-        rank_b[np.argsort(-np.abs(values), kind="stable")] = np.arange(E)
+        rank_b[np.argsort(-(values if signed else np.abs(values)), kind="stable")] = np.arange(E)
         both = np.maximum(rank, rank_b)  # an edge is in both top-k sets iff both ranks are below k
         counts = np.searchsorted(np.sort(both), np.asarray(ks), side="left")  # |T_b(k) ∩ T(k)| per k
         for j, k in enumerate(ks):

@@ -298,3 +298,16 @@ def test_harness_report_renders_a_discovery_again(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "missing curve" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert (out / "discover.md").read_bytes() == md
+
+
+def test_the_circuit_figure_merges_edges_per_pair_of_nodes():
+    """One arrow per (sender, receiver node): an edge into .q, .k or .v ends at the head; its weight the
+    summed |score|; its use the patched edge of largest |score| (None when none was patched)."""
+    from harness.report.circuit_figure import arrows
+
+    rows = [{"edge": "L0H1 -> L1H2.q", "score": 0.5}, {"edge": "L0H1 -> L1H2.k", "score": -2.0},
+            {"edge": "embed -> L1H2.v", "score": 1.0}, {"edge": "L1H2 -> logits", "score": 3.0},
+            {"edge": "L0H1 -> logits", "score": 0.25}]
+    use = {"L0H1 -> L1H2.q": "used", "L0H1 -> L1H2.k": "unused", "L1H2 -> logits": "used"}
+    assert arrows(rows, use) == [("L1H2", "logits", 3.0, "used"), ("L0H1", "L1H2", 2.5, "unused"),
+                                 ("embed", "L1H2", 1.0, None), ("L0H1", "logits", 0.25, None)]

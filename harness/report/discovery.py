@@ -12,7 +12,8 @@ from tabulate import tabulate
 
 from ..evidence.document import to_json
 from ..evidence.format import fmt, fmt_ci, fmt_p
-from .circuit_reading import SHOWN_NODES, node_of
+from .circuit_figure import draw_circuit
+from .circuit_reading import SHOWN_NODES
 from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
 from .html import render_html
 from .style import VERDICT_COLOURS
@@ -21,8 +22,6 @@ from .writer import place, rendered_again
 
 VERSION = 3  # of discovery.json (docs/discover.md): `rerender` reads READABLE
 READABLE = (1, 2, VERSION)
-USE_COLOURS = {"used": VERDICT_COLOURS["PASS"], "used (opposite sign)": "#7b3294", "unused": "#2c7bb6",
-               "undetermined": VERDICT_COLOURS["INCONCLUSIVE"], "untested": "#aaaaaa"}
 
 
 @literal
@@ -92,21 +91,8 @@ def draw_stability(doc: dict[str, Any]) -> Any | None:
     return fig
 
 
-def _node_xy(name: str, n_layers: int) -> tuple[float, float]:
-    """(x, y) of a node: y the layer (embed at -1, logits at n_layers), x its head index (MLP right)."""
-    if name == "embed":
-        return 0.0, -1.0
-    if name == "logits":
-        return 0.0, float(n_layers)
-    if name.endswith(".mlp"):
-        return -1.5, int(name[1:name.index(".")]) + 0.5
-    layer, head = name[1:].split("H")
-    return float(head.split(".")[0]) + 1, float(layer)
-
-
 STARTER_EDGES = "starter-edges.txt"  # the starter circuit's edges, one per line (starter.yaml's edges_from)
 SHOWN_AGAINST = 10  # the most negative edges named
-CIRCUIT_EDGES = 60  # edges the circuit figure draws at most (the first by |score|; the rest in starter-edges.txt)
 
 
 def signed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -141,59 +127,6 @@ def _signed_lines(doc: dict[str, Any]) -> list[str]:
            "edges that push hardest against the answer: "
            + (", ".join(f"{md_code(r['edge'])} ({fmt(r['score'])})" for r in against) or "none") + ".", ""]
     return out
-
-
-@literal
-def draw_circuit(doc: dict[str, Any]) -> Any | None:
-    """The starter circuit's first CIRCUIT_EDGES edges (by |score|) as arrows between nodes; colour: the
-    edge's confirmation use; a node's disc sized by its share of the circuit's attribution (all k edges:
-    report.circuit_reading), and per layer a count of the circuit's nodes no drawn edge reaches."""
-    k = doc.get("starter_k") or 0
-    if not k:
-        return None
-    starter = starter_rows(doc)
-    edges = [r["edge"] for r in sorted(starter, key=lambda r: -abs(float(r["score"])))[:CIRCUIT_EDGES]]
-    share = {r["node"]: r["share"] for r in doc.get("starter_nodes") or []}
-    use = {c["edge"]: c["use"] for c in doc["confirmed"]}
-    every = {part for r in starter for part in r["edge"].split(" -> ")}
-    layers = max([int(part[1:].split("H")[0].split(".")[0]) for part in every if part.startswith("L")] + [0]) + 1
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(min(8.0, MAX_WIDTH_IN), 1.2 + 0.5 * (layers + 2)), layout="constrained")
-    nodes: set[str] = set()
-    for e in edges:
-        src, dst = e.split(" -> ")
-        owner = node_of(dst)
-        nodes |= {src, owner}
-        (x0, y0), (x1, y1) = _node_xy(src, layers), _node_xy(owner, layers)
-        colour = USE_COLOURS.get(use.get(e, ""), "#cccccc")
-        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                    arrowprops={"arrowstyle": "->", "color": colour, "lw": 1.4 if e in use else 0.8,
-                                "shrinkA": 8, "shrinkB": 8})
-    for n in nodes:
-        x, y = _node_xy(n, layers)
-        ax.scatter([x], [y], s=30 + 900 * share.get(n, 0.0), color="#9ecae1", alpha=0.6, zorder=1, lw=0)
-        ax.annotate(n, (x, y), ha="center", va="center", fontsize=6, zorder=2,
-                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "#444444", "lw": 0.5})
-    xs = [_node_xy(n, layers)[0] for n in nodes]
-    right = max(xs) + 1
-    hidden: dict[float, int] = {}
-    for n in {node_of(part) for part in every} - nodes:
-        y = _node_xy(n, layers)[1]
-        hidden[y] = hidden.get(y, 0) + 1
-    for y, count in sorted(hidden.items()):
-        ax.annotate(f"+{count} more", (right, y), ha="left", va="center", fontsize=6, color="#666666")
-    ax.set_xlim(min(xs) - 1, right + (1.5 if hidden else 0))
-    ax.set_ylim(-1.6, layers + 0.6)
-    ax.set_yticks(range(-1, layers + 1), ["embed", *[f"layer {i}" for i in range(layers)], "logits"],
-                  fontsize=8 if layers <= 12 else 5)
-    ax.set_xticks([])
-    handles = [plt.Line2D([], [], color=c, lw=1.4, label=u) for u, c in USE_COLOURS.items()]
-    handles.append(plt.Line2D([], [], color="#cccccc", lw=0.8, label="not patched"))
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    shown = f"the top {k} edges" if k <= CIRCUIT_EDGES else f"the first {CIRCUIT_EDGES} of the circuit's {k} edges"
-    ax.set_title(label(f"{shown} by |score| (discs: a node's share of the circuit's attribution; confirmation: "
-                       f"exact patching of the top {doc['settings']['top']})", 90), fontsize=8)
-    return fig
 
 
 def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
@@ -323,7 +256,7 @@ def _stability_lines(doc: dict[str, Any], figures: set[str]) -> list[str]:
 def files(doc: dict[str, Any]) -> dict[str, bytes]:
     """{relative path: bytes}: discovery.json, discover.md, discover.html, figures/."""
     figs: dict[str, bytes] = {"curve.png": png(draw_curve(doc), tight=False)}
-    circuit = draw_circuit(doc)
+    circuit = draw_circuit(doc, starter_rows(doc))
     if circuit is not None:
         figs["circuit.png"] = png(circuit, tight=False)
     stable = draw_stability(doc)

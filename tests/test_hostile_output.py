@@ -586,7 +586,7 @@ def test_a_swallowed_ctrl_c_comes_again(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_validate", swallows_then_works)
     start, hook = time.monotonic(), sys.unraisablehook
     assert cli.main(["validate", str(HYPOTHESES / "induction.yaml")]) == 130
-    assert time.monotonic() - start < 20  # the repeat, not the end of the command's 30 s
+    assert time.monotonic() - start < 20  # raised again, not the end of the command's 30 s
     assert capsys.readouterr().err == "interrupted\n"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was
     assert sys.unraisablehook is hook

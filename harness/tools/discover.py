@@ -22,8 +22,12 @@ estimate; only the confirmation part confirms:
   resampled from the corrupted run) on MIB's grid of k, with CPR and CMD, then a finer search
   between the last k below `bound` and the first above it; the curve's drops beyond its
   intervals;
+* the same curve and finer search on the signed ranking (tools.curve.signed_order: the largest
+  signed score first, so its circuits leave out the edges that push against the answer); the
+  starter is the smallest circuit of either ranking whose interval clears `bound`, and its
+  non-vacuity is judged as a circuit claim's (claims.effects.circuit_change);
 * stability (tools.stability): the Jaccard overlap of the top-k sets of bootstrap resamples of
-  the discovery prompts with the full ranking's, from the same scoring pass.
+  the discovery prompts with the starter's ranking's, from the same scoring pass.
 
 With a hypothesis file that has a circuit claim, its edges are the known circuit (its first edge
 circuit; else its first node circuit as an edge circuit: the edges among its nodes, from embed
@@ -32,7 +36,7 @@ document gives the ROC AUC of the ranking against them, the known circuit's fait
 the confirmation prompts, and whether the interval of the top-|known| circuit covers it.
 The folder (report.discovery) holds discovery.json (docs/discover.md), discover.md,
 discover.html, figures/curve.png and figures/circuit.png, and starter.yaml: an edge circuit
-claim at the smallest k whose interval lies at or above `bound`, and an edge claim for each
+claim of the starter, and an edge claim for each
 confirmed edge, on held-out prompts (a generator's or template's `test` split).
 """
 

@@ -57,7 +57,8 @@ def received_squares(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarra
 
     budget = memory.working(BUDGET) if budget is None else budget
     n, s, d = clean.embed.shape[0], gm.s, clean.embed.shape[-1]
-    row = 2 * len(gm.graph.senders) * s * d * 8 + 16 * s * d * 8  # the sent changes and a layer's inputs, float64
+    # per prompt, float64: every sender's change, and a layer's receivers' changes (and their post-norm inputs)
+    row = (len(gm.graph.senders) + 6 * gm.arch.n_heads + 8) * s * d * 8
     size = max(1, budget // row)
     out = np.zeros((4, n, s))
     with torch.no_grad():

@@ -30,6 +30,25 @@ def test_block_squares_match_explicit_haar_matrices(r, n):
     assert fast.mean() == pytest.approx(1 / n, rel=0.03)
 
 
+@pytest.mark.parametrize(("r", "n", "m"), [(16, 64, 1000), (256, 640, 40)])
+def test_blocks_built_a_part_at_a_time_are_the_one_generator_construction(r, n, m, monkeypatch):
+    """haar_blocks draws G_top, W and the chi-square diagonal a part at a time from three generators
+    that skip to their place: the numbers of one generator drawing each whole, in that order, and the
+    blocks built from them, whatever the part size."""
+    from harness.mech.weights import null
+
+    rng = np.random.default_rng(7)
+    G = torch.from_numpy(rng.standard_normal((m, r, r)))
+    W = rng.standard_normal((m, r, r))
+    diag = np.sqrt(rng.chisquare(n - r - np.arange(r), size=(m, r)))
+    Lw = torch.from_numpy(np.tril(W, -1)) + torch.diag_embed(torch.from_numpy(diag))
+    R = torch.linalg.cholesky(G.mT @ G + Lw @ Lw.mT, upper=True)
+    want = torch.linalg.solve_triangular(R, G, upper=True, left=False)
+    for build_bytes in (8 * r * r * 3, null.BUILD_BYTES):  # parts of 3 draws, and the default's
+        monkeypatch.setattr(null, "BUILD_BYTES", build_bytes)
+        torch.testing.assert_close(null.haar_blocks(r, n, m, 7), want, rtol=1e-12, atol=1e-14)
+
+
 def test_null_draws_come_in_seeded_chunks():
     null = SharedNull(r=4, n=20, seed=7)
     a = torch.tensor([[0.4, 0.3, 0.2, 0.1]], dtype=torch.float64)

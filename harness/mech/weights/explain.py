@@ -312,6 +312,9 @@ class Explainer:
                     cos_ = (torch.linalg.svdvals(part[:, :kx, :ky]).clamp(0.0, 1.0).numpy() if kx and ky
                             else np.zeros((len(part), 0)))
                     parts.append((sv_, cos_))
+                del F
+                if chunk_draws(r) < CHUNK:  # chunks made afresh: their build's freed blocks back to the system
+                    memory.release()
         sv, cos = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         total = np.sum(sv ** 2, axis=1, keepdims=True)
         shares = np.divide(sv ** 2, total, out=np.full_like(sv, np.nan), where=total > 0)

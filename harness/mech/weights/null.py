@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import memory
 from ...streams import Stream, derive_seed
 from ...threads import single_threaded
 
@@ -68,7 +69,7 @@ def chunk_draws(r: int) -> int:
     """Draws per seeded chunk for blocks of size r: CHUNK, or fewer where CHUNK blocks would pass
     CHUNK_BYTES (a 256-dimensional head's 1,000 blocks hold 512 MiB, and their draws several times it)."""
     return max(1, min(CHUNK, CHUNK_BYTES // (8 * r * r)))
-BUILD_BYTES = 32 * 2**20  # draws of F built at once from their random numbers (each several temporaries of their size)
+BUILD_BYTES = 8 * 2**20  # draws of F built at once from their random numbers (each several temporaries of their size)
 KEEP_BYTES = 128 * 2**20  # at most this many bytes of a SharedNull's draws stay in memory (d_head 64: all 1,000)
 PAIRS = 128  # pairs per contraction in SharedNull.pair_samples
 TOL = 1e-12  # C_null >= C - TOL counts as reaching C (ties in exact arithmetic)
@@ -76,29 +77,42 @@ TOL = 1e-12  # C_null >= C - TOL counts as reaching C (ties in exact arithmetic)
 
 def haar_blocks(r: int, n: int, m: int, seed: int) -> Any:
     """m draws of F, the top-left r x r block of a Haar n x n orthogonal matrix (the
-    construction above): a float64 tensor [m, r, r]."""
+    construction above): a float64 tensor [m, r, r].  The random numbers are those of one
+    generator seeded `seed` drawing G_top [m, r, r], then W [m, r, r], then the chi-square
+    diagonal [m, r]; they are drawn a part of BUILD_BYTES at a time, from three generators that
+    each skip to their place in that stream, so nothing of size m x r x r is held but the result."""
     import torch
 
     if r > n:
         raise ValueError(f"block size {r} exceeds the dimension {n}")
-    rng = np.random.default_rng(seed)
+    step = max(1, BUILD_BYTES // (8 * r * r))  # draws built at once
     with single_threaded():
         if n < 2 * r:  # small n: the whole frame (first r columns), then its top rows
-            G = torch.from_numpy(rng.standard_normal((m, n, r)))
+            G = torch.from_numpy(np.random.default_rng(seed).standard_normal((m, n, r)))
             R = torch.linalg.cholesky(G.mT @ G, upper=True)
             return torch.linalg.solve_triangular(R, G[:, :r, :], upper=True, left=False)
-        G_top = rng.standard_normal((m, r, r))
-        W = rng.standard_normal((m, r, r))  # its strictly lower triangle is L's
-        dof = n - r - np.arange(r)  # n - r - i + 1 for i = 1..r
-        diag = np.sqrt(rng.chisquare(dof, size=(m, r)))
+        tops, lowers, diag_rng = (np.random.default_rng(seed) for _ in range(3))
+        _skip(lowers, m, r, step)  # past G_top
+        _skip(diag_rng, m, r, step)
+        _skip(diag_rng, m, r, step)  # past G_top and W
+        diag = np.sqrt(diag_rng.chisquare(n - r - np.arange(r), size=(m, r)))  # n - r - i + 1 for i = 1..r
         out = torch.empty((m, r, r), dtype=torch.float64)
-        step = max(1, BUILD_BYTES // (8 * r * r))  # the draws drawn at once, built a part at a time
         for lo in range(0, m, step):
-            G = torch.from_numpy(G_top[lo:lo + step])
-            Lw = torch.from_numpy(np.tril(W[lo:lo + step], -1)) + torch.diag_embed(torch.from_numpy(diag[lo:lo + step]))
+            size = min(step, m - lo)
+            G = torch.from_numpy(tops.standard_normal((size, r, r)))
+            Lw = torch.from_numpy(np.tril(lowers.standard_normal((size, r, r)), -1)) + torch.diag_embed(
+                torch.from_numpy(diag[lo:lo + size]))  # W's strictly lower triangle is L's
             R = torch.linalg.cholesky(G.mT @ G + Lw @ Lw.mT, upper=True)
-            out[lo:lo + step] = torch.linalg.solve_triangular(R, G, upper=True, left=False)  # G_top R^{-1}
+            out[lo:lo + size] = torch.linalg.solve_triangular(R, G, upper=True, left=False)  # G_top R^{-1}
+            if m > step:  # a part's freed temporaries back to the system before the next (the heap keeps them)
+                memory.release()
         return out
+
+
+def _skip(rng: np.random.Generator, m: int, r: int, step: int) -> None:
+    """Draw (and drop) m x r x r standard normals, `step` x r x r at a time: the same stream as one draw."""
+    for lo in range(0, m, step):
+        rng.standard_normal((min(step, m - lo), r, r))
 
 
 def haar_block_squares(r: int, n: int, m: int, seed: int) -> Any:

@@ -456,10 +456,10 @@ def test_what_an_edge_circuit_receives_equals_the_oracle(fam):
     with Float64(), torch.no_grad():
         gm = forward.GraphModel.build(fam.bridge, base, positions)
         clean = parts.run_writes(fam.bridge, base, gm.s, torch.float64)
-        got = received.received_squares(gm, clean, parts.run_writes(fam.bridge, source, gm.s, torch.float64), keep,
-                                     positions, budget=1)  # one prompt a chunk
         scored = torch.zeros(n, gm.s, dtype=torch.float64).scatter_(1, positions, 1.0)
         upto = (torch.arange(gm.s)[None, :] <= positions.max(1, keepdim=True).values).double()
+        got = received.received_squares(gm, clean, parts.run_writes(fam.bridge, source, gm.s, torch.float64), keep,
+                                        scored, upto, budget=1)  # one prompt a chunk
         want = np.zeros((4, n, gm.s))
         for v in np.nonzero(received.receivers_read(keep))[0]:
             gone = [g.senders[u] for u in np.nonzero(g.adjacency[:, v] & ~keep[:, v])[0]]

@@ -48,11 +48,12 @@ def receivers_read(keep: np.ndarray) -> np.ndarray:
     return read
 
 
-def received_squares(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any,
+def received_squares(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, scored: Any, upto: Any,
                      budget: int | None = None) -> np.ndarray:
     """[4, n, s]: per prompt and position, sum_v w_vp ||Δ_v||^2 and sum_v w_vp ||S_v||^2, then the same
     summed over every receiver read (w = 1: the scored positions' sums) (module docstring), for the
-    edge circuit `keep` [U, V] on the prompts of `clean`."""
+    edge circuit `keep` [U, V] on the prompts of `clean`; `scored` and `upto` [n, >= s]: 1 at the
+    scored positions, and at every position up to the last scored one (mech.runs.change)."""
     import torch
 
     budget = memory.working(BUDGET) if budget is None else budget
@@ -65,7 +66,7 @@ def received_squares(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarra
         for lo in range(0, n, size):
             idx = torch.arange(lo, min(n, lo + size), device=clean.embed.device)
             for j, r in enumerate((rep, clean.zeros())):
-                read, every = _squares(gm, clean, r, keep, positions[idx], idx)
+                read, every = _squares(gm, clean, r, keep, scored[idx, :s], upto[idx, :s], idx)
                 out[j, lo:lo + len(idx)] = read
                 out[2 + j, lo:lo + len(idx)] = every
     return out
@@ -80,17 +81,16 @@ def position_mean(num: np.ndarray, den: np.ndarray, where: np.ndarray | None = N
     return np.asarray(np.divide((r * ok).sum(-1), count, out=np.full(len(count), np.nan), where=count > 0))
 
 
-def _squares(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, positions: Any, idx: Any
+def _squares(gm: GraphModel, clean: Writes, rep: Writes, keep: np.ndarray, scored: Any, upto: Any, idx: Any
              ) -> tuple[np.ndarray, np.ndarray]:
-    """(sum_v w_vp ||Δ_v||^2, sum_v ||Δ_v||^2) [R, s] for prompts idx, with `rep`."""
+    """(sum_v w_vp ||Δ_v||^2, sum_v ||Δ_v||^2) [R, s] for prompts idx (their weights `scored`, `upto`)."""
     import torch
 
     g, arch = gm.graph, gm.arch
     H, s = arch.n_heads, gm.s
     dev = clean.embed.device
     R = len(idx)
-    scored = torch.zeros(R, s, dtype=torch.float64, device=dev).scatter_(1, positions.to(dev), 1.0)
-    upto = (torch.arange(s, device=dev)[None, :] <= positions.to(dev).max(1, keepdim=True).values).double()
+    scored, upto = (scored > 0).to(device=dev, dtype=torch.float64), upto.to(device=dev, dtype=torch.float64)
     removed = torch.from_numpy(g.adjacency & ~keep).to(device=dev, dtype=torch.float64)
     read = receivers_read(keep & g.adjacency)
     wide = torch.float64

@@ -203,7 +203,7 @@ def received_change(runs: Runs, keep: np.ndarray, kind: str) -> tuple[PerPrompt,
         clean = r.writes(r.clean)
         rep = (r.writes(r.corrupt) if kind == Replacement.RESAMPLE else r.mean_writes()
                if kind == Replacement.MEAN else clean.zeros())
-        return list(received.received_squares(r.graph_model(), clean, rep, keep, r.ds.positions))
+        return list(received.received_squares(r.graph_model(), clean, rep, keep, scored_positions(r), up_to_last(r)))
 
     with torch.no_grad():
         num, den, num_all, den_all = runs.in_chunks(squares) or squares(runs)

@@ -97,6 +97,7 @@ def haar_blocks(r: int, n: int, m: int, seed: int) -> Any:
         _skip(diag_rng, m, r, step)  # past G_top and W
         diag = np.sqrt(diag_rng.chisquare(n - r - np.arange(r), size=(m, r)))  # n - r - i + 1 for i = 1..r
         out = torch.empty((m, r, r), dtype=torch.float64)
+        trim = m > step and 8 * m * r * r >= CHUNK_BYTES  # blocks as large as a chunk may be (d_head 256), not 64's
         for lo in range(0, m, step):
             size = min(step, m - lo)
             G = torch.from_numpy(tops.standard_normal((size, r, r)))
@@ -104,7 +105,7 @@ def haar_blocks(r: int, n: int, m: int, seed: int) -> Any:
                 torch.from_numpy(diag[lo:lo + size]))  # W's strictly lower triangle is L's
             R = torch.linalg.cholesky(G.mT @ G + Lw @ Lw.mT, upper=True)
             out[lo:lo + size] = torch.linalg.solve_triangular(R, G, upper=True, left=False)  # G_top R^{-1}
-            if m > step:  # a part's freed temporaries back to the system before the next (the heap keeps them)
+            if trim:  # a part's freed temporaries back to the system before the next (the heap keeps them)
                 memory.release()
         return out
 

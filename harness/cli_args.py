@@ -182,6 +182,10 @@ def parser() -> argparse.ArgumentParser:
     dc.add_argument("--rank", choices=RANKS, default="abs",
                     help="abs: by |score summed over positions| (default); positions: by the sum of |score| per "
                          "position (no cancellation)")
+    dc.add_argument("--learn", type=int, default=0, metavar="STEPS",
+                    help="also rank edges by a mask learned on the discovery prompts for STEPS steps of 8 prompts "
+                         "(100 is a good start; each step a forward and a backward through the edge graph); "
+                         "default 0: no learned ranking")
     dc.add_argument("--confirm-fraction", type=float, default=0.5,
                     help="share of the prompts held out for confirmation (default 0.5)")
     dc.add_argument("--top", type=int, default=50, help="edges patched exactly on the confirmation prompts")

@@ -16,7 +16,8 @@ import yaml
 from harness.cli import main
 from harness.tools import constructed
 from harness.tools.curve import PERCENTAGES, curve_ks
-from harness.tools.discover import discover, roc_auc, split
+from harness.tools.discover import discover, split
+from harness.tools.known import roc_auc
 
 from .graph_helpers import ROOT
 
@@ -69,9 +70,10 @@ def known_file(folder, model_path, variant: str):
 @pytest.mark.parametrize("variant", sorted(KNOWN))
 def test_known_circuits_of_constructed_models_are_recovered(constructed_models, variant, tmp_path):
     f = known_file(tmp_path, constructed_models[variant], variant)
-    doc, summary = discover(str(f), tmp_path / "out", device="cpu", bootstrap=300, top=10)
+    doc, summary = discover(str(f), tmp_path / "out", device="cpu", bootstrap=300, top=10, learn=60)
     known = doc["known"]
     assert known["auc"] >= 0.95, (variant, known["auc"], doc["ranking"][:8])
+    assert doc["learned"]["auc"] >= 0.95, (variant, doc["learned"]["auc"])  # the learned mask recovers it too
     assert known["top"]["covers"], known
     assert known["faithfulness"] == pytest.approx(1.0, abs=0.02)
     assert "ROC AUC" in summary
@@ -141,15 +143,11 @@ def test_names_discovery_end_to_end(tmp_path):
     assert signed["curve"][0]["faithfulness"] == 0.0 and signed["curve"][-1]["faithfulness"] == 1.0
     assert signed["negative_edges"] == sum(r["score"] < 0 for r in doc["ranking"]) > 0
 
-    def first_k(points):
-        return min((p["k"] for p in points if p["k"] > 0 and p["ci"][0] >= bound), default=None)
-
-    k_abs, k_signed = first_k([*curve, *doc["curve_finer"]]), first_k([*signed["curve"], *signed["curve_finer"]])
-    chosen_signed = k_signed is not None and (k_abs is None or k_signed < k_abs)
-    assert doc["starter_ranking"] == ("signed" if chosen_signed else "abs")
-    assert doc["starter_k"] == (k_signed if chosen_signed else k_abs)
-    starter_rows = (sorted(doc["ranking"], key=lambda r: -r["score"]) if chosen_signed else doc["ranking"])
-    chosen_finer = signed["curve_finer"] if chosen_signed else doc["curve_finer"]
+    assert doc["learned"] is None and "mask" not in doc["ranking"][0]  # no --learn
+    tried = starters(doc)
+    chosen = min(tried, key=lambda key: (tried[key][0] is None, tried[key][0] or 0))  # ties: the first tried
+    assert doc["starter_ranking"] == chosen and doc["starter_k"] == tried[chosen][0]
+    _, starter_rows, chosen_finer = tried[chosen]
     # stability: at every k tried, and at the starter's
     stab = doc["stability"]
     assert stab["resamples"] == 20 and stab["prompts"] == doc["split"]["discovery"]
@@ -181,6 +179,51 @@ def test_names_discovery_end_to_end(tmp_path):
     assert main(["run", str(out / "starter.yaml"), "--out", str(tmp_path / "starter-run"), "--device", "cpu"]) in (0, 1)
     ev = json.loads((tmp_path / "starter-run" / "evidence.json").read_text())
     assert {c["id"] for c in ev["claims"]} == {c["id"] for c in starter["claims"]}
+
+
+def starters(doc: dict) -> dict:
+    """Each ranking's (smallest k whose interval clears the bound, its rows in order, its finer search)."""
+    bound = doc["settings"]["bound"]
+
+    def first_k(points):
+        return min((p["k"] for p in points if p["k"] > 0 and p["ci"][0] >= bound), default=None)
+
+    signed, learned = doc["signed"], doc["learned"]
+    out = {"abs": (first_k([*doc["curve"], *doc["curve_finer"]]), doc["ranking"], doc["curve_finer"]),
+           "signed": (first_k([*signed["curve"], *signed["curve_finer"]]),
+                      sorted(doc["ranking"], key=lambda r: -r["score"]), signed["curve_finer"])}
+    if learned:
+        out["learned"] = (first_k([*learned["curve"], *learned["curve_finer"]]),
+                          sorted(doc["ranking"], key=lambda r: -r["mask"]), learned["curve_finer"])
+    return out
+
+
+@pytest.mark.slow
+def test_a_learned_mask_is_a_third_ranking(tmp_path):
+    """--learn: a mask trained on the discovery prompts (its logit on every row, its training history, the
+    penalty rising from its first to its last value), its own curve on the confirmation prompts, and the
+    starter the smallest circuit of the three rankings; a learned starter has no stability figure (one mask
+    is trained, not one per resample) and its edges are the rows with the largest logits."""
+    out = tmp_path / "learned"
+    assert main(["discover", str(ROOT / "hypotheses" / "names.yaml"), "--out", str(out), "--bootstrap", "200",
+                 "--top", "5", "--bound", "0.5", "--device", "cpu", "--learn", "30"]) == 0
+    doc = json.loads((out / "discovery.json").read_text())
+    learned = doc["learned"]
+    assert doc["settings"]["learn"] == learned["steps"] == 30 and 0.5 < learned["auc"] <= 1.0
+    assert learned["kept"] == sum(r["mask"] > 0 for r in doc["ranking"])
+    assert [h["step"] for h in learned["history"]] == [0, 10, 20, 29]
+    penalties = [h["penalty"] for h in learned["history"]]
+    assert penalties[0] == learned["penalty"][0] and penalties[-1] == pytest.approx(learned["penalty"][1])
+    assert learned["history"][-1]["kept_share"] < learned["history"][0]["kept_share"]  # the penalty prunes
+    assert learned["curve"][0]["faithfulness"] == 0.0 and learned["curve"][-1]["faithfulness"] == 1.0
+    tried = starters(doc)
+    chosen = min(tried, key=lambda key: (tried[key][0] is None, tried[key][0] or 0))  # ties: the first tried
+    assert doc["starter_ranking"] == chosen and doc["starter_k"] == tried[chosen][0]
+    k, rows, _ = tried[chosen]
+    assert (out / "starter-edges.txt").read_text().splitlines() == [r["edge"] for r in rows[:k]]
+    assert (doc["stability"] is None) == (chosen == "learned")
+    md = (out / "discover.md").read_text()
+    assert "The **learned ranking**" in md and (chosen != "learned" or "of the learned ranking" in md)
 
 
 def test_the_model_is_shown_as_the_evidence_reports_show_it(tmp_path, monkeypatch):

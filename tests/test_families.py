@@ -473,3 +473,51 @@ def test_what_an_edge_circuit_receives_equals_the_oracle(fam):
                 want[2 + j] += (d ** 2).sum(-1).numpy()
     assert (want[1].sum(-1) > 0).all() and (want[0] > 0).any()
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=0)
+
+
+def test_a_fractional_masks_gradient_is_the_circuits_derivative(fam):
+    """An edge circuit with each edge removed by a fraction (what `harness discover --method learned`
+    optimises): the gradient of the metric with respect to every edge's fraction, taken through the
+    senders' changes (mech.graph.carried: a buffer read forward, each block of senders its own gradient
+    backward), equals a central difference of the circuit's metric, norms after the attention included."""
+    from harness.mech.graph import forward, parts
+    from harness.model import metrics
+
+    arch = fam.arch
+    n, s = BASE.shape
+    positions = torch.arange(4, s - 1).expand(n, -1).contiguous()
+    answers = BASE.gather(1, positions + 1)
+    wanted = parts.cache_names(arch.n_layers, arch.has_mlp)
+    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
+
+    def metric(logits_at, idx):
+        k = logits_at.shape[1]
+        return metrics.per_prompt(logits_at, torch.arange(k).expand(len(idx), k), answers[idx], "logprob")
+
+    with Float64():
+        gm = forward.GraphModel.build(fam.bridge, base, positions)
+        clean = parts.run_writes(fam.bridge, base, gm.s, torch.float64)
+        rep = parts.run_writes(fam.bridge, source, gm.s, torch.float64)
+        g = gm.graph
+        idx = torch.arange(n)
+        adjacency = torch.from_numpy(g.adjacency).double()
+        frac = adjacency * torch.from_numpy(np.random.default_rng(1).random(g.adjacency.shape))
+
+        def total(removed: torch.Tensor) -> torch.Tensor:
+            return metric(gm.circuit_pass(clean.embed, idx, rep, removed[None].expand(n, -1, -1), positions), idx).sum()
+
+        removed = frac.clone().requires_grad_(True)
+        with torch.enable_grad():
+            (grad,) = torch.autograd.grad(total(removed), [removed])
+        us, rs = g.edge_index()
+        picked = np.random.default_rng(2).choice(len(us), size=8, replace=False)
+        eps = 1e-5
+        with torch.no_grad():
+            scale = float(total(frac).abs())
+            for e in picked:
+                step = torch.zeros_like(frac)
+                step[us[e], rs[e]] = eps
+                want = float((total(frac + step) - total(frac - step)) / (2 * eps))
+                got = float(grad[us[e], rs[e]])
+                assert abs(got - want) <= 1e-7 * scale, (str(g.edges()[e]), got, want)
+        assert float(grad.abs().max()) > 0

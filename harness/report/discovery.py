@@ -20,8 +20,8 @@ from .style import VERDICT_COLOURS
 from .text import md_cell, md_code, md_text
 from .writer import place, rendered_again
 
-VERSION = 3  # of discovery.json (docs/discover.md): `rerender` reads READABLE
-READABLE = (1, 2, VERSION)
+VERSION = 4  # of discovery.json (docs/discover.md): `rerender` reads READABLE
+READABLE = (1, 2, 3, VERSION)
 
 
 @literal
@@ -41,12 +41,14 @@ def draw_curve(doc: dict[str, Any]) -> Any:
         err = [[p["faithfulness"] - p["ci"][0] for p in finer], [p["ci"][1] - p["faithfulness"] for p in finer]]
         ax.errorbar([100 * p["k"] / n for p in finer], [p["faithfulness"] for p in finer], yerr=err,
                     fmt="s", ms=3, color="#6a51a3", capsize=2, lw=0.8, label="finer search")
-    signed = doc.get("signed")
-    if signed:
-        sp = [p for p in signed["curve"] if p["k"] > 0]
-        ax.errorbar([100 * p["fraction"] for p in sp], [p["faithfulness"] for p in sp],
-                    yerr=[[p["faithfulness"] - p["ci"][0] for p in sp], [p["ci"][1] - p["faithfulness"] for p in sp]],
-                    fmt="^--", ms=4, color="#1b9e77", capsize=2, lw=0.8, label="signed ranking (95% CI)")
+    for key, style, colour in (("signed", "^--", "#1b9e77"), ("learned", "v-.", "#e7298a")):
+        other = doc.get(key)
+        if other:
+            sp = [p for p in other["curve"] if p["k"] > 0]
+            ax.errorbar([100 * p["fraction"] for p in sp], [p["faithfulness"] for p in sp],
+                        yerr=[[p["faithfulness"] - p["ci"][0] for p in sp],
+                              [p["ci"][1] - p["faithfulness"] for p in sp]],
+                        fmt=style, ms=4, color=colour, capsize=2, lw=0.8, label=f"{key} ranking (95% CI)")
     ax.axhline(1.0, color="#888888", lw=0.8, ls=":")
     ax.axhline(doc["settings"]["bound"], color=VERDICT_COLOURS["PASS"], lw=0.8, ls="--",
                label=f"bound {doc['settings']['bound']:g}")
@@ -93,6 +95,7 @@ def draw_stability(doc: dict[str, Any]) -> Any | None:
 
 STARTER_EDGES = "starter-edges.txt"  # the starter circuit's edges, one per line (starter.yaml's edges_from)
 SHOWN_AGAINST = 10  # the most negative edges named
+OF_RANKING = {"signed": " of the signed ranking", "learned": " of the learned ranking"}
 
 
 def signed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -101,11 +104,21 @@ def signed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: -float(r["score"]))
 
 
+def learned_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranking's rows in the learned ranking's order: the largest mask logit first (ties in the
+    main ranking's order)."""
+    return sorted(rows, key=lambda r: -float(r["mask"]))
+
+
+def ordered_rows(rows: list[dict[str, Any]], ranking: str | None) -> list[dict[str, Any]]:
+    """The ranking's rows in the order of the ranking named `ranking` (`starter_ranking`'s values)."""
+    return signed_rows(rows) if ranking == "signed" else learned_rows(rows) if ranking == "learned" else rows
+
+
 def starter_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The starter circuit's rows: the first `starter_k` of the ranking it was chosen from
-    (`starter_ranking`: the main ranking's order, or the signed one's)."""
-    rows = doc["ranking"]
-    return (signed_rows(rows) if doc.get("starter_ranking") == "signed" else rows)[:doc.get("starter_k") or 0]
+    (`starter_ranking`: the main ranking's order, the signed one's or the learned one's)."""
+    return ordered_rows(doc["ranking"], doc.get("starter_ranking"))[:doc.get("starter_k") or 0]
 
 
 def _signed_lines(doc: dict[str, Any]) -> list[str]:
@@ -127,6 +140,25 @@ def _signed_lines(doc: dict[str, Any]) -> list[str]:
            "edges that push hardest against the answer: "
            + (", ".join(f"{md_code(r['edge'])} ({fmt(r['score'])})" for r in against) or "none") + ".", ""]
     return out
+
+
+def _learned_lines(doc: dict[str, Any]) -> list[str]:
+    """The learned ranking: how its mask was trained, its curve, its smallest circuit above the bound."""
+    learned = doc.get("learned")
+    if not learned:
+        return []
+    pts = [p for p in [*learned["curve"], *learned["curve_finer"]] if 0 < p["k"] < doc["graph"]["edges"]]
+    last = learned["history"][-1] if learned["history"] else None
+    return ["The **learned ranking**: a mask over every edge trained on the discovery prompts for "
+            f"{learned['steps']} steps of {learned['batch']} prompts (the squared shortfall of each prompt's "
+            "faithfulness plus a sparsity penalty rising from "
+            f"{learned['penalty'][0]:g} to {learned['penalty'][1]:g}), the edges ranked by their mask logits; "
+            f"{learned['kept']:,} edges ended with a keep weight above 1/2"
+            + (f" (last step's faithfulness loss {fmt(last['faithfulness_loss'])})" if last else "") + ":", "",
+            tabulate([[p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"]
+                      for p in sorted(pts, key=lambda p: p["k"])], headers=["k", "faithfulness [CI]"],
+                     tablefmt="github"), "",
+            f"CPR {fmt(learned['summaries']['CPR']['value'])}, CMD {fmt(learned['summaries']['CMD']['value'])}.", ""]
 
 
 def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
@@ -164,9 +196,9 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
                           for p in sorted(finer, key=lambda p: p["k"])],
                          headers=["k", "faithfulness [CI]"], tablefmt="github"), ""]
     k = doc.get("starter_k")
-    out += _signed_lines(doc)
-    by = " of the signed ranking" if doc.get("starter_ranking") == "signed" else ""
-    out += [f"The smallest circuit tried, of either ranking, whose interval lies above {s['bound']:g}: "
+    out += _signed_lines(doc) + _learned_lines(doc)
+    by = OF_RANKING.get(doc.get("starter_ranking") or "", "")
+    out += [f"The smallest circuit tried, of any ranking, whose interval lies above {s['bound']:g}: "
             + (f"**the top {k} edges{by}** (starter.yaml's circuit claim; the smallest of several intervals that "
                "clear a bound is an optimistic pick, which the starter file tests again on held-out prompts)." if k
                else "none (no circuit claim in starter.yaml)."), ""]
@@ -276,22 +308,25 @@ def summary(doc: dict[str, Any]) -> str:
     """The terminal text: split, curve, CPR / CMD, the starter's k, confirmed edges."""
     s, sp, su = doc["settings"], doc["split"], doc["summaries"]
     used = [c["edge"] for c in doc["confirmed"] if c["use"] == "used"]
-    signed = doc.get("signed")
-    by_sign = {p["k"]: p for p in signed["curve"]} if signed else {}
+    others = [key for key in ("signed", "learned") if doc.get(key)]
+    by_k = {key: {p["k"]: p for p in doc[key]["curve"]} for key in others}
 
     def cell(p: dict[str, Any] | None) -> str:
         return "" if p is None else f"{p['faithfulness']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}]"
 
+    def cmd(su: dict[str, Any]) -> str:
+        return (f"CPR {su['CPR']['value']:.3f} [{su['CPR']['ci'][0]:.3f}, {su['CPR']['ci'][1]:.3f}], "
+                f"CMD {su['CMD']['value']:.3f} [{su['CMD']['ci'][0]:.3f}, {su['CMD']['ci'][1]:.3f}]")
+
     start = ("none" if not doc["starter_k"] else f"top {doc['starter_k']} edges"
-             + (" of the signed ranking" if doc.get("starter_ranking") == "signed" else ""))
+             + OF_RANKING.get(doc.get("starter_ranking") or "", ""))
     lines = [f"{s['method']} on {sp['discovery']} discovery prompts; confirmed on {sp['confirmation']} others",
              f"graph: {doc['graph']['edges']} edges",
-             tabulate([[f"{100 * p['fraction']:g}%", p["k"], cell(p), *([cell(by_sign.get(p["k"]))] if signed else [])]
+             tabulate([[f"{100 * p['fraction']:g}%", p["k"], cell(p), *(cell(by_k[key].get(p["k"])) for key in others)]
                        for p in doc["curve"]],
-                      headers=["edges", "k", "faithfulness [CI]", *(["signed ranking"] if signed else [])],
+                      headers=["edges", "k", "faithfulness [CI]", *(f"{key} ranking" for key in others)],
                       disable_numparse=True),
-             f"CPR {su['CPR']['value']:.3f} [{su['CPR']['ci'][0]:.3f}, {su['CPR']['ci'][1]:.3f}], "
-             f"CMD {su['CMD']['value']:.3f} [{su['CMD']['ci'][0]:.3f}, {su['CMD']['ci'][1]:.3f}]",
+             cmd(su) + "".join(f"; {key} ranking: {cmd(doc[key]['summaries'])}" for key in others),
              f"starter circuit: {start}; confirmed edges (used): {len(used)} of the top {s['top']}"]
     if doc.get("known"):
         k = doc["known"]

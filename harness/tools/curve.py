@@ -169,11 +169,18 @@ def signed_order(score: np.ndarray, g: Graph, order: np.ndarray) -> np.ndarray:
     return order[np.argsort(-total[order], kind="stable")]
 
 
-def signed_search(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed: int, unit: str,
-                  bound: float) -> dict[str, Any]:
-    """discovery.json's `signed`: the faithfulness curve of the signed ranking `order` (signed_order),
-    its finer search and its smallest k whose interval clears the bound."""
-    stage("the signed ranking: edges that push towards the clean answer first")
+def learned_order(logits: np.ndarray, g: Graph, order: np.ndarray) -> np.ndarray:
+    """Edge indices (graph.edges() order) by a learned mask's logits [U, V] (mech.graph.learn), the
+    largest first (ties in the order of `order`, the main ranking)."""
+    us, rs = g.edge_index()
+    return order[np.argsort(-logits[us, rs][order], kind="stable")]
+
+
+def ranking_search(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed: int, unit: str,
+                   bound: float, label: str) -> dict[str, Any]:
+    """A second ranking's part of discovery.json (`signed`, `learned`): the faithfulness curve of the
+    ranking `order`, its finer search and its smallest k whose interval clears the bound."""
+    stage(label)
     curve = faithfulness_curve(runs, g, order, st, seed, unit, [])
     finer = refine(runs, g, order, curve, bound, st, seed, unit)
     return {"curve": curve.points, "summaries": curve.summaries, "curve_finer": finer,

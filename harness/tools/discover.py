@@ -24,8 +24,10 @@ estimate; only the confirmation part confirms:
   intervals;
 * the same curve and finer search on the signed ranking (tools.curve.signed_order: the largest
   signed score first, so its circuits leave out the edges that push against the answer); the
-  starter is the smallest circuit of either ranking whose interval clears `bound`, and its
+  starter is the smallest circuit of any ranking whose interval clears `bound`, and its
   non-vacuity is judged as a circuit claim's (claims.effects.circuit_change);
+* with `learn` steps, the same curve and finer search on a third ranking: the logits of an edge
+  mask trained on the discovery prompts (mech.graph.learn; tools.curve.learned_order);
 * stability (tools.stability): the Jaccard overlap of the top-k sets of bootstrap resamples of
   the discovery prompts with the starter's ranking's, from the same scoring pass.
 
@@ -50,13 +52,13 @@ import numpy as np
 
 from .. import memory, threads
 from ..claims import effects
-from ..claims.circuit_plans import with_mlps
 from ..claims.circuit_spec import CircuitClaim
 from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
 from ..engine import provenance
 from ..engine.data_source import for_exploring, from_data_file
 from ..errors import SpecError, UserError
 from ..hypothesis.loading import load
+from ..mech.graph import learn
 from ..mech.graph.structure import Graph
 from ..mech.runs.build import base_runs
 from ..mech.runs.cached import Runs
@@ -68,28 +70,30 @@ from ..model.tokenizer import start_words
 from ..progress import progress, stage
 from ..report import circuit_reading as reading
 from ..report import discovery as render
-from ..report.discovery import STARTER_EDGES, VERSION, signed_rows, starter_rows
+from ..report.discovery import STARTER_EDGES, VERSION, ordered_rows, starter_rows
 from ..report.writer import write_folder
-from ..spec import names
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Replacement
 from ..streams import Stream, derive_seed
 from . import stability
 from .curve import (
-    Curve,
     curve_ks,
     drops,
     faithfulness_curve,
+    learned_order,
+    ranking_search,
     refine,
     signed_order,
-    signed_search,
     starter_k,
     top_mask,
 )
+from .known import known_doc, known_edges, roc_auc
 from .scan import ScanSettings, explore_dataset, held_out_mapping, scan_hooks
 
 METHODS = ("eap-ig", "eap", "exact")
 RANKS = ("abs", "positions")
+RANKED_BY = {"signed": ", by signed score: those that push towards the answer",
+             "learned": ", by the learned mask's logits"}
 DISCOVER_STATS = Stats(bootstrap=1000, permutations=2000)  # thresholds are the defaults; fewer resamples
 
 
@@ -109,6 +113,7 @@ class DiscoverSettings:
     metric: str | None = None  # None: the hypothesis file's, else logprob
     seed: int = 0
     bootstrap: int = 1000
+    learn: int = 0  # steps of the learned edge mask (mech.graph.learn); 0: no learned ranking
 
     def check(self) -> None:
         if self.method not in METHODS:
@@ -119,6 +124,8 @@ class DiscoverSettings:
             raise UserError(f"--confirm-fraction {self.confirm_fraction:g}: allowed: a fraction in (0, 1)")
         if self.steps < 1 or self.top < 1 or self.n_prompts < 4:
             raise UserError("--steps and --top must be at least 1, --n-prompts at least 4")
+        if self.learn < 0:
+            raise UserError(f"--learn {self.learn}: allowed: 0 (no learned mask) or a number of steps")
 
 
 @dataclass(frozen=True)
@@ -206,18 +213,6 @@ def ranking(score: np.ndarray, g: Graph, how: str) -> np.ndarray:
     return np.argsort(-value[us, rs], kind="stable")
 
 
-def roc_auc(order: np.ndarray, known: np.ndarray) -> float:
-    """Area under the ROC curve of a ranking (edge indices, strongest first) against the known edges
-    (bool per edge): the share of (known, other) pairs in which the known edge ranks first."""
-    pos, neg = int(known.sum()), int((~known).sum())
-    if pos == 0 or neg == 0:
-        return float("nan")
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    before = np.searchsorted(np.sort(rank[~known]), rank[known])  # other edges ranked above each known one
-    return float(1.0 - before.sum() / (pos * neg))
-
-
 # ---------------------------------------------------------------- the command
 def discover(source: str, out: Path, *, device: str | None = None, data_file: Path | None = None,
              unique: bool = False, **settings: Any) -> tuple[dict[str, Any], str]:
@@ -258,6 +253,7 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     resamples = stability.weights(len(disc_idx), derive_seed(cfg.seed, Stream.DISCOVER_STABILITY))
     score, resampled = scores(disc, g, cfg, resamples)
     gap = float(np.mean(disc.m_clean - disc.m_corrupt))
+    mask = learned_mask(disc, gap, cfg) if cfg.learn else None
     del disc  # its caches: the confirmation runs need the memory
     order = ranking(score, g, cfg.rank)
     edges = g.edges()
@@ -274,15 +270,25 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     finer = refine(conf, g, order, curve, cfg.bound, st, curve_seed, unit)
     k_main = starter_k(curve, finer, cfg.bound)
     s_order = signed_order(score, g, order)
-    signed = signed_search(conf, g, s_order, st, derive_seed(cfg.seed, Stream.DISCOVER_CURVE, 1), unit, cfg.bound)
-    k_signed = signed["starter_k"]
-    use_signed = k_signed is not None and (k_main is None or k_signed < k_main)
-    k_start, chosen = (k_signed, s_order) if use_signed else (k_main, order)
+    signed = ranking_search(conf, g, s_order, st, derive_seed(cfg.seed, Stream.DISCOVER_CURVE, 1), unit, cfg.bound,
+                            "the signed ranking: edges that push towards the clean answer first")
+    tried = [(k_main, cfg.rank, order, finer), (signed["starter_k"], "signed", s_order, signed["curve_finer"])]
+    learned = None
+    if mask is not None:
+        l_order = learned_order(mask.logits, g, order)
+        learned = {**learned_settings(cfg, mask), **ranking_search(
+            conf, g, l_order, st, derive_seed(cfg.seed, Stream.DISCOVER_CURVE, 2), unit, cfg.bound,
+            "the learned ranking: edges by the learned mask's logits")}
+        tried.append((learned["starter_k"], "learned", l_order, learned["curve_finer"]))
+        us, rs = g.edge_index()
+        learned["auc"] = None if known_mask is None else roc_auc(l_order, known_mask[us, rs])
+    # the smallest circuit that clears the bound; on a tie the ranking tried first
+    k_start, by, chosen, chosen_finer = min(tried, key=lambda t: (t[0] is None, t[0] or 0))
     change = starter_change(conf, g, chosen, k_start, st)
-    ks = sorted({*curve_ks(g.n_edges), *(p["k"] for p in (signed["curve_finer"] if use_signed else finer))})
-    stable = None if cfg.rank != "abs" else stability.summary(
-        stability.jaccard(resampled, chosen, ks, signed=use_signed), ks, k_start, len(disc_idx))
-    rows = ranking_rows(score, g, order, gap)
+    ks = sorted({*curve_ks(g.n_edges), *(p["k"] for p in chosen_finer)})
+    stable = None if cfg.rank != "abs" or by == "learned" else stability.summary(
+        stability.jaccard(resampled, chosen, ks, signed=by == "signed"), ks, k_start, len(disc_idx))
+    rows = ranking_rows(score, g, order, gap, None if mask is None else mask.logits)
     signed["negative_edges"] = int(sum(r["score"] < 0 for r in rows))
     confirmed = [confirmed_row(r, t) for r, t in enumerate(tests, start=1)]
     return {
@@ -291,7 +297,7 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
                      "model_sha256": m.sha256, "method": cfg.method,
                      "steps": cfg.steps if cfg.method == "eap-ig" else None, "rank": cfg.rank, "metric": metric,
                      "unit": unit, "corruption": ds.default_corruption, "seed": cfg.seed, "top": cfg.top,
-                     "bound": cfg.bound, "replacement": Replacement.RESAMPLE.value,
+                     "bound": cfg.bound, "learn": cfg.learn, "replacement": Replacement.RESAMPLE.value,
                      "direction": Direction.NOISING.value, "bootstrap": st.bootstrap, "confidence": st.confidence,
                      "alpha": st.alpha, "min_effect": st.min_effect, "tolerance": st.tolerance,
                      "min_prompt_gap": st.min_prompt_gap, "data": ds.description},
@@ -309,9 +315,10 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
         "known": None if got.known is None or known_mask is None else known_doc(got.known, known_mask, g, order,
                                                                                 curve),
         "signed": signed,
+        "learned": learned,
         "starter_k": k_start,
-        "starter_ranking": "signed" if use_signed else cfg.rank,
-        "starter_nodes": reading.starter_nodes(signed_rows(rows) if use_signed else rows, k_start) if k_start else [],
+        "starter_ranking": by,
+        "starter_nodes": reading.starter_nodes(ordered_rows(rows, by), k_start) if k_start else [],
         "starter_change": change,
         "warnings": [] if change is None or not change["vacuous"] else [
             f"the starter circuit is untested: resample-ablating the rest leaves what it reads as it was "
@@ -329,9 +336,28 @@ def starter_change(conf: Runs, g: Graph, order: np.ndarray, k: int | None, st: S
             "min_change": c.min_change, "vacuous": c.vacuous, "read_at": c.read_at}
 
 
-def ranking_rows(score: np.ndarray, g: Graph, order: np.ndarray, gap: float) -> list[dict[str, Any]]:
+def learned_mask(disc: Runs, gap: float, cfg: DiscoverSettings) -> learn.Learned:
+    """The learned edge mask (mech.graph.learn) on the discovery prompts, resample replacement."""
+    stage(f"the learned mask: {cfg.learn} steps of {learn.MaskSettings().batch} prompts, each a forward and a "
+          "backward through the edge graph")
+    gm = disc.graph_model()
+    return learn.learn_mask(gm, disc.writes(disc.clean), disc.writes(disc.corrupt), disc.ds.positions,
+                            disc.rows_metric, disc.m_clean, gap, learn.MaskSettings(steps=cfg.learn, seed=cfg.seed),
+                            progress=progress)
+
+
+def learned_settings(cfg: DiscoverSettings, mask: learn.Learned) -> dict[str, Any]:
+    """discovery.json's `learned`, less its curve: how the mask was trained and how it ended."""
+    ms = learn.MaskSettings(steps=cfg.learn, seed=cfg.seed)
+    return {"steps": ms.steps, "batch": ms.batch, "learning_rate": ms.learning_rate, "init": ms.init,
+            "penalty": list(ms.penalty), "kept": mask.kept, "history": mask.loss}
+
+
+def ranking_rows(score: np.ndarray, g: Graph, order: np.ndarray, gap: float,
+                 mask: np.ndarray | None = None) -> list[dict[str, Any]]:
     """Every edge in ranked order: its score (the mean noising change, summed over positions), that
-    score over the mean clean-corrupted gap, and the position where |score| peaks (attribution)."""
+    score over the mean clean-corrupted gap, the position where |score| peaks (attribution), and with
+    a learned mask ([U, V] logits) the edge's logit."""
     us, rs = g.edge_index()
     edges = g.edges()
     total = score.sum(-1)
@@ -340,7 +366,8 @@ def ranking_rows(score: np.ndarray, g: Graph, order: np.ndarray, gap: float) -> 
         u, r = us[e], rs[e]
         rows.append({"edge": str(edges[e]), "rank": rank, "score": float(total[u, r]),
                      "estimate": float(total[u, r] / gap) if gap else None,
-                     "peak_position": int(np.argmax(np.abs(score[u, r]))) if score.shape[-1] > 1 else None})
+                     "peak_position": int(np.argmax(np.abs(score[u, r]))) if score.shape[-1] > 1 else None,
+                     **({} if mask is None else {"mask": float(mask[u, r])})})
     return rows
 
 
@@ -349,42 +376,6 @@ def confirmed_row(rank: int, t: EdgeTestResult) -> dict[str, Any]:
     return {"edge": str(t.spec.route), "rank": rank, "effect": None if iv is None else iv.estimate,
             "ci": None if iv is None else [iv.low, iv.high], "p_adjusted": t.p_adjusted, "use": str(t.use),
             "relative_change": t.effect.read.relative_change}
-
-
-def known_edges(claim: CircuitClaim, g: Graph) -> np.ndarray:
-    """[U, V] the known circuit's edges: an edge circuit's own, or the edge circuit a node circuit
-    is (Graph.node_mask: the edges among its nodes, from embed and to the logits; a circuit of heads
-    alone keeps every MLP)."""
-    if claim.edges is not None:
-        try:
-            return g.mask(claim.edges)
-        except ValueError as exc:
-            raise UserError(f"the file's edge circuit {claim.id!r}: {exc}") from None
-    nodes: list[names.Node] = list(claim.heads or [])
-    if not with_mlps(claim):
-        nodes += [u for u in g.senders if isinstance(u, names.Mlp)]
-    return g.node_mask(nodes)
-
-
-def known_doc(claim: CircuitClaim, mask: np.ndarray, g: Graph, order: np.ndarray, curve: Curve) -> dict[str, Any]:
-    """The known circuit against the discovery: ROC AUC of the ranking, its faithfulness, and the
-    top-|known| circuit's faithfulness interval with whether it covers the known one's value."""
-    us, rs = g.edge_index()
-    edges = g.edges()
-    is_known = mask[us, rs]
-    f_known, f_top = curve.extra
-
-    def num(f: effects.NormalizedEffect) -> tuple[float | None, list[float] | None]:
-        iv = f.interval
-        return (None, None) if iv is None else (iv.estimate, [iv.low, iv.high])
-
-    value, ci = num(f_known)
-    top_value, top_ci = num(f_top)
-    covers = None if value is None or top_ci is None else bool(top_ci[0] <= value <= top_ci[1])
-    return {"claim": claim.id, "from": "edges" if claim.edges is not None else "nodes",
-            "edges": [str(edges[i]) for i in np.flatnonzero(is_known)], "auc": roc_auc(order, is_known),
-            "faithfulness": value, "ci": ci,
-            "top": {"k": int(mask.sum()), "faithfulness": top_value, "ci": top_ci, "covers": covers}}
 
 
 def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
@@ -398,8 +389,7 @@ def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
     if k:
         claims.append({"id": f"top-{k}-edge-circuit", "kind": "circuit",
                        "description": f"The {k} edges discovery ranked first ({method}"
-                                      + (", by signed score: those that push towards the answer"
-                                         if doc.get("starter_ranking") == "signed" else "")
+                                      + RANKED_BY.get(doc.get("starter_ranking") or "", "")
                                       + "); on the confirmation prompts the interval of their circuit's "
                                       f"faithfulness lay at or above {bound:g}.",
                        "edges": [r["edge"] for r in starter_rows(doc)], "at_least": bound})

@@ -63,6 +63,7 @@ from ...spec.names import hook_resid_post, hook_resid_pre
 from ..block import fidelity, read
 from ..block.arith import Norm, attend, causal
 from ..block.layer import Model, at, block
+from .carried import carried
 from .parts import HeadWeights, Writes, head_weights, norm_of, own_qk
 from .structure import Graph
 
@@ -153,9 +154,20 @@ class GraphModel:
         R, s, d = x0.shape
         H = arch.n_heads
         D = x0.new_empty(R, len(g.senders), s, d)  # sender-major: the senders before a layer are one block
-        D[:, 0] = x0 - rep.rows(rep.embed, cur_idx)
+        grad = torch.is_grad_enabled() and removed.requires_grad  # a learned mask: D's blocks kept for its gradient
+        blocks: dict[int, Any] = {}  # first sender -> the tensor D was filled from there (with `grad` only)
+
+        def fill(u0: int, block: Any) -> None:
+            D[:, u0:u0 + block.shape[1]] = block.detach()
+            if grad:
+                blocks[u0] = block
+
+        fill(0, (x0 - rep.rows(rep.embed, cur_idx))[:, None])
         posts: list[tuple[int, Any, Norm, Any]] = []  # (first head sender, P, post1, post1(P)) per earlier layer
         linear = removed.new_ones(len(g.senders))  # the senders whose change adds (not inside a post norm)
+        for L in range(len(m.layers)):
+            if self.post_norm(L) is not None:
+                linear[g.senders_before(L):g.senders_before(L) + H] = 0.0
 
         def take_out(inp: Any, U: int, cols: Any) -> Any:
             """inp minus the removed senders' changes (the first U senders) for the receivers `cols`."""
@@ -163,22 +175,23 @@ class GraphModel:
             if not bool(M.any()):
                 return inp
             lin = M * linear[:U].view(1, U, *([1] * (M.dim() - 2))) if posts else M
-            sent = D[:, :U].reshape(R, U, s * d)  # a view: no copy
+            shown = [b for u0, b in blocks.items() if u0 < U]
             if M.dim() == 2:  # one receiver: [R, U]
-                inp = inp - torch.bmm(lin[:, None, :], sent).view(R, s, d)
+                inp = inp - carried(lin[:, :, None], D, U, shown).view(R, s, d)
             else:
                 V = M.shape[2]
-                inp = inp - torch.bmm(lin.transpose(1, 2), sent).view(R, V, s, d).transpose(1, 2)
+                inp = inp - carried(lin, D, U, shown).view(R, V, s, d).transpose(1, 2)
             for u0, P, post1, out in posts:
                 if u0 >= U:
                     break
                 Mh = M[:, u0:u0 + H]
                 if not bool(Mh.any()):
                     continue
+                Dh = blocks[u0] if grad else D[:, u0:u0 + H]
                 if Mh.dim() == 2:
-                    inp = inp - (out - post1(P - torch.einsum("rh,rhsd->rsd", Mh, D[:, u0:u0 + H])))
+                    inp = inp - (out - post1(P - torch.einsum("rh,rhsd->rsd", Mh, Dh)))
                 else:
-                    X = P[:, None] - torch.einsum("rhv,rhsd->rvsd", Mh, D[:, u0:u0 + H])  # [R, V, s, d]
+                    X = P[:, None] - torch.einsum("rhv,rhsd->rvsd", Mh, Dh)  # [R, V, s, d]
                     inp = inp - (out[:, :, None, :] - post1(X).transpose(1, 2))
             return inp
 
@@ -189,19 +202,18 @@ class GraphModel:
             h = lay.ln1(take_out(resid[:, :, None, :].expand(R, s, 3 * H, d), U, cols)).reshape(R, s, H, 3, d)
             out, P = self.attention(L, h)
             zr = rep.rows(rep.z[L], cur_idx)
-            D[:, U:U + H] = (out - torch.einsum("rshe,hed->rshd", zr, self.heads(L).W_O)).transpose(1, 2)
+            fill(U, (out - torch.einsum("rshe,hed->rshd", zr, self.heads(L).W_O)).transpose(1, 2))
             attn = lay.attn_out(P)
             post1 = self.post_norm(L)
             if post1 is not None:
                 posts.append((U, P, post1, attn))
-                linear[U:U + H] = 0.0
             if lay.mlp is None:
                 resid = resid + attn
                 continue
             Um = U if arch.parallel else U + H
             mlp_out = lay.mlp(take_out(resid if arch.parallel else resid + attn, Um, mlp_col))
             mr = rep.rows(rep.mlp[L], cur_idx)
-            D[:, U + H] = mlp_out - (0.0 if mr is None else mr)
+            fill(U + H, (mlp_out - (0.0 if mr is None else mr))[:, None])
             resid = resid + attn + mlp_out
         cost.spend(R)
         final = take_out(resid, len(g.senders), len(g.receivers) - 1)

@@ -217,7 +217,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
                           confirm_fraction=args.confirm_fraction, top=args.top, bound=args.bound,
                           metric=args.metric, n_prompts=args.n_prompts, segment_length=args.segment_length,
                           corruption=args.corruption, bootstrap=args.bootstrap, seed=args.seed,
-                          learn=args.learn)
+                          learn=args.learn, refine=args.refine)
     print(summary)
     print(f"\nwrote {out / 'discover.md'} (and discover.html, discovery.json, figures/, starter.yaml)")
     return ExitCode.OK

@@ -186,6 +186,10 @@ def parser() -> argparse.ArgumentParser:
                     help="also rank edges by a mask learned on the discovery prompts for STEPS steps of 8 prompts "
                          "(100 is a good start; each step a forward and a backward through the edge graph); "
                          "default 0: no learned ranking")
+    dc.add_argument("--refine", type=int, default=0, metavar="STEPS",
+                    help="refine the starter circuit greedily on the discovery prompts, up to STEPS proposals (each a "
+                         "forward and a backward through the edge graph per prompt), and measure the result on the "
+                         "confirmation prompts; default 0: no refinement")
     dc.add_argument("--confirm-fraction", type=float, default=0.5,
                     help="share of the prompts held out for confirmation (default 0.5)")
     dc.add_argument("--top", type=int, default=50, help="edges patched exactly on the confirmation prompts")

@@ -199,14 +199,16 @@ def starters(doc: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_a_learned_mask_is_a_third_ranking(tmp_path):
+def test_a_learned_mask_is_a_third_ranking_and_refinement_prunes_the_starter(tmp_path):
     """--learn: a mask trained on the discovery prompts (its logit on every row, its training history, the
     penalty rising from its first to its last value), its own curve on the confirmation prompts, and the
-    starter the smallest circuit of the three rankings; a learned starter has no stability figure (one mask
-    is trained, not one per resample) and its edges are the rows with the largest logits."""
+    smallest circuit of the three rankings; a learned starter has no stability figure (one mask is trained,
+    not one per resample) and its edges are the rows with the largest logits.  --refine: that circuit pruned
+    on the discovery prompts, a subset of it, the starter when it clears the bound on the confirmation
+    prompts with fewer edges."""
     out = tmp_path / "learned"
     assert main(["discover", str(ROOT / "hypotheses" / "names.yaml"), "--out", str(out), "--bootstrap", "200",
-                 "--top", "5", "--bound", "0.5", "--device", "cpu", "--learn", "30"]) == 0
+                 "--top", "5", "--bound", "0.5", "--device", "cpu", "--learn", "30", "--refine", "8"]) == 0
     doc = json.loads((out / "discovery.json").read_text())
     learned = doc["learned"]
     assert doc["settings"]["learn"] == learned["steps"] == 30 and 0.5 < learned["auc"] <= 1.0
@@ -218,12 +220,44 @@ def test_a_learned_mask_is_a_third_ranking(tmp_path):
     assert learned["curve"][0]["faithfulness"] == 0.0 and learned["curve"][-1]["faithfulness"] == 1.0
     tried = starters(doc)
     chosen = min(tried, key=lambda key: (tried[key][0] is None, tried[key][0] or 0))  # ties: the first tried
-    assert doc["starter_ranking"] == chosen and doc["starter_k"] == tried[chosen][0]
+    # the refinement starts from that ranking's starter and keeps a subset of it
+    refined = doc["refined"]
     k, rows, _ = tried[chosen]
-    assert (out / "starter-edges.txt").read_text().splitlines() == [r["edge"] for r in rows[:k]]
-    assert (doc["stability"] is None) == (chosen == "learned")
+    assert (refined["from"], refined["from_k"]) == (chosen, k) and refined["k"] == len(refined["edges"])
+    assert set(refined["edges"]) <= {r["edge"] for r in rows[:k]}
+    props = refined["proposals"]
+    assert props[0]["removed"] == 0 and props[0]["edges"] == k
+    assert refined["k"] == k - sum(p["removed"] for p in props if p["accepted"])
+    for p in props[1:]:  # accepted exactly when the discovery interval still clears the bound
+        assert p["accepted"] == (p["ci"][0] >= 0.5)
+    assert refined["clears"] == (refined["ci"][0] >= 0.5)
+    if refined["clears"] and refined["k"] < k:
+        assert doc["starter_ranking"] == "refined" and doc["starter_k"] == refined["k"]
+        want = refined["edges"]
+        assert doc["stability"] is None
+    else:
+        assert doc["starter_ranking"] == chosen and doc["starter_k"] == k
+        want = [r["edge"] for r in rows[:k]]
+        assert (doc["stability"] is None) == (chosen == "learned")
+    assert (out / "starter-edges.txt").read_text().splitlines() == want
     md = (out / "discover.md").read_text()
     assert "The **learned ranking**" in md and (chosen != "learned" or "of the learned ranking" in md)
+    # the size/faithfulness front over the three rankings' circuits, and each ranking's 1 % circuit
+    sel = doc["selection"]
+    assert sel["prompts"] == doc["split"]["confirmation"] and {p["ranking"] for p in sel["one_percent"]} == set(tried)
+    front = sel["pareto"]
+    assert [p["k"] for p in front] == sorted(p["k"] for p in front)
+    errors = [abs(1 - p["faithfulness"]) for p in front]
+    assert all(b < a for a, b in zip(errors, errors[1:], strict=False))  # each closer to 1 than every smaller one
+    every = [p for key in tried for p in [*(doc["curve"] if key == "abs" else doc[key]["curve"]), *tried[key][2]]
+             if 0 < p["k"] < doc["graph"]["edges"]]
+    def off(p: dict) -> float:
+        return round(abs(1 - p["faithfulness"]), 3)
+
+    for p in every:  # nothing tried beats a point of the front on both counts
+        for f in front:
+            assert not (p["k"] <= f["k"] and off(p) < off(f))
+    assert "## Size against faithfulness" in md
 
 
 def test_the_model_is_shown_as_the_evidence_reports_show_it(tmp_path, monkeypatch):

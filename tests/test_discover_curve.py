@@ -86,3 +86,34 @@ def test_the_signed_order_puts_positive_scores_first_ties_in_the_main_order():
     score[us, rs, 0], score[us, rs, 1] = totals / 2, totals / 2  # split over two positions
     main = np.array([3, 1, 2, 0, 4])  # by |score|, ties (edges 0 and 2) with 2 first
     assert signed_order(score, g, main).tolist() == [3, 2, 0, 4, 1]
+
+
+def pt(k: int, f: float, lo: float, hi: float) -> dict:
+    return {"k": k, "fraction": None, "faithfulness": f, "ci": [lo, hi]}
+
+
+def test_the_pareto_front_keeps_what_nothing_smaller_beats():
+    """pareto: by k, a point stays when every smaller (or equal, earlier) circuit is further from F = 1;
+    F above 1 counts by its distance; all-edges and empty circuits are left out."""
+    from harness.tools.curve import pareto
+
+    tried = {"abs": [pt(0, 0.0, 0, 0), pt(10, 0.5, 0.4, 0.6), pt(20, 0.7, 0.6, 0.8), pt(40, 0.95, 0.9, 1.0),
+                     pt(100, 1.0, 1.0, 1.0)],
+             "signed": [pt(10, 1.3, 1.1, 1.5), pt(15, 1.2, 1.0, 1.4), pt(30, 0.9, 0.8, 1.0)],
+             "learned": [pt(20, 0.8, 0.7, 0.9), pt(25, 1.1, 1.0, 1.2), pt(40, 0.96, 0.9, 1.0)]}
+    got = [(p["ranking"], p["k"]) for p in pareto(tried, 100)]
+    # k=10: abs (|1-F| 0.5) before signed (0.3): both, in that order of closeness; k=15 signed 0.2;
+    # k=20 learned 0.2 is no better; k=25 learned 0.1; k=30 signed 0.1 no; k=40 learned 0.04
+    assert got == [("signed", 10), ("signed", 15), ("learned", 25), ("learned", 40)]
+
+
+def test_prompts_to_decide_scale_the_half_width_facing_the_bound():
+    """prompts_to_decide: n (w / |F - bound|)^2 with w the half-width on the bound's side, rounded up; a
+    decided interval needs the prompts it has; F at the bound needs any number."""
+    from harness.tools.curve import prompts_to_decide
+
+    assert prompts_to_decide(pt(5, 0.75, 0.25, 1.0), 0.5, 50) == 200  # w 0.5 against 0.25 above: 50 x 4
+    assert prompts_to_decide(pt(5, 0.25, 0.125, 0.625), 0.5, 50) == 113  # w 0.375 against 0.25 below: 112.5 up
+    assert prompts_to_decide(pt(5, 0.75, 0.625, 1.0), 0.5, 50) == 50  # already above
+    assert prompts_to_decide(pt(5, 0.25, 0.125, 0.375), 0.5, 50) == 50  # already below
+    assert prompts_to_decide(pt(5, 0.5, 0.25, 0.75), 0.5, 50) is None

@@ -479,7 +479,8 @@ def test_a_fractional_masks_gradient_is_the_circuits_derivative(fam):
     """An edge circuit with each edge removed by a fraction (what `harness discover --method learned`
     optimises): the gradient of the metric with respect to every edge's fraction, taken through the
     senders' changes (mech.graph.carried: a buffer read forward, each block of senders its own gradient
-    backward), equals a central difference of the circuit's metric, norms after the attention included."""
+    backward), equals a central difference of the circuit's metric, norms after the attention included; at
+    the full circuit too, where no edge is removed at all."""
     from harness.mech.graph import forward, parts
     from harness.model import metrics
 
@@ -506,18 +507,19 @@ def test_a_fractional_masks_gradient_is_the_circuits_derivative(fam):
         def total(removed: torch.Tensor) -> torch.Tensor:
             return metric(gm.circuit_pass(clean.embed, idx, rep, removed[None].expand(n, -1, -1), positions), idx).sum()
 
-        removed = frac.clone().requires_grad_(True)
-        with torch.enable_grad():
-            (grad,) = torch.autograd.grad(total(removed), [removed])
         us, rs = g.edge_index()
         picked = np.random.default_rng(2).choice(len(us), size=8, replace=False)
         eps = 1e-5
-        with torch.no_grad():
-            scale = float(total(frac).abs())
-            for e in picked:
-                step = torch.zeros_like(frac)
-                step[us[e], rs[e]] = eps
-                want = float((total(frac + step) - total(frac - step)) / (2 * eps))
-                got = float(grad[us[e], rs[e]])
-                assert abs(got - want) <= 1e-7 * scale, (str(g.edges()[e]), got, want)
-        assert float(grad.abs().max()) > 0
+        for at in (frac, torch.zeros_like(frac)):  # fractions, and every edge kept whole (the full circuit)
+            removed = at.clone().requires_grad_(True)
+            with torch.enable_grad():
+                (grad,) = torch.autograd.grad(total(removed), [removed])
+            with torch.no_grad():
+                scale = float(total(at).abs())
+                for e in picked:
+                    step = torch.zeros_like(at)
+                    step[us[e], rs[e]] = eps
+                    want = float((total(at + step) - total(at - step)) / (2 * eps))
+                    got = float(grad[us[e], rs[e]])
+                    assert abs(got - want) <= 1e-7 * scale, (str(g.edges()[e]), got, want)
+            assert float(grad.abs().max()) > 0

@@ -584,12 +584,17 @@ def test_a_swallowed_ctrl_c_comes_again(monkeypatch, capsys):
         return 0
 
     monkeypatch.setattr(cli, "cmd_validate", swallows_then_works)
-    start, hook = time.monotonic(), sys.unraisablehook
-    assert cli.main(["validate", str(HYPOTHESES / "induction.yaml")]) == 130
-    assert time.monotonic() - start < 20  # raised again, not the end of the command's 30 s
-    assert capsys.readouterr().err == "interrupted\n"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was
-    assert sys.unraisablehook is hook
+    # SIGINT as a terminal's Python has it (a background job of a non-interactive shell starts with it ignored)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        start, hook = time.monotonic(), sys.unraisablehook
+        assert cli.main(["validate", str(HYPOTHESES / "induction.yaml")]) == 130
+        assert time.monotonic() - start < 20  # raised again, not the end of the command's 30 s
+        assert capsys.readouterr().err == "interrupted\n"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back as it was
+        assert sys.unraisablehook is hook
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_ctrl_c_while_the_cli_imports_is_exit_130(monkeypatch, capsys):

@@ -98,6 +98,17 @@ SHOWN_AGAINST = 10  # the most negative edges named
 OF_RANKING = {"signed": " of the signed ranking", "learned": " of the learned ranking"}
 
 
+def starter_words(doc: dict[str, Any]) -> str:
+    """The starter circuit in a few words: the top k of its ranking, or the refined circuit."""
+    k = doc.get("starter_k")
+    if not k:
+        return "none"
+    if doc.get("starter_ranking") == "refined":
+        r = doc["refined"]
+        return f"the {k} edges of the refined circuit (from the top {r['from_k']} of the {r['from']} ranking)"
+    return f"top {k} edges" + OF_RANKING.get(doc.get("starter_ranking") or "", "")
+
+
 def signed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ranking's rows in the signed ranking's order: the largest signed score first (ties in the
     main ranking's order)."""
@@ -117,7 +128,11 @@ def ordered_rows(rows: list[dict[str, Any]], ranking: str | None) -> list[dict[s
 
 def starter_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The starter circuit's rows: the first `starter_k` of the ranking it was chosen from
-    (`starter_ranking`: the main ranking's order, the signed one's or the learned one's)."""
+    (`starter_ranking`: the main ranking's order, the signed one's or the learned one's), or the refined
+    circuit's edges (`refined`)."""
+    if doc.get("starter_ranking") == "refined":
+        by_edge = {r["edge"]: r for r in doc["ranking"]}
+        return [by_edge[e] for e in doc["refined"]["edges"]]
     return ordered_rows(doc["ranking"], doc.get("starter_ranking"))[:doc.get("starter_k") or 0]
 
 
@@ -161,6 +176,57 @@ def _learned_lines(doc: dict[str, Any]) -> list[str]:
             f"CPR {fmt(learned['summaries']['CPR']['value'])}, CMD {fmt(learned['summaries']['CMD']['value'])}.", ""]
 
 
+def decide_text(p: dict[str, Any], bound: float, n: int) -> str:
+    """One ranking's circuit at 1 % of the edges against the bound, in words."""
+    head = f"{p['ranking']}: {p['k']:,} edges, {fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"
+    if p["decided"]:
+        return f"{head}, {'above' if p['ci'][0] >= bound else 'below'} {bound:g} on these {n} prompts"
+    if p["prompts_needed"] is None:
+        return f"{head}, at the bound itself: no number of prompts decides it"
+    return f"{head}: about {p['prompts_needed']:,} confirmation prompts would decide it ({n} here)"
+
+
+def _selection_lines(doc: dict[str, Any]) -> list[str]:
+    """The size/faithfulness front over every ranking, and the 1 % circuits against the bound."""
+    sel = doc.get("selection")
+    if not sel:
+        return []
+    bound = doc["settings"]["bound"]
+    out = ["## Size against faithfulness", "",
+           "Every circuit tried (each ranking's grid and finer search) that no other beats on both counts: no "
+           "other is as small and as close to F = 1:", "",
+           tabulate([[p["ranking"], p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"] for p in sel["pareto"]],
+                    headers=["ranking", "k", "faithfulness [CI]"], tablefmt="github", disable_numparse=True), ""]
+    if sel["one_percent"]:
+        out += [f"At 1 % of the edges, against the bound {bound:g} (an interval's half-width shrinks as 1/sqrt(n)):",
+                "", *(f"- {decide_text(p, bound, sel['prompts'])}" for p in sel["one_percent"]), ""]
+    return out
+
+
+def _refined_lines(doc: dict[str, Any]) -> list[str]:
+    """The greedy refinement of the starter: its proposals on the discovery prompts, its result on the
+    confirmation prompts."""
+    r = doc.get("refined")
+    if not r:
+        return []
+    props = r["proposals"][1:]
+    start = r["proposals"][0]
+    taken = sum(p["accepted"] for p in props)
+    return [f"**Greedy refinement** of the top {r['from_k']} edges of the {t_rank(r['from'])} ranking, on the "
+            f"discovery prompts (their F {fmt(start['faithfulness'])} {fmt_ci(start['ci'])}): {len(props)} proposals, "
+            f"each removing the kept edges whose estimated effect is smallest and run exactly, {taken} accepted (the "
+            f"interval still clearing the bound). **{r['k']} edges** remain; on the confirmation prompts their F is "
+            f"{fmt(r['faithfulness'])} {fmt_ci(r['ci'])}"
+            + (", which clears the bound." if r["clears"] else
+               ", which does **not** clear the bound" + (f" (about {r['prompts_needed']:,} confirmation prompts would "
+                                                         "decide it)." if r.get("prompts_needed") else ".")), ""]
+
+
+def t_rank(name: str) -> str:
+    """A ranking's name as the report writes it."""
+    return {"abs": "|score|", "positions": "per-position |score|"}.get(name, name)
+
+
 def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
     s, sp, g, su = doc["settings"], doc["split"], doc["graph"], doc["summaries"]
     t = md_text
@@ -196,10 +262,9 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
                           for p in sorted(finer, key=lambda p: p["k"])],
                          headers=["k", "faithfulness [CI]"], tablefmt="github"), ""]
     k = doc.get("starter_k")
-    out += _signed_lines(doc) + _learned_lines(doc)
-    by = OF_RANKING.get(doc.get("starter_ranking") or "", "")
-    out += [f"The smallest circuit tried, of any ranking, whose interval lies above {s['bound']:g}: "
-            + (f"**the top {k} edges{by}** (starter.yaml's circuit claim; the smallest of several intervals that "
+    out += _signed_lines(doc) + _learned_lines(doc) + _refined_lines(doc)
+    out += [f"The smallest circuit tried, of any ranking or refined, whose interval lies above {s['bound']:g}: "
+            + (f"**{starter_words(doc)}** (starter.yaml's circuit claim; the smallest of several intervals that "
                "clear a bound is an optimistic pick, which the starter file tests again on held-out prompts)." if k
                else "none (no circuit claim in starter.yaml)."), ""]
     change = doc.get("starter_change")
@@ -224,6 +289,7 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
                 + (f"; the first {SHOWN_NODES}:" if len(nodes) > SHOWN_NODES else ":"), ""]
         out += [tabulate([[md_cell(r["node"]), r["edges"], f"{100 * r['share']:.1f}%"] for r in nodes[:SHOWN_NODES]],
                          headers=["node", "edges", "share"], tablefmt="github", disable_numparse=True), ""]
+    out += _selection_lines(doc)
     known = doc.get("known")
     if known:
         top = known["top"]
@@ -318,8 +384,7 @@ def summary(doc: dict[str, Any]) -> str:
         return (f"CPR {su['CPR']['value']:.3f} [{su['CPR']['ci'][0]:.3f}, {su['CPR']['ci'][1]:.3f}], "
                 f"CMD {su['CMD']['value']:.3f} [{su['CMD']['ci'][0]:.3f}, {su['CMD']['ci'][1]:.3f}]")
 
-    start = ("none" if not doc["starter_k"] else f"top {doc['starter_k']} edges"
-             + OF_RANKING.get(doc.get("starter_ranking") or "", ""))
+    start = starter_words(doc)
     lines = [f"{s['method']} on {sp['discovery']} discovery prompts; confirmed on {sp['confirmation']} others",
              f"graph: {doc['graph']['edges']} edges",
              tabulate([[f"{100 * p['fraction']:g}%", p["k"], cell(p), *(cell(by_k[key].get(p["k"])) for key in others)]
@@ -328,6 +393,10 @@ def summary(doc: dict[str, Any]) -> str:
                       disable_numparse=True),
              cmd(su) + "".join(f"; {key} ranking: {cmd(doc[key]['summaries'])}" for key in others),
              f"starter circuit: {start}; confirmed edges (used): {len(used)} of the top {s['top']}"]
+    sel = doc.get("selection")
+    if sel and sel["one_percent"]:
+        lines.append(f"at 1 % of the edges, against {s['bound']:g}: "
+                     + "; ".join(decide_text(p, s["bound"], sel["prompts"]) for p in sel["one_percent"]))
     if doc.get("known"):
         k = doc["known"]
         lines.append(f"known circuit {k['claim']} ({len(k['edges'])} edges): ROC AUC {fmt(k['auc'])}; faithfulness "

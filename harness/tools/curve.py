@@ -48,6 +48,7 @@ from ..spec.vocabulary import Replacement
 from ..streams import derive_seed
 
 PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # MIB's circuit sizes
+ONE_PERCENT = 0.01  # the grid's size at which discover states what deciding the bound would take
 STEPS = 5  # circuits of the finer search, one at a time: the gap between two grid points narrows 32-fold
 
 
@@ -187,6 +188,37 @@ def ranking_search(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed: int
             "starter_k": starter_k(curve, finer, bound)}
 
 
+def pareto(tried: dict[str, list[dict[str, Any]]], n_edges: int) -> list[dict[str, Any]]:
+    """Size against faithfulness over every circuit tried (each ranking's grid and finer points,
+    0 < k < n_edges): the points that no other beats on both counts, no other having k' <= k and
+    |1 - F'| <= |1 - F| (to the 3 decimals reports show) with one of them strict; by k, each with
+    its ranking's name (one pass after a sort)."""
+    points = sorted(((p["k"], round(abs(1.0 - p["faithfulness"]), 3), name, p)
+                     for name, pts in tried.items() for p in pts
+                     if 0 < p["k"] < n_edges and p["faithfulness"] is not None), key=lambda t: (t[0], t[1]))
+    out: list[dict[str, Any]] = []
+    best = float("inf")
+    for k, err, name, p in points:
+        if err < best:
+            out.append({"ranking": name, "k": k, "faithfulness": p["faithfulness"], "ci": p["ci"]})
+            best = err
+    return out
+
+
+def prompts_to_decide(point: dict[str, Any], bound: float, n: int) -> int | None:
+    """How many confirmation prompts a point's interval needs to lie wholly on one side of the bound:
+    with F its faithfulness, w its interval's half-width on the bound's side (F - low above the bound,
+    high - F below it) from n prompts, and w shrinking as 1/sqrt(n), n (w / |F - bound|)^2 rounded up
+    (n itself when it already decides; None when F is the bound)."""
+    f, (low, high) = point["faithfulness"], point["ci"]
+    if low >= bound or high < bound:
+        return n
+    if f == bound:
+        return None
+    w = f - low if f > bound else high - f
+    return int(np.ceil(n * (w / abs(f - bound)) ** 2))
+
+
 def drops(points: list[dict[str, Any]], least: float) -> list[dict[str, Any]]:
     """Where the curve falls beyond its intervals (module docstring), by more than `least`: to each
     k from the smaller k with the highest lower end so far (circuits of at least one edge; one pass)."""
@@ -199,3 +231,31 @@ def drops(points: list[dict[str, Any]], least: float) -> list[dict[str, Any]]:
         if best is None or b["ci"][0] > best["ci"][0]:
             best = b
     return out
+
+
+def doc_rankings(rank: str, points: list[dict[str, Any]], finer: list[dict[str, Any]], signed: dict[str, Any],
+                 learned: dict[str, Any] | None, refined: dict[str, Any] | None = None
+                 ) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Every ranking tried: its name -> (its grid points, its finer search's); the refined circuit as a
+    finer point of its own (`refined`)."""
+    out = {rank: (points, finer), "signed": (signed["curve"], signed["curve_finer"])}
+    if learned is not None:
+        out["learned"] = (learned["curve"], learned["curve_finer"])
+    if refined is not None and refined["ci"] is not None:
+        out["refined"] = ([], [{"k": refined["k"], "faithfulness": refined["faithfulness"], "ci": refined["ci"]}])
+    return out
+
+
+def selection(tried: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]], n_edges: int, bound: float,
+              n_conf: int) -> dict[str, Any]:
+    """discovery.json's `selection`: the size/faithfulness front over every ranking's circuits, and each
+    ranking's circuit at 1 % of the edges against the bound (prompts it needs to decide)."""
+    front = pareto({name: [*grid, *fine] for name, (grid, fine) in tried.items()}, n_edges)
+    one = []
+    for name, (grid, _) in tried.items():
+        p = next((p for p in grid if p["fraction"] == ONE_PERCENT), None)
+        if p is not None and p["k"] > 0:
+            one.append({"ranking": name, "k": p["k"], "faithfulness": p["faithfulness"], "ci": p["ci"],
+                        "decided": bool(p["ci"][0] >= bound or p["ci"][1] < bound),
+                        "prompts_needed": prompts_to_decide(p, bound, n_conf)})
+    return {"pareto": front, "one_percent": one, "prompts": n_conf}

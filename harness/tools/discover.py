@@ -70,7 +70,7 @@ from ..model.tokenizer import start_words
 from ..progress import progress, stage
 from ..report import circuit_reading as reading
 from ..report import discovery as render
-from ..report.discovery import STARTER_EDGES, VERSION, ordered_rows, starter_rows
+from ..report.discovery import STARTER_EDGES, VERSION, starter_rows
 from ..report.writer import write_folder
 from ..spec.settings import Stats
 from ..spec.vocabulary import Direction, Replacement
@@ -78,16 +78,19 @@ from ..streams import Stream, derive_seed
 from . import stability
 from .curve import (
     curve_ks,
+    doc_rankings,
     drops,
     faithfulness_curve,
     learned_order,
     ranking_search,
     refine,
+    selection,
     signed_order,
     starter_k,
     top_mask,
 )
 from .known import known_doc, known_edges, roc_auc
+from .refine import refine_starter
 from .scan import ScanSettings, explore_dataset, held_out_mapping, scan_hooks
 
 METHODS = ("eap-ig", "eap", "exact")
@@ -114,6 +117,7 @@ class DiscoverSettings:
     seed: int = 0
     bootstrap: int = 1000
     learn: int = 0  # steps of the learned edge mask (mech.graph.learn); 0: no learned ranking
+    refine: int = 0  # proposals of the starter's greedy refinement (mech.graph.prune); 0: none
 
     def check(self) -> None:
         if self.method not in METHODS:
@@ -126,6 +130,8 @@ class DiscoverSettings:
             raise UserError("--steps and --top must be at least 1, --n-prompts at least 4")
         if self.learn < 0:
             raise UserError(f"--learn {self.learn}: allowed: 0 (no learned mask) or a number of steps")
+        if self.refine < 0:
+            raise UserError(f"--refine {self.refine}: allowed: 0 (no refinement) or a number of proposals")
 
 
 @dataclass(frozen=True)
@@ -284,26 +290,37 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
         learned["auc"] = None if known_mask is None else roc_auc(l_order, known_mask[us, rs])
     # the smallest circuit that clears the bound; on a tie the ranking tried first
     k_start, by, chosen, chosen_finer = min(tried, key=lambda t: (t[0] is None, t[0] or 0))
-    change = starter_change(conf, g, chosen, k_start, st)
     ks = sorted({*curve_ks(g.n_edges), *(p["k"] for p in chosen_finer)})
     stable = None if cfg.rank != "abs" or by == "learned" else stability.summary(
         stability.jaccard(resampled, chosen, ks, signed=by == "signed"), ks, k_start, len(disc_idx))
+    start = top_mask(g, chosen, k_start) if k_start else None
+    refined = None
+    conf_gap = float(np.mean(conf.m_clean - conf.m_corrupt))
+    if cfg.refine and start is not None:
+        conf.release()
+        del conf  # the discovery runs are built again: one set of base runs at a time
+        refined, keep, conf = refine_starter(bridge, ds.select(disc_idx), ds.select(conf_idx), hooks, metric, g,
+                                             start, by, cfg.refine, cfg.bound, st, unit, cfg.seed)
+        if refined["clears"] and refined["k"] < (k_start or 0):  # the refined circuit is the starter
+            k_start, by, start, stable = refined["k"], "refined", keep, None
+    change = None if start is None else starter_change(conf, start, st)
     rows = ranking_rows(score, g, order, gap, None if mask is None else mask.logits)
     signed["negative_edges"] = int(sum(r["score"] < 0 for r in rows))
     confirmed = [confirmed_row(r, t) for r, t in enumerate(tests, start=1)]
-    return {
+    doc = {
         "kind": "discovery", "version": VERSION,
         "settings": {"input": source, "model": provenance.shown_source(m.kind, m.source),
                      "model_sha256": m.sha256, "method": cfg.method,
                      "steps": cfg.steps if cfg.method == "eap-ig" else None, "rank": cfg.rank, "metric": metric,
                      "unit": unit, "corruption": ds.default_corruption, "seed": cfg.seed, "top": cfg.top,
-                     "bound": cfg.bound, "learn": cfg.learn, "replacement": Replacement.RESAMPLE.value,
-                     "direction": Direction.NOISING.value, "bootstrap": st.bootstrap, "confidence": st.confidence,
+                     "bound": cfg.bound, "learn": cfg.learn, "refine": cfg.refine,
+                     "replacement": Replacement.RESAMPLE.value, "direction": Direction.NOISING.value,
+                     "bootstrap": st.bootstrap, "confidence": st.confidence,
                      "alpha": st.alpha, "min_effect": st.min_effect, "tolerance": st.tolerance,
                      "min_prompt_gap": st.min_prompt_gap, "data": ds.description},
         "split": {"prompts": ds.n, "discovery": len(disc_idx), "confirmation": len(conf_idx),
                   "discovery_indices": disc_idx, "confirmation_indices": conf_idx,
-                  "discovery_gap": gap, "confirmation_gap": float(np.mean(conf.m_clean - conf.m_corrupt))},
+                  "discovery_gap": gap, "confirmation_gap": conf_gap},
         "graph": {"edges": g.n_edges, "senders": len(g.senders), "receivers": len(g.receivers),
                   "classes": g.counts()},
         "ranking": rows,
@@ -316,22 +333,26 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
                                                                                 curve),
         "signed": signed,
         "learned": learned,
+        "refined": refined,
+        "selection": selection(doc_rankings(cfg.rank, curve.points, finer, signed, learned, refined), g.n_edges,
+                               cfg.bound, len(conf_idx)),
         "starter_k": k_start,
         "starter_ranking": by,
-        "starter_nodes": reading.starter_nodes(ordered_rows(rows, by), k_start) if k_start else [],
+        "starter_nodes": [],  # below: from the document's starter rows
         "starter_change": change,
         "warnings": [] if change is None or not change["vacuous"] else [
             f"the starter circuit is untested: resample-ablating the rest leaves what it reads as it was "
             f"(relative change {change['relative_change']:.3f} < min_change {st.min_change:g}), so `harness run` "
             "of starter.yaml will call its circuit claim INCONCLUSIVE"]}
+    if k_start:
+        doc["starter_nodes"] = reading.starter_nodes(starter_rows(doc), k_start)
+    return doc
 
 
-def starter_change(conf: Runs, g: Graph, order: np.ndarray, k: int | None, st: Stats) -> dict[str, Any] | None:
-    """The starter circuit's non-vacuity on the confirmation prompts, judged as `harness run` judges its
-    circuit claim (claims.effects.circuit_change: what its receivers read through its removed edges)."""
-    if not k:
-        return None
-    c = effects.circuit_change(conf, top_mask(g, order, k), [], Replacement.RESAMPLE.value, st)
+def starter_change(conf: Runs, keep: np.ndarray, st: Stats) -> dict[str, Any]:
+    """The starter circuit's (`keep` [U, V]) non-vacuity on the confirmation prompts, judged as `harness run`
+    judges its circuit claim (claims.effects.circuit_change: what its receivers read through its removed edges)."""
+    c = effects.circuit_change(conf, keep, [], Replacement.RESAMPLE.value, st)
     return {"relative_change": c.relative_change, "at_scored": c.at_scored, "prompts_changed": c.prompts_changed,
             "min_change": c.min_change, "vacuous": c.vacuous, "read_at": c.read_at}
 
@@ -387,10 +408,13 @@ def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
     claims: list[dict[str, Any]] = []
     k, bound, method = doc["starter_k"], doc["settings"]["bound"], doc["settings"]["method"]
     if k:
-        claims.append({"id": f"top-{k}-edge-circuit", "kind": "circuit",
-                       "description": f"The {k} edges discovery ranked first ({method}"
-                                      + RANKED_BY.get(doc.get("starter_ranking") or "", "")
-                                      + "); on the confirmation prompts the interval of their circuit's "
+        refined = doc.get("starter_ranking") == "refined"
+        found = (f"The {k} edges left when discovery refined the top {doc['refined']['from_k']} of its "
+                 f"{doc['refined']['from']} ranking ({method}) on its own prompts" if refined else
+                 f"The {k} edges discovery ranked first ({method}" + RANKED_BY.get(doc.get("starter_ranking") or "", "")
+                 + ")")
+        claims.append({"id": f"{'refined' if refined else 'top'}-{k}-edge-circuit", "kind": "circuit",
+                       "description": found + "; on the confirmation prompts the interval of their circuit's "
                                       f"faithfulness lay at or above {bound:g}.",
                        "edges": [r["edge"] for r in starter_rows(doc)], "at_least": bound})
     for c in doc["confirmed"]:

@@ -172,7 +172,7 @@ class GraphModel:
         def take_out(inp: Any, U: int, cols: Any) -> Any:
             """inp minus the removed senders' changes (the first U senders) for the receivers `cols`."""
             M = removed[:, :U, cols]
-            if not bool(M.any()):
+            if not grad and not bool(M.any()):  # with a gradient, an edge kept whole still has one
                 return inp
             lin = M * linear[:U].view(1, U, *([1] * (M.dim() - 2))) if posts else M
             shown = [b for u0, b in blocks.items() if u0 < U]
@@ -185,7 +185,7 @@ class GraphModel:
                 if u0 >= U:
                     break
                 Mh = M[:, u0:u0 + H]
-                if not bool(Mh.any()):
+                if not grad and not bool(Mh.any()):
                     continue
                 Dh = blocks[u0] if grad else D[:, u0:u0 + H]
                 if Mh.dim() == 2:

@@ -59,6 +59,15 @@ class Learned:
     loss: list[dict[str, float]]  # every tenth step and the last: {step, faithfulness_loss, kept_share, penalty}
 
 
+def relaxed_metric(gm: GraphModel, clean: Writes, rep: Writes, positions: Any, metric: Callable[[Any, Any], Any],
+                   z: Any, idx: Any) -> Any:
+    """The metric [B] of the circuit of keep weights z [U, V] (every edge removed by 1 - z_e, module
+    docstring) on prompts idx, differentiable in z where a gradient is enabled."""
+    edges = gm.graph.adjacency
+    removed = ((1.0 - z) * z.new_tensor(edges))[None].expand(len(idx), -1, -1)
+    return metric(gm.circuit_pass(clean.embed[idx], idx, rep, removed, positions[idx]), idx)
+
+
 def learn_mask(gm: GraphModel, clean: Writes, rep: Writes, positions: Any, metric: Callable[[Any, Any], Any],
                m_clean: np.ndarray, gap: float, cfg: MaskSettings,
                progress: Callable[..., Any] | None = None) -> Learned:
@@ -86,10 +95,9 @@ def learn_mask(gm: GraphModel, clean: Writes, rep: Writes, positions: Any, metri
         idx = order[at:at + batch].to(x.device)
         at += batch
         lam = lam0 * (lam1 / lam0) ** (t / max(1, cfg.steps - 1))
-        z = torch.sigmoid(a)
-        removed = ((1.0 - z) * edges)[None].expand(batch, -1, -1)
         with torch.enable_grad():
-            got = metric(gm.circuit_pass(x[idx], idx, rep, removed, positions[idx]), idx)
+            z = torch.sigmoid(a)
+            got = relaxed_metric(gm, clean, rep, positions, metric, z, idx)
             shortfall = (((got - target[idx].to(got.dtype)) / gap) ** 2).mean()
             kept = (z * edges).sum() / n_edges
             loss = shortfall + lam * kept

@@ -22,6 +22,7 @@ from harness.mech.runs import change
 from harness.mech.runs.build import base_runs
 from harness.model.ref import ModelRef
 from harness.spec.settings import Stats
+from harness.tools.curve import top_mask
 from harness.tools.discover import starter_change
 from harness.tools.scan import scan_hooks
 
@@ -68,8 +69,8 @@ def test_a_one_token_corruption_tests_an_edge_circuit(hypothesis):
 
 
 def test_discover_judges_its_starter_as_run_does(hypothesis):
-    """The starter circuit's non-vacuity in discovery.json (tools.discover.starter_change, from a ranking
-    whose top 5 edges are the circuit) is the circuit claim's, on the same prompts."""
+    """The starter circuit's non-vacuity in discovery.json (tools.discover.starter_change, of the top 5
+    edges of a ranking whose first edges are the circuit's) is the circuit claim's, on the same prompts."""
     h = load(hypothesis)
     m = runner.load_model_cached(str(ModelRef.parse(h.spec.model, h.base_dir).source), "cpu")
     ds = runner.build_dataset(h, m)
@@ -79,7 +80,7 @@ def test_discover_judges_its_starter_as_run_does(hypothesis):
     us, rs = plan.graph.edge_index()
     order = np.argsort(~plan.mask[us, rs], kind="stable")  # the circuit's edges first
     st = Stats()
-    doc = starter_change(runs, plan.graph, order, len(SMALL), st)
+    doc = starter_change(runs, top_mask(plan.graph, order, len(SMALL)), st)
     ev = harness.run(str(hypothesis), device="cpu", figures=False)
     want = ev.claim("small").details.intervention_change
     assert doc is not None and not doc["vacuous"]

@@ -369,6 +369,25 @@ def test_explain_reads_the_same_route(fam):
     assert has_far is (not fam.arch.rotary)
 
 
+def graph_inputs(fam):
+    """What the edge-graph tests share: the scored positions (4 to the last but one), the answers (the
+    next tokens), the base and source caches of what the graph reads, and the per-row logprob metric."""
+    from harness.mech.graph import parts
+    from harness.model import metrics
+
+    n, s = BASE.shape
+    positions = torch.arange(4, s - 1).expand(n, -1).contiguous()
+    answers = BASE.gather(1, positions + 1)
+    wanted = parts.cache_names(fam.arch.n_layers, fam.arch.has_mlp)
+    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
+
+    def metric(logits_at, idx):
+        k = logits_at.shape[1]
+        return metrics.per_prompt(logits_at, torch.arange(k).expand(len(idx), k), answers[idx], "logprob")
+
+    return positions, answers, base, source, metric
+
+
 GRAPH_EDGES = ["L0H1 -> L1H2.q", "L0H3 -> L1H0.k", "L0H2 -> L1H1.v", "L0H0 -> L1.mlp", "L0.mlp -> L1H3.k",
                "L1H2 -> logits", "embed -> L1H1.q", "L0.mlp -> logits"]
 
@@ -384,15 +403,7 @@ def test_the_edge_graph_equals_the_oracle(fam):
     from harness.model import metrics
 
     arch = fam.arch
-    n, s = BASE.shape
-    positions = torch.arange(4, s - 1).expand(n, -1).contiguous()
-    answers = BASE.gather(1, positions + 1)
-    wanted = parts.cache_names(arch.n_layers, arch.has_mlp)
-    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
-
-    def metric(logits_at, idx):
-        k = logits_at.shape[1]
-        return metrics.per_prompt(logits_at, torch.arange(k).expand(len(idx), k), answers[idx], "logprob")
+    positions, answers, base, source, metric = graph_inputs(fam)
 
     def oracle_metric(logits):
         return metrics.per_prompt(logits, positions, answers, "logprob").double()
@@ -482,18 +493,9 @@ def test_a_fractional_masks_gradient_is_the_circuits_derivative(fam):
     backward), equals a central difference of the circuit's metric, norms after the attention included; at
     the full circuit too, where no edge is removed at all."""
     from harness.mech.graph import forward, parts
-    from harness.model import metrics
 
-    arch = fam.arch
-    n, s = BASE.shape
-    positions = torch.arange(4, s - 1).expand(n, -1).contiguous()
-    answers = BASE.gather(1, positions + 1)
-    wanted = parts.cache_names(arch.n_layers, arch.has_mlp)
-    base, source = fam.cache(BASE, wanted), fam.cache(SOURCE, wanted)
-
-    def metric(logits_at, idx):
-        k = logits_at.shape[1]
-        return metrics.per_prompt(logits_at, torch.arange(k).expand(len(idx), k), answers[idx], "logprob")
+    positions, _, base, source, metric = graph_inputs(fam)
+    n = BASE.shape[0]
 
     with Float64():
         gm = forward.GraphModel.build(fam.bridge, base, positions)

@@ -193,8 +193,8 @@ def _selection_lines(doc: dict[str, Any]) -> list[str]:
         return []
     bound = doc["settings"]["bound"]
     out = ["## Size against faithfulness", "",
-           "Every circuit tried (each ranking's grid and finer search) that no other beats on both counts: no "
-           "other is as small and as close to F = 1:", "",
+           "Every circuit tried (each ranking's grid and finer search, and the refined circuit) that no other "
+           "beats on both counts: no other is as small and as close to F = 1:", "",
            tabulate([[p["ranking"], p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"] for p in sel["pareto"]],
                     headers=["ranking", "k", "faithfulness [CI]"], tablefmt="github", disable_numparse=True), ""]
     if sel["one_percent"]:

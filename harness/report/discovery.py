@@ -136,6 +136,12 @@ def starter_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return ordered_rows(doc["ranking"], doc.get("starter_ranking"))[:doc.get("starter_k") or 0]
 
 
+def points_table(pts: list[dict[str, Any]]) -> str:
+    """Circuits tried (curve points), by k: k and faithfulness with its interval."""
+    rows = [[p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"] for p in sorted(pts, key=lambda p: p["k"])]
+    return tabulate(rows, headers=["k", "faithfulness [CI]"], tablefmt="github")
+
+
 def _signed_lines(doc: dict[str, Any]) -> list[str]:
     """The signed ranking's curve, its smallest circuit above the bound, and the edges that push
     against the answer."""
@@ -148,9 +154,7 @@ def _signed_lines(doc: dict[str, Any]) -> list[str]:
            f"that push against it ({signed['negative_edges']:,} of the {doc['graph']['edges']:,} edges) last, so its "
            "circuits leave the opposing edges out (the ranking by |score| mixes them in: a faithfulness above 1 "
            "means the circuit misses edges that hold the answer back):", "",
-           tabulate([[p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"]
-                     for p in sorted(pts, key=lambda p: p["k"])], headers=["k", "faithfulness [CI]"],
-                    tablefmt="github"), "",
+           points_table(pts), "",
            f"CPR {fmt(signed['summaries']['CPR']['value'])}, CMD {fmt(signed['summaries']['CMD']['value'])}; the "
            "edges that push hardest against the answer: "
            + (", ".join(f"{md_code(r['edge'])} ({fmt(r['score'])})" for r in against) or "none") + ".", ""]
@@ -170,9 +174,7 @@ def _learned_lines(doc: dict[str, Any]) -> list[str]:
             f"{learned['penalty'][0]:g} to {learned['penalty'][1]:g}), the edges ranked by their mask logits; "
             f"{learned['kept']:,} edges ended with a keep weight above 1/2"
             + (f" (last step's faithfulness loss {fmt(last['faithfulness_loss'])})" if last else "") + ":", "",
-            tabulate([[p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"]
-                      for p in sorted(pts, key=lambda p: p["k"])], headers=["k", "faithfulness [CI]"],
-                     tablefmt="github"), "",
+            points_table(pts), "",
             f"CPR {fmt(learned['summaries']['CPR']['value'])}, CMD {fmt(learned['summaries']['CMD']['value'])}.", ""]
 
 
@@ -258,9 +260,7 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
     if finer:
         out += [f"A finer search between the grid's last point below {s['bound']:g} and its first above tried "
                 f"{len(finer)} more circuits:", "",
-                tabulate([[p["k"], f"{fmt(p['faithfulness'])} {fmt_ci(p['ci'])}"]
-                          for p in sorted(finer, key=lambda p: p["k"])],
-                         headers=["k", "faithfulness [CI]"], tablefmt="github"), ""]
+                points_table(finer), ""]
     k = doc.get("starter_k")
     out += _signed_lines(doc) + _learned_lines(doc) + _refined_lines(doc)
     out += [f"The smallest circuit tried, of any ranking or refined, whose interval lies above {s['bound']:g}: "

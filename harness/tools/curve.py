@@ -82,6 +82,13 @@ def _point(k: int, f: effects.NormalizedEffect, fraction: float | None) -> dict[
             "ci_method": iv.method}
 
 
+def faithfulness(m: np.ndarray, m_full: np.ndarray, m_empty: np.ndarray, st: Stats, seed: int,
+                 unit: str) -> effects.NormalizedEffect:
+    """A circuit's faithfulness from its metric m [n]: sum(m - m_empty) / sum(m_full - m_empty) over the
+    prompts whose full-empty gap is at least min_prompt_gap, with a BCa interval seeded `seed`."""
+    return effects.normalized_effect(m - m_empty, m_full - m_empty, st, seed, unit, gap_name="full-empty")
+
+
 def faithfulness_curve(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed: int, unit: str,
                        extra: list[np.ndarray]) -> Curve:
     """The top-k circuits' faithfulness at curve_ks (module docstring), CPR and CMD; and the
@@ -95,8 +102,7 @@ def faithfulness_curve(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed:
     m_full, m_empty = np.asarray(runs.m_clean, dtype=float), np.asarray(runs.m_corrupt, dtype=float)
     by_k = {0: m_empty, g.n_edges: m_full, **dict(zip(inner, got[:len(inner)], strict=True))}
     gap = m_full - m_empty
-    per_k = [effects.normalized_effect(by_k[k] - m_empty, gap, st, derive_seed(seed, i), unit, gap_name="full-empty")
-             for i, k in enumerate(ks)]
+    per_k = [faithfulness(by_k[k], m_full, m_empty, st, derive_seed(seed, i), unit) for i, k in enumerate(ks)]
     if per_k[0].interval is None:
         raise UserError(f"faithfulness is undefined on the confirmation prompts: {per_k[0].reason} (the corruption "
                         "barely changes the behaviour)")
@@ -119,8 +125,8 @@ def faithfulness_curve(runs: Runs, g: Graph, order: np.ndarray, st: Stats, seed:
         summaries[name] = {"value": iv.estimate, "ci": [iv.low, iv.high], "ci_method": iv.method}
     summaries["kept_prompts"] = int(kept.sum())
     summaries["excluded_prompts"] = int((~kept).sum())
-    extra_f = [effects.normalized_effect(m - m_empty, gap, st, derive_seed(seed, len(ks) + 2 + i), unit,
-                                         gap_name="full-empty") for i, m in enumerate(got[len(inner):])]
+    extra_f = [faithfulness(m, m_full, m_empty, st, derive_seed(seed, len(ks) + 2 + i), unit)
+               for i, m in enumerate(got[len(inner):])]
     return Curve(points, summaries, extra_f, m_full, m_empty)
 
 
@@ -137,7 +143,6 @@ def refine(runs: Runs, g: Graph, order: np.ndarray, curve: Curve, bound: float, 
     if first is None:
         return []
     lo, hi = curve.points[first - 1]["k"] if first else 0, curve.points[first]["k"]  # k = 0: F = 0, below
-    gap = curve.m_full - curve.m_empty
     tried: list[dict[str, Any]] = []
     for r in range(STEPS):
         k = (lo + hi) // 2
@@ -146,8 +151,8 @@ def refine(runs: Runs, g: Graph, order: np.ndarray, curve: Curve, bound: float, 
         stage(f"faithfulness at {k:,} edges (between {lo:,} and {hi:,}; step {r + 1} of {STEPS}) on "
               f"{runs.ds.n} confirmation prompts")
         (m,) = runs.edge_circuits([top_mask(g, order, k)], Replacement.RESAMPLE)
-        point = _point(k, effects.normalized_effect(m - curve.m_empty, gap, st, derive_seed(seed, 100 * (r + 1)),
-                                                    unit, gap_name="full-empty"), None)
+        point = _point(k, faithfulness(m, curve.m_full, curve.m_empty, st, derive_seed(seed, 100 * (r + 1)), unit),
+                       None)
         tried.append(point)
         if clears(point, bound):
             hi = k

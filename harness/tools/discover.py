@@ -282,7 +282,7 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     learned = None
     if mask is not None:
         l_order = learned_order(mask.logits, g, order)
-        learned = {**learned_settings(cfg, mask), **ranking_search(
+        learned = {**learned_settings(mask), **ranking_search(
             conf, g, l_order, st, derive_seed(cfg.seed, Stream.DISCOVER_CURVE, 2), unit, cfg.bound,
             "the learned ranking: edges by the learned mask's logits")}
         tried.append((learned["starter_k"], "learned", l_order, learned["curve_finer"]))
@@ -359,17 +359,16 @@ def starter_change(conf: Runs, keep: np.ndarray, st: Stats) -> dict[str, Any]:
 
 def learned_mask(disc: Runs, gap: float, cfg: DiscoverSettings) -> learn.Learned:
     """The learned edge mask (mech.graph.learn) on the discovery prompts, resample replacement."""
-    stage(f"the learned mask: {cfg.learn} steps of {learn.MaskSettings().batch} prompts, each a forward and a "
-          "backward through the edge graph")
-    gm = disc.graph_model()
-    return learn.learn_mask(gm, disc.writes(disc.clean), disc.writes(disc.corrupt), disc.ds.positions,
-                            disc.rows_metric, disc.m_clean, gap, learn.MaskSettings(steps=cfg.learn, seed=cfg.seed),
-                            progress=progress)
-
-
-def learned_settings(cfg: DiscoverSettings, mask: learn.Learned) -> dict[str, Any]:
-    """discovery.json's `learned`, less its curve: how the mask was trained and how it ended."""
     ms = learn.MaskSettings(steps=cfg.learn, seed=cfg.seed)
+    stage(f"the learned mask: {ms.steps} steps of {ms.batch} prompts, each a forward and a backward through the "
+          "edge graph")
+    return learn.learn_mask(disc.graph_model(), disc.writes(disc.clean), disc.writes(disc.corrupt), disc.ds.positions,
+                            disc.rows_metric, disc.m_clean, gap, ms, progress=progress)
+
+
+def learned_settings(mask: learn.Learned) -> dict[str, Any]:
+    """discovery.json's `learned`, less its curve: how the mask was trained and how it ended."""
+    ms = mask.settings
     return {"steps": ms.steps, "batch": ms.batch, "learning_rate": ms.learning_rate, "init": ms.init,
             "penalty": list(ms.penalty), "kept": mask.kept, "history": mask.loss}
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from ..claims import effects
 from ..mech.graph import prune
 from ..mech.graph.structure import Graph
 from ..mech.runs.build import base_runs
@@ -23,18 +22,17 @@ from ..progress import progress, stage
 from ..spec.settings import Stats
 from ..spec.vocabulary import Replacement
 from ..streams import Stream, derive_seed
-from .curve import prompts_to_decide
+from .curve import faithfulness, prompts_to_decide
 
 
 def judge(runs: Runs, st: Stats, unit: str, seed: int) -> Callable[[np.ndarray, int], tuple[float | None,
                                                                                         list[float] | None]]:
-    """F of a circuit from its metric m [n] on `runs`' prompts, with the faithfulness curve's BCa interval
-    (claims.effects.normalized_effect over (m - m_empty) / (m_full - m_empty)); r seeds the interval."""
+    """F of a circuit from its metric m [n] on `runs`' prompts, as the faithfulness curve takes it
+    (tools.curve.faithfulness); r seeds the interval."""
     m_full, m_empty = np.asarray(runs.m_clean, dtype=float), np.asarray(runs.m_corrupt, dtype=float)
 
     def f(m: np.ndarray, r: int) -> tuple[float | None, list[float] | None]:
-        iv = effects.normalized_effect(m - m_empty, m_full - m_empty, st, derive_seed(seed, r), unit,
-                                       gap_name="full-empty").interval
+        iv = faithfulness(m, m_full, m_empty, st, derive_seed(seed, r), unit).interval
         return (None, None) if iv is None else (iv.estimate, [iv.low, iv.high])
     return f
 

@@ -52,8 +52,9 @@ class MaskSettings:
 
 @dataclass(frozen=True)
 class Learned:
-    """The trained logits [U, V] (0 where the graph has no edge) and how training went."""
+    """The trained logits [U, V] (0 where the graph has no edge), how training went and its settings."""
 
+    settings: MaskSettings
     logits: np.ndarray
     kept: int  # edges with a_e > 0 (z_e > 1/2) at the end
     loss: list[dict[str, float]]  # every tenth step and the last: {step, faithfulness_loss, kept_share, penalty}
@@ -109,4 +110,4 @@ def learn_mask(gm: GraphModel, clean: Writes, rep: Writes, positions: Any, metri
             history.append({"step": t, "faithfulness_loss": float(shortfall.detach()),
                             "kept_share": float(kept.detach()), "penalty": lam})
     logits = (a.detach() * edges).cpu().numpy().astype(np.float64)
-    return Learned(logits, int(((logits > 0) & adjacency).sum()), history)
+    return Learned(cfg, logits, int(((logits > 0) & adjacency).sum()), history)

@@ -129,8 +129,8 @@ def activation(name: str | None) -> tuple[Callable[..., Any], tuple[str, str]] |
 @dataclass
 class Norm:
     """y = standardize(x) w + b, standardize(x) = c(x) / sqrt(mean(c(x)^2) + eps); c(x) = x - mean(x)
-    for LayerNorm (kind "ln"), c(x) = x for RMS norms ("rms"); "none": y = x.  For norm1 and norm2
-    the affine part (w, b) is folded into the linear map that follows (see fold)."""
+    for LayerNorm (kind "ln"), c(x) = x for RMS norms ("rms"); "none": y = x.  For norm1 the affine
+    part (w, b) is folded into the linear map that follows (see fold); norm2 is applied whole."""
 
     kind: str
     w: Any = None

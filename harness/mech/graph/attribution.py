@@ -37,6 +37,7 @@ from ... import memory
 from ...progress import progress as quiet_progress
 from ...spec import names
 from ...spec.vocabulary import Direction
+from ..hooks import logits_bytes
 from .forward import GraphModel
 from .parts import Writes
 from .structure import Graph
@@ -115,7 +116,7 @@ def edge_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions: Any,
     import torch
 
     if batch is None:
-        one = every_gradient_bytes(gm, clean.embed.element_size())
+        one = every_gradient_bytes(gm, clean.embed.element_size(), int(positions.shape[1]))
         batch = max(1, min(BATCH, memory.working(EVERY_BUDGET) // one))
 
     if method not in METHODS:
@@ -208,7 +209,8 @@ def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions
     import torch
 
     if batch is None:
-        batch = max(1, memory.working(GRADIENT_BUDGET) // one_gradient_bytes(gm, clean.embed.element_size()))
+        batch = max(1, memory.working(GRADIENT_BUDGET) // one_gradient_bytes(gm, clean.embed.element_size(),
+                                                                         int(positions.shape[1])))
 
     if method not in METHODS:
         raise ValueError(f"unknown attribution method {method!r}; allowed: {', '.join(METHODS)}")
@@ -245,23 +247,25 @@ def edge_prompt_scores(gm: GraphModel, clean: Writes, corrupt: Writes, positions
     return out
 
 
-def every_gradient_bytes(gm: GraphModel, item: int) -> int:
+def every_gradient_bytes(gm: GraphModel, item: int, k: int) -> int:
     """A generous estimate of what one prompt's pass for every receiver's gradient holds: one_gradient_bytes,
     and per layer the receivers' inputs, their gradients and those taken back through the norm
     ([s, 3H, d] each) and the senders' changes the scores are contracted with."""
     a, s = gm.arch, gm.s
     per_layer = s * 3 * a.n_heads * a.d_model * 3 + s * len(gm.graph.senders) * a.d_model // a.n_layers
-    return one_gradient_bytes(gm, item) + item * a.n_layers * per_layer
+    return one_gradient_bytes(gm, item, k) + item * a.n_layers * per_layer
 
 
-def one_gradient_bytes(gm: GraphModel, item: int) -> int:
+def one_gradient_bytes(gm: GraphModel, item: int, k: int) -> int:
     """A generous estimate of what one prompt's one-receiver gradient pass holds: per layer the
     activations a backward pass reads (the residual, q, k, v, attention scores and output, the MLP's
-    hidden units), s positions, and the logits at every position."""
+    hidden units), s positions; and the larger of the logits at every position and what the backward
+    pass of the metric at the k scored positions keeps (three times hooks.logits_bytes: the float64
+    log-probabilities it saves and their gradients; at a 262k vocabulary most of a prompt's)."""
     a, s = gm.arch, gm.s
     d, H, d_mlp = a.d_model, a.n_heads, 4 * a.d_model
     per_layer = s * (8 * d + 4 * d_mlp + 3 * H * s)
-    return item * (a.n_layers * per_layer + 3 * s * gm.vocab)
+    return item * a.n_layers * per_layer + max(item * 3 * s * gm.vocab, 3 * logits_bytes(k, gm.vocab))
 
 
 def _changes(gm: GraphModel, clean: Writes, corrupt: Writes, idx: Any, d_embed: Any,

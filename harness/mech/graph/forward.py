@@ -63,6 +63,7 @@ from ...spec.names import hook_resid_post, hook_resid_pre
 from ..block import fidelity, read
 from ..block.arith import Norm, attend, causal
 from ..block.layer import Model, at, block
+from ..hooks import logits_bytes
 from .carried import carried
 from .parts import HeadWeights, Writes, head_weights, norm_of, own_qk
 from .structure import Graph
@@ -315,7 +316,7 @@ class GraphModel:
         n = clean.embed.shape[0]
         out = np.zeros(E * n)
         x = clean.embed
-        size = max(1, budget // self.row_bytes(x.element_size()))
+        size = max(1, budget // self.row_bytes(x.element_size(), int(positions.shape[1])))
         removed = torch.from_numpy(~keep & self.graph.adjacency[None]).to(device=x.device)
         chunks = list(range(0, E * n, size))
         with torch.no_grad():
@@ -386,16 +387,18 @@ class GraphModel:
         d, H = a.d_model, a.n_heads
         return item * s * (8 * d + 4 * 4 * d + 3 * H * s + 3 * self.vocab)
 
-    def row_bytes(self, item: int) -> int:
+    def row_bytes(self, item: int, k: int) -> int:
         """Working memory of one row (a generous estimate): the senders' D, a layer's per-receiver
-        inputs and their projections, the attention scores, the MLP and the logits; with norms after
-        the attention, the receivers' own copies of a layer's attention output."""
+        inputs and their projections, the attention scores, the MLP; with norms after the attention,
+        the receivers' own copies of a layer's attention output; and the logits at the k scored
+        positions with the float64 temporaries of their metric (hooks.logits_bytes: at a 262k
+        vocabulary most of a row)."""
         g, a = self.graph, self.arch
         s, d = self.s, a.d_model
         d_mlp = 4 * d
         posts = 3 * (3 * a.n_heads + 1) * d if a.post_norms else 0
         return item * s * (len(g.senders) * d + 3 * a.n_heads * (3 * d + 2 * a.d_head) + 2 * a.n_heads * s
-                           + 3 * d_mlp + 4 * d + posts)
+                           + 3 * d_mlp + 4 * d + posts) + logits_bytes(k, self.vocab)
 
     # ------------------------------------------------------------ gradients
     def receiver_gradient(self, x0: Any, positions: Any, metric: Callable[[Any, Any], Any], v: int,

@@ -78,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, "memory", None) is not None:  # checked here, read by harness.memory.chosen
                 memory.parse(args.memory, "--memory")
                 os.environ[memory.ENV] = args.memory
-            memory.steady_heap()  # every command, with or without a budget
             return commands[args.command](args)
     except UserError as exc:
         print(error_text(exc), file=sys.stderr)

@@ -10,14 +10,6 @@
   own chunk size unless the budget is smaller (larger chunks do not run faster there); for a
   model on a CUDA device each takes an eighth of the budget, since a batch's cost there is mostly
   its kernel launches and Python, whatever its size, so fewer, larger batches are faster.
-* The C heap (`steady_heap`, on entering a budget): every allocation of MMAP_THRESHOLD bytes or
-  more gets a mapping of its own, handed back to the system when freed.  glibc's default raises
-  that threshold to the size of each large block freed, so later blocks of that size come from
-  the heap, where small long-lived arrays made between them keep the freed space from being
-  returned: on Gemma 3 270M (a 262k vocabulary) the heap held 0.2 to 1.2 GiB more than the live
-  tensors after the vocabulary-wide stages.  The cost is the kernel's zeroing of fresh pages for
-  each large block (a few per cent of a forward pass; 30 % of a pass over the vocabulary in
-  blocks of 5 MiB).
 """
 
 from __future__ import annotations
@@ -98,15 +90,12 @@ def chosen(requested: int | None = None, device: Any = None) -> int:
 
 
 _BUDGET: ContextVar[tuple[int, bool] | None] = ContextVar("harness_memory_budget", default=None)
-MMAP_THRESHOLD = 2**20  # bytes from which an allocation gets a mapping of its own (steady_heap)
-_STEADY: list[bool] = []  # [True] once steady_heap has set the threshold in this process
 
 
 @contextmanager
 def using(requested: int | None = None, device: Any = None) -> Iterator[int]:
     """Run the block under the budget `chosen(requested, device)`, for a model on `device`; yields it."""
     budget = chosen(requested, device)
-    steady_heap()
     token = _BUDGET.set((budget, _accelerator(device)))
     try:
         yield budget
@@ -123,25 +112,6 @@ def working(default: int) -> int:
     budget, accelerator = got
     share = budget // WORKING_SHARE
     return max(2**20, share if accelerator else min(default, share))
-
-
-def steady_heap() -> None:
-    """Give every allocation of MMAP_THRESHOLD bytes or more a mapping of its own, returned to the
-    system when freed (glibc's mallopt(M_MMAP_THRESHOLD), which also stops glibc from raising the
-    threshold as large blocks are freed; see the module docstring); once per process, nothing
-    outside glibc on Linux."""
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if _STEADY or not sys.platform.startswith("linux"):
-        return
-    _STEADY.append(True)
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD (malloc.h)
-    except (OSError, AttributeError):
-        pass
 
 
 def release() -> None:

@@ -1,7 +1,8 @@
 """What the base runs hold: each hook cached once, filled batch by batch (no second copy made by
 concatenating the batches), and in a corrupted run only the hooks some claim reads there
-(ClaimKind.corrupted_hooks): a zero- or mean-ablation circuit reads every head's output in the
-clean run and nothing in a corrupted one.  The verdicts and numbers do not change."""
+(ClaimKind.corrupted_hooks): a mean-ablation circuit reads every head's output in the clean run
+and nothing in a corrupted one; a zero-ablation circuit reads no head's output at all (its
+non-vacuity check makes them again chunk by chunk).  The verdicts and numbers do not change."""
 
 from pathlib import Path
 
@@ -53,8 +54,10 @@ def test_corrupted_runs_cache_what_their_claims_read_and_numbers_stay(monkeypatc
 
     claims = load(doc("zero")).spec.claims
     clean, corrupted = measure.hooks_needed(claims, 2, figures=False)
-    assert hook_z(0) in clean and hook_z(1) in clean
+    assert hook_z(0) not in clean and hook_z(1) in clean  # zeros replace L0H7: only the ablation claim's L1
     assert corrupted == []  # zero ablation: nothing read from the corrupted run
+    clean, corrupted = measure.hooks_needed(load(doc("mean")).spec.claims, 2, figures=False)
+    assert hook_z(0) in clean and hook_z(1) in clean and corrupted == []
     _, resample = measure.hooks_needed(load(doc("resample")).spec.claims, 2, figures=False)
     assert hook_z(0) in resample and hook_z(1) in resample  # the replacements come from there
 
@@ -69,13 +72,14 @@ def test_corrupted_runs_cache_what_their_claims_read_and_numbers_stay(monkeypatc
     for ablation in ("zero", "mean"):
         cached.clear()
         lean = runner.run(doc(ablation), figures=False, base_dir=Path("."))
-        assert hook_z(0) in cached[0] and not any(hook_z(0) in c for c in cached[1:2]), ablation
+        assert (hook_z(1) if ablation == "zero" else hook_z(0)) in cached[0], ablation
+        assert not any(hook_z(0) in c or hook_z(1) in c for c in cached[1:2]), ablation
         with monkeypatch.context() as every:  # the corrupted runs caching all the clean run caches
             for kind in {type(kind_of(c)) for c in claims}:
                 every.setattr(kind, "corrupted_hooks", ClaimKind.corrupted_hooks)
             cached.clear()
             full = runner.run(doc(ablation), figures=False, base_dir=Path("."))
-            assert hook_z(0) in cached[1]
+            assert hook_z(1) in cached[1]
         for a, b in zip(lean.claims, full.claims, strict=True):
             assert a.verdict == b.verdict and a.value == b.value and a.ci == b.ci, (ablation, a.id)
         assert np.isfinite(lean.claims[0].value)

@@ -306,6 +306,26 @@ def test_composition_scores_follow_the_architecture(fam):
         assert got == pytest.approx(want, abs=1e-10), (fam.name, mode)
 
 
+def test_one_key_value_head_is_read_as_a_view(tmp_path):
+    """Gemma 3 270M's layers have one key/value head: HeadWeights repeats its W_K, W_V for the four
+    query heads as a view (no copy), and the scores equal those built by hand as above."""
+    from harness.mech.weights.scores import head_weights
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mqa = Family("gemma3", family_models.build("gemma3", tmp_path / "model", num_key_value_heads=1))
+        hw = head_weights(mqa.bridge, "folded")
+        assert hw.W_K.stride(1) == 0 and hw.W_V.stride(1) == 0  # one key/value head's matrices, not four copies
+        for h in range(4):
+            own = folded_from_oracle(mqa, 1, h)
+            assert torch.allclose(hw.W_K[1, h], own["W_K"], rtol=0, atol=1e-12)
+            assert torch.allclose(hw.W_V[1, h], own["W_V"], rtol=0, atol=1e-12)
+        test_composition_scores_follow_the_architecture(mqa)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_offset_free_score_is_invariant_to_the_rotation(fam):
     """The one-sided score does not change when the receiver's queries are rotated by any offset
     (R orthogonal), while the two-sided W_Q R W_K^T form does."""

@@ -168,6 +168,14 @@ class Context:
             self._explainer_kept = self._explainer.without_weights()
         self._weights = self._composition = self._explainer = None
 
+    def let_go_of_cores(self) -> None:
+        """Forget the composition (its cores: 2 to 4 L H d r float64 numbers), keeping what it computed
+        without them and the head weights: what follows a composition test (the explanations, the
+        patching) reads no cores; a later composition starts from what was kept."""
+        if self._composition is not None:
+            self._composition_kept = self._composition.without_weights()
+            self._composition = None
+
     def adopt(self, kept: dict[str, Any]) -> None:
         """Start this context's composition from `kept`: what a Composition on the head weights of the
         same model and processing, with this context's seed, computed (its `without_weights()`)."""

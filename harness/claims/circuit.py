@@ -130,6 +130,11 @@ class CircuitKind(ClaimKind[CircuitClaim, CircuitDetails]):
     def hooks(self, claim: CircuitClaim, n_layers: int) -> list[str]:
         if claim.edges is not None:
             return parts.cache_names(n_layers, True)
+        if claim.ablation == Ablation.ZERO and not claim.sensitivity:
+            # zeros replace the outside units: no activation of theirs is read but by the non-vacuity
+            # check, which makes them again chunk by chunk (mech.runs.change.head_changes) rather than
+            # hold every head's output for every prompt
+            return [hook_resid_pre(0)]  # Runs.run starts there
         mlps = [hook_mlp_out(layer) for layer in range(n_layers)] if with_mlps(claim) else []
         return [hook_z(layer) for layer in range(n_layers)] + mlps + [hook_resid_pre(0)]  # Runs.run starts there
 

@@ -143,6 +143,7 @@ class CompositionKind(ClaimKind[CompositionClaim, CompositionDetails]):
 
     def measure(self, claims: Sequence[Indexed[CompositionClaim]], ctx: Context) -> Measured:
         found = route_evidence(ctx.composition(), [c.edge for _, c in claims], ctx.stats)
+        ctx.let_go_of_cores()  # the explanations read the weights alone
         return Measured({i: self.evaluate(c, r, ctx.stats, len(claims), ctx.explained(c.edge))
                          for (i, c), r in zip(claims, found, strict=True)})
 

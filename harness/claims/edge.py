@@ -377,6 +377,7 @@ class EdgeKind(ClaimKind[RouteClaim, EdgeDetails]):
                                    and (names.is_head_route(c.route) or mlp_end(c.route))))
         heads = [e for e in edges if names.is_head_route(e)]
         found = dict(zip(heads, route_evidence(ctx.composition(), heads, ctx.stats), strict=True)) if heads else {}
+        ctx.let_go_of_cores()  # the patching and the explanations read none
         return Routes(edges, found)
 
 

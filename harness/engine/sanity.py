@@ -33,6 +33,7 @@ from ..mech import hooks
 from ..mech.edges import patching
 from ..mech.edges import paths as routes
 from ..mech.runs.cached import Runs
+from ..mech.runs.change import with_activations
 from ..spec import names
 from ..spec.names import hook_mlp_out
 from ..spec.settings import Stats
@@ -82,6 +83,7 @@ def identity_checks(runs: Runs, paths: list[InterventionPath]) -> list[SanityChe
     checks: list[tuple[str, Any, np.ndarray]] = []  # (path, metric per prompt, expected metric)
     units = sorted({h for p in paths if isinstance(p, HeadAblationPath) for h in p.heads}, key=str)
     if units:
+        runs = with_activations(runs, units)  # a zero-ablated circuit's outside heads are not cached
         heads = [h for h in units if isinstance(h, names.Head)]
         mlps = [m for m in units if isinstance(m, names.Mlp)]
         plan = hooks.ablation_plan(heads, Replacement.RESAMPLE, runs.z(runs.clean), {})

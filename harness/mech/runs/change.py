@@ -39,17 +39,20 @@ that changes the verdict (`sensitivity: true`, the ladder's robustness rung).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ...model.devices import wide
+from ...progress import progress
 from ...spec import names
-from ...spec.names import hook_mlp_out, hook_pattern, hook_z
+from ...spec.names import hook_mlp_out, hook_pattern, hook_z, unit_hook
 from ...spec.vocabulary import Ablation, Direction, Replacement
+from .. import hooks
 from ..edges import paths, writes
 from ..graph import received
+from ..hooks import Cache
 from .cached import PerPrompt, Runs
 
 UP_TO_LAST = "every position up to the last scored one"
@@ -151,11 +154,47 @@ class HeadChanges:
 
 def head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges:
     """How much ablating `heads` (heads and MLPs) with `kind` on the clean prompts changes
-    their outputs (an MLP's output: its `hook_mlp_out`)."""
+    their outputs (an MLP's output: its `hook_mlp_out`).  Where the base runs did not cache
+    their activations (a zero-ablated circuit's outside heads: every head of the model), they
+    are made again chunk by chunk (`with_activations`): one more forward of the prompts, in
+    the memory of a chunk rather than of every prompt."""
     import torch
 
     with torch.no_grad():
-        return _head_changes(runs, heads, kind)
+        corrupted = kind == Ablation.RESAMPLE
+        if not missing(runs, heads, corrupted):
+            return _head_changes(runs, heads, kind)
+        size = runs.chunk()
+        if runs.scorers is None or runs.ds.n <= size:  # runs that cannot be narrowed: all prompts at once
+            return _head_changes(with_activations(runs, heads, corrupted), heads, kind)
+        parts = [_head_changes(with_activations(runs.prompts(lo, min(runs.ds.n, lo + size)), heads, corrupted),
+                               heads, kind)
+                 for lo in progress(range(0, runs.ds.n, size), f"{len(heads)} ablated units' outputs again, "
+                                    f"{runs.ds.n} prompts in chunks of {size}", quiet=True)]
+        return HeadChanges({h: np.concatenate([p.per_head[h] for p in parts]) for h in heads},
+                           np.concatenate([p.joint for p in parts]), np.concatenate([p.joint_scored for p in parts]))
+
+
+def missing(runs: Runs, units: list[names.Unit], corrupted: bool = False) -> list[str]:
+    """The hooks holding `units`' activations (with what a post-attention norm reads) that the clean
+    run (and, with `corrupted`, the corrupted run) did not cache."""
+    wanted = hooks.for_architecture(runs.bridge, [unit_hook(u) for u in units])
+    return [h for h in wanted if h not in runs.clean or (corrupted and h not in runs.corrupt)]
+
+
+def with_activations(runs: Runs, units: list[names.Unit], corrupted: bool = False) -> Runs:
+    """`runs` with `units`' activations in the clean run's cache (and the corrupted run's, with
+    `corrupted`), those the base runs did not cache made by a forward of these runs' prompts."""
+    need = missing(runs, units, corrupted)
+    if not need:
+        return runs
+
+    def add(run: Cache, tokens: Any) -> Cache:
+        got = hooks.cache_hooks(runs.bridge, tokens, [h for h in need if h not in run], runs.ds.positions, keep=0)
+        return {**run, **{h: t for h, t in got.items() if h in need}}
+
+    return replace(runs, clean=add(runs.clean, runs.ds.clean),
+                   corrupt=add(runs.corrupt, runs.corrupted_tokens) if corrupted else runs.corrupt)
 
 
 def _head_changes(runs: Runs, heads: list[names.Unit], kind: str) -> HeadChanges:

@@ -45,14 +45,18 @@ from . import scores
 from .null import SharedNull, grid_of, mc_or_bound_p, mc_p, normalised_squares, tail_bound
 from .scores import CompositionResult, HeadWeights
 
-GRID_MEMORY = 256 * 2**20  # bytes a score grid's chunk of receiver layers may hold, outside a budget
+GRID_MEMORY = 64 * 2**20  # bytes a score grid's chunk of receiver layers may hold, outside a budget
 
 
 def _r_factor(A: Any) -> Any:
-    """R of the thin QR of A [..., d, r] (so A = Q R, Q with orthonormal columns): [..., r, r]."""
+    """R of the thin QR of A [..., d, r] (so A = Q R, Q with orthonormal columns): [..., r, r].  A
+    stack of layers [L, H, d, r] a layer at a time: the factorisation works on a copy of its input
+    (0.09 GiB for all of Gemma 3 270M's heads at once)."""
     import torch
 
     with single_threaded():
+        if A.dim() > 3:
+            return torch.stack([torch.linalg.qr(a, mode="r").R for a in A])
         return torch.linalg.qr(A, mode="r").R
 
 

@@ -109,9 +109,10 @@ class HeadWeights:
     their product W_U W_E by `unembed_embed` (copying scores), and `vocab_products`
     (mech.weights.explain's token readouts).
     W_pos [n_ctx, d] is None for a model without learned absolute positions.  Under grouped-query
-    attention W_K and W_V are each query head's key/value head's (repeated over its group), so
-    every stack is per query head.  `rotary`: the model rotates q and k by position (Q- and
-    K-composition are one-sided, mech.weights.factored)."""
+    attention W_K and W_V are each query head's key/value head's (repeated over its group; a
+    read-only view where a layer has one key/value head), so every stack is per query head.
+    `rotary`: the model rotates q and k by position (Q- and K-composition are one-sided,
+    mech.weights.factored)."""
 
     W_Q: Any
     W_K: Any
@@ -205,9 +206,6 @@ def head_weights(bridge: Bridge, processing: str = "folded") -> HeadWeights:
                     g = _ln_weight(attn, name)
                     if g is not None:
                         W[layer] = W[layer] * (g if arch.qk_norm == "head" else g.view(W.shape[1], 1, -1))
-        if arch.grouped:  # each query head reads its key/value head's keys and values
-            group = arch.n_heads // arch.n_kv_heads
-            W_K, W_V = W_K.repeat_interleave(group, dim=1), W_V.repeat_interleave(group, dim=1)
         null_dim = int(W_Q.shape[-2])
         folded = processing == "folded"
         centre = folded and arch.norm == "LN"
@@ -223,6 +221,8 @@ def head_weights(bridge: Bridge, processing: str = "folded") -> HeadWeights:
             if centre:  # W P = W minus each row's mean
                 W_O = W_O - W_O.mean(-1, keepdim=True)
                 null_dim -= 1
+        if arch.grouped:  # each query head reads its key/value head's keys and values
+            W_K, W_V = _per_query_head(W_K, arch.n_heads), _per_query_head(W_V, arch.n_heads)
 
     wf = _ln_weight(bridge, "ln_final") if folded else None
 
@@ -244,6 +244,15 @@ def head_weights(bridge: Bridge, processing: str = "folded") -> HeadWeights:
 
     return HeadWeights(W_Q, W_K, W_V, W_O, vocab, int(bridge.cfg.d_vocab), positions, processing, null_dim,
                        vocab_out(bridge.cfg), arch.rotary)
+
+
+def _per_query_head(W: Any, n_heads: int) -> Any:
+    """A key/value head's W [L, n_kv, d, r] repeated for each query head of its group: [L, n_heads, d, r].
+    With one key/value head a layer the repeat is a view (no copy: 0.14 GiB of float64 for Gemma 3
+    270M's keys and values); read-only either way."""
+    if W.shape[1] == 1:
+        return W.expand(W.shape[0], n_heads, *W.shape[2:])
+    return W.repeat_interleave(n_heads // W.shape[1], dim=1)
 
 
 def _positions(bridge: Bridge) -> Any | None:

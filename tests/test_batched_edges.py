@@ -204,3 +204,38 @@ def test_dense_matches_addmm(act):
 def test_gelu_tanh_form():
     x = torch.linspace(-12, 12, 1001, dtype=torch.float64)
     torch.testing.assert_close(arith.gelu_tanh(x), torch.nn.functional.gelu(x, approximate="tanh"))
+
+
+@pytest.mark.parametrize("columns", [True, False])  # in torch (read.token_logits), or gathered from the full logits
+def test_a_few_tokens_logits_are_the_full_unembeddings_columns(columns):
+    """With `tokens`, the sweep unembeds those tokens' columns only, and several values come back per
+    edge and prompt: equal (float64) to the same values gathered from the whole vocabulary's logits,
+    for every edge of a three-layer model (receivers in layers 1 and 2, and the logits)."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from harness.mech.edges.batched import checked_model
+
+    cfg = tiny_config(n_layers=3, seed=5)
+    b = TransformerBridge.boot_native(TransformerBridgeConfig(**cfg), dtype=torch.float64)
+    ds, clean, corrupt = runs(b, 3, cfg["d_vocab"])
+    edges = sets.all_edges(3, 2)
+    other = (ds.answers * 7 + 3) % cfg["d_vocab"]
+    tokens = torch.stack([ds.answers, other], -1)  # [n, k, 2]
+    model = checked_model(b, clean)
+    assert model.columns is not None  # the torch arithmetic reproduced the model's unembedding
+    if not columns:
+        model.columns = None
+
+    def two(logits, pos):  # [N, k, 2] -> [N, 2]
+        return torch.stack([logits[..., 0].mean(-1), -logits[..., 1].mean(-1)], -1)
+
+    def gathered(logits, pos):  # [N, k, vocab] -> the same two values
+        t = tokens.repeat(logits.shape[0] // ds.n, 1, 1)
+        return two(logits.gather(-1, t), pos)
+
+    few = batched_metrics(b, edges, clean, corrupt, clean, ds.positions, two, model=model, tokens=tokens, values=2)
+    full = batched_metrics(b, edges, clean, corrupt, clean, ds.positions, gathered, model=model, values=2)
+    assert few.shape == (len(edges), ds.n, 2)
+    np.testing.assert_allclose(few, full, rtol=0, atol=1e-12)
+    assert np.ptp(few[:, :, 0]) > 1e-3  # the edges move the logits: the comparison is not of constants

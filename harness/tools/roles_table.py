@@ -25,8 +25,9 @@ NaN prompts left out); the direct effect, a ratio, a percentile bootstrap of the
 column's mean, from the largest (the direct effect by its size: heads that push the metric
 down, e.g. negative movers, rank high too); `--top N` keeps the first N; `--out DIR` writes
 heads.csv, heads.json and heads.png (the sorted column as a layer x head grid).  Cost: the
-clean and corrupted runs (2 forward passes; 4 with logit_diff, one pair per part) and, for
-the direct effects, one final-norm and unembedding pass per head (and part).
+clean and corrupted runs (2 forward passes, which score both parts of logit_diff) and, for
+the direct effects, one final-norm pass per head with the unembedding of the answer's and the
+wrong token's columns only (logit_diff), or of the whole vocabulary (other metrics).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,15 +44,18 @@ import numpy as np
 from scipy import stats as sps
 from tabulate import tabulate
 
+from .. import memory
 from ..claims.attention import attention_scores, queries
 from ..data.sources import generated
 from ..engine.data_source import DataSource, DataSpec, build_dataset
-from ..errors import UserError
+from ..errors import UnsupportedError, UserError
 from ..evidence.document import to_json
 from ..mech import roles
-from ..mech.edges import sets
+from ..mech.edges import batched, sets
 from ..mech.runs.build import base_runs
-from ..model.devices import of
+from ..mech.runs.cached import BATCH_BUDGET
+from ..model import metrics
+from ..model.devices import of, wide
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import start_words
 from ..progress import stage
@@ -125,7 +130,8 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     stage(f"head table: {ds.n} prompts ({start_words(m, ds)}), {len(heads)} heads")
     one = ds.keep_corruptions(list(ds.corruptions)[:1]) if ds.corruptions else ds
     parts = PARTS if metric == "logit_diff" and direct else (metric,)
-    runs = base_runs(m.bridge, one, hooks, parts[0], corrupted=edge_hooks)  # patterns: the clean run's only
+    # one clean and one corrupted run, scored by every part (patterns: the clean run's only)
+    runs = base_runs(m.bridge, one, hooks, parts[0], parts=parts[1:], corrupted=edge_hooks)
     q = queries(ds, "scored").to(of(m.bridge))
     slots = list(ds.spans) if ds.spans else []  # in reading order
     per_role: dict[str, list[np.ndarray]] = {r: [] for r in roles.ROLES}
@@ -142,10 +148,8 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     note = ""
     if direct:
         corruption = runs.corruption
-        found = [_direct(runs, to_logits)]
+        found = _direct(runs, to_logits, parts)
         del runs
-        for part in parts[1:]:  # logit_diff = answer_logit + wrong_logit, prompt by prompt
-            found.append(_direct(base_runs(m.bridge, one, edge_hooks, part), to_logits))
         effect, gap = np.sum([e for e, _ in found], axis=0), np.sum([g for _, g in found], axis=0)
         columns[:0] = [_ratio(DIRECT, effect, gap, seed)] + (
             [_ratio(f"{DIRECT} via {part}", e, gap, seed) for part, (e, _) in zip(parts, found, strict=True)]
@@ -160,14 +164,48 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     return HeadTable(heads, columns, ds.description, metric, note)
 
 
-def _direct(runs: Any, edges: list[names.Edge]) -> tuple[np.ndarray, np.ndarray]:
-    """(e [n, H]: each head's per-prompt direct effect m_clean - m_patched, gap [n]: m_clean - m_corrupt)
-    of the runs' metric (module docstring)."""
-    stage(f"direct effects: {len(edges)} head -> logits edges, one final-norm and unembedding pass each")
-    patched = runs.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE)
-    clean = np.asarray(runs.m_clean, dtype=float)
-    return np.stack([clean - np.asarray(p, dtype=float) for p in patched], 1), clean - np.asarray(runs.m_corrupt,
-                                                                                                   dtype=float)
+def _direct(runs: Any, edges: list[names.Edge], parts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per part (metric) of `parts`, which the base runs took: (e [n, H]: each head's per-prompt direct
+    effect m_clean - m_patched, gap [n]: m_clean - m_corrupt) (module docstring).  The two parts of
+    logit_diff read two logits of each patched run: one pass computes only those (the answer's and
+    the wrong token's columns of the unembedding); other metrics, or an architecture the batched
+    arithmetic does not reproduce, one pass per part over the whole vocabulary (Runs.patched_many)."""
+    per_part = [runs if p == parts[0] else runs.with_metric(p) for p in parts]
+    both = _logit_parts(runs, edges) if tuple(parts) == PARTS else None
+    if both is None:
+        stage(f"direct effects: {len(edges)} head -> logits edges, one final-norm and unembedding pass each"
+              + (f", for each of {len(parts)} parts" if len(parts) > 1 else ""))
+        both = np.stack([np.stack(r.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE))
+                         for r in per_part], -1)  # [E, n, parts]
+    out = []
+    for j, r in enumerate(per_part):
+        clean = np.asarray(r.m_clean, dtype=float)
+        out.append((clean[:, None] - both[..., j].T, clean - np.asarray(r.m_corrupt, dtype=float)))
+    return out
+
+
+def _logit_parts(runs: Any, edges: list[names.Edge]) -> np.ndarray | None:
+    """[E, n, 2]: answer_logit and wrong_logit (model.metrics) of each head -> logits edge patched, from
+    one pass that unembeds the answer's and the wrong token's columns only (mech.edges.batched
+    `tokens`); None where the batched arithmetic does not reproduce the model."""
+    import torch
+
+    stage(f"direct effects: {len(edges)} head -> logits edges, one final-norm pass each and the unembedding "
+          "of the answer and the wrong token")
+    tokens = torch.stack([runs.ds.answers, runs.ds.wrong], -1)  # [n, k, 2]
+
+    def parts_of(logits: Any, positions: Any) -> Any:  # [N, k, 2] -> [N, 2]: the parts, column 0 the answer's
+        at = wide(logits)
+        answer, wrong = torch.zeros_like(positions), torch.ones_like(positions)
+        return torch.stack([metrics.get(p).fn(at, answer, wrong, None) for p in PARTS], -1)
+
+    try:
+        return batched.batched_metrics(runs.bridge, edges, runs.clean, runs.corrupt, runs.clean, runs.ds.positions,
+                                       parts_of, replacement=Replacement.RESAMPLE,
+                                       budget_bytes=memory.working(BATCH_BUDGET), model=runs.edge_blocks(),
+                                       tokens=tokens, values=2)
+    except UnsupportedError:
+        return None
 
 
 def _ratio(name: str, effect: np.ndarray, gap: np.ndarray, seed: int) -> Column:

@@ -101,7 +101,7 @@ def check(model: Model, w: Weights, base: dict[str, Any]) -> None:
         return output_transform(bridge, bridge.unembed(bridge.ln_final(flat[None, rows])))[0]
 
     if _off_rows(len(flat), ours, modules, tol) is not None:
-        model.logits = unembedding(w, in_torch=False)
+        model.logits, model.columns = unembedding(w, in_torch=False), None
     if "logits" in base:
         cached = base["logits"][:m]
         cached = cached.reshape(-1, cached.shape[-1])

@@ -110,6 +110,17 @@ class Model:
     logits: Callable[..., Any]  # final residual -> the model's output transform of unembed(ln_final(.))
     n_heads: int
     d_head: int
+    #: (final residual [..., d], token ids [..., c]) -> those tokens' logits [..., c], without the rest of
+    #: the vocabulary (read.unembedding); None where the logits come from the model's modules
+    columns: Callable[..., Any] | None = None
+
+    def logits_of(self, x: Float[Tensor, "E n k d"], tokens: Int[Tensor, "n k c"]) -> Float[Tensor, "E n k c"]:
+        """The logits of `tokens` only: out[..., j] = logits(x)[..., tokens[..., j]] up to float rounding,
+        at c / vocabulary of the unembedding's cost when the arithmetic is in torch (`columns`)."""
+        if self.columns is not None:
+            return cast("Tensor", self.columns(x, tokens))
+        full = self.logits(x)
+        return cast("Tensor", full.gather(-1, tokens.expand(*full.shape[:-1], tokens.shape[-1])))
 
 
 def block(model: Model, lay: Layer, x: Float[Tensor, "B s d"], bias: Float[Tensor, "s s"],

@@ -233,13 +233,31 @@ def unembedding(w: Weights, in_torch: bool = True) -> Callable[..., Any]:
     return lambda x: output_transform(bridge, unembed_module(ln_final(x)))
 
 
+def token_logits(w: Weights) -> Callable[..., Any] | None:
+    """(final residual x [E, n, k, d], token ids t [n, k, c]) -> out [E, n, k, c] with
+    out[e, a, b, j] = T(ln_final(x[e, a, b]) . W_U[:, t[a, b, j]] + b_U[t[a, b, j]]) (T the output
+    transform, elementwise): the unembedding's columns of those tokens only; None where the
+    unembedding is not in torch (unembedding's modules then, through Model.logits_of)."""
+    import torch
+
+    norm, W_U, b_U = w.norms["ln_final"], w.st["W_U"], w.st["b_U"]
+    if norm is None or W_U is None:
+        return None
+    bridge = w.bridge
+
+    def columns(x: Any, tokens: Any) -> Any:
+        out = torch.einsum("enkd,nkcd->enkc", norm(x), W_U.t()[tokens])
+        return output_transform(bridge, out if b_U is None else out + b_U[tokens])
+    return columns
+
+
 def build(bridge: Bridge, dtype: Any, device: Any, s: int) -> tuple[Model, Weights]:
     """The torch arithmetic of every block, ln_final and the unembedding, in `dtype` on `device`, with
     each layer's rotation table for positions 0..s-1 (unchecked: see mech.block.fidelity)."""
     w = _weights(bridge, dtype, device)
     tables = rotary.tables(bridge, s, dtype, device)
     layers = [build_layer(w, L, rotation=tables[L]) for L in range(bridge.cfg.n_layers)]
-    return Model(layers, unembedding(w), bridge.cfg.n_heads, bridge.cfg.d_head), w
+    return Model(layers, unembedding(w), bridge.cfg.n_heads, bridge.cfg.d_head, token_logits(w)), w
 
 
 def attention_layer(bridge: Bridge, L: int, s: int, dtype: Any, device: Any) -> Layer:

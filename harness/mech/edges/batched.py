@@ -103,7 +103,8 @@ class _Sweep:
     masks: list[Any]  # per layer [s, s] additive: causal, within the layer's sliding window
     scored_masks: list[Any]  # per layer [n, k, s] additive: the same for the scored queries
     d_mlp: int
-    vocab: int
+    vocab: int  # the logits computed at a scored position: the vocabulary's, or len(tokens)
+    tokens: Any = None  # [n, k, c] token ids: only their logits are computed (Model.logits_of)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -116,9 +117,9 @@ class _Sweep:
         import torch
 
         E, n, k, _ = final_at.shape
-        logits = self.model.logits(final_at)
+        logits = self.model.logits(final_at) if self.tokens is None else self.model.logits_of(final_at, self.tokens)
         pos = torch.arange(k, device=final_at.device).expand(E * n, -1)
-        vals = self.metric_fn(logits.reshape(E * n, k, logits.shape[-1]), pos).reshape(E, n)
+        vals = self.metric_fn(logits.reshape(E * n, k, logits.shape[-1]), pos).reshape(E, *self.out.shape[1:])
         self.out[idx] = vals.cpu().double().numpy()
 
 
@@ -146,15 +147,19 @@ def batched_metrics(bridge: Bridge, edges: list[names.Edge], base: dict[str, Any
                     clean: dict[str, Any],
                     positions: Any, metric_fn: Callable[..., Any], *, replacement: str = Replacement.RESAMPLE,
                     budget_bytes: int = 32 * 2**20, progress: Callable[..., Any] = silent,
-                    check: dict[str, Any] | None = None, model: Model | None = None) -> np.ndarray:
-    """Per-edge, per-prompt metric of every patched variant: [len(edges), n_prompts].
+                    check: dict[str, Any] | None = None, model: Model | None = None,
+                    tokens: Any = None, values: int = 1) -> np.ndarray:
+    """Per-edge, per-prompt metric of every patched variant: [len(edges), n_prompts] (with `values` > 1,
+    [len(edges), n_prompts, values]: metric_fn returns [N, values], several metrics of the same logits).
 
     metric_fn(logits [N, k, vocab], positions [N, k]) -> [N] (the scored positions
     are already selected).  `base`/`source`: caches with `cache_names`; `clean`
     provides the reference set for the `mean` replacement; `check`: the run the torch
     arithmetic is held to (fidelity.check: its first prompts, every layer's
     residual cached; default `base`, which then needs them); `model`: that arithmetic already made
-    and checked (`checked_model`), when the caller holds it.  Each row is the per-edge
+    and checked (`checked_model`), when the caller holds it; `tokens` [n, k, c]: metric_fn reads the
+    logits of these tokens only, and gets them alone (logits [N, k, c], column j token j: a metric
+    of a few tokens' logits skips the rest of the unembedding).  Each row is the per-edge
     path's (patching.prepare + fast_logits) up to float rounding.  Working memory is
     about `budget_bytes` beyond a few cache-sized constants, whatever the number of edges.
     """
@@ -163,10 +168,10 @@ def batched_metrics(bridge: Bridge, edges: list[names.Edge], base: dict[str, Any
     if replacement not in REPLACEMENTS:
         raise ValueError(f"unknown replacement {replacement!r}")
     groups = _groups(edges)
-    out = np.zeros((len(edges), base[hook_resid_pre(0)].shape[0]))
+    out = np.zeros((len(edges), base[hook_resid_pre(0)].shape[0], *((values,) if values > 1 else ())))
     with torch.no_grad():
         sw = _sweep(bridge, base, source, clean, positions, metric_fn, replacement, budget_bytes, out,
-                    model if model is not None else checked_model(bridge, base if check is None else check))
+                    model if model is not None else checked_model(bridge, base if check is None else check), tokens)
         work = [(key, part) for key, idx in groups.items() for part in _chunks(sw, key, edges, idx)]
         receivers: _Receivers | None = None
         for key, part in progress(work, "edge chunks"):
@@ -182,7 +187,7 @@ def batched_metrics(bridge: Bridge, edges: list[names.Edge], base: dict[str, Any
 
 def _sweep(bridge: Bridge, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any], positions: Any,
            metric_fn: Callable[..., Any], replacement: str, budget: int, out: np.ndarray,
-           model: Model) -> _Sweep:
+           model: Model, tokens: Any = None) -> _Sweep:
     """The checked torch arithmetic, the caches trimmed to the positions up to the last scored one
     (causal attention: nothing scored reads later ones), masks, the senders' deltas."""
     ref = base[hook_resid_pre(0)]  # dtype and device of the activations
@@ -191,12 +196,14 @@ def _sweep(bridge: Bridge, base: dict[str, Any], source: dict[str, Any], clean: 
     L = bridge.cfg.n_layers
     caches = {id(c): _trim(c, s, L) for c in (base, source, clean)}
     tbase = caches[id(base)]
-    vocab = int(model.logits(tbase[hook_resid_post(L - 1)][:1, :1]).shape[-1])
+    vocab = (int(model.logits(tbase[hook_resid_post(L - 1)][:1, :1]).shape[-1]) if tokens is None
+             else int(tokens.shape[-1]))
     windows = [lay.window for lay in model.layers]
     return _Sweep(model, tbase, positions, metric_fn, out, budget,
                   _deltas(bridge, tbase, caches[id(source)], caches[id(clean)], replacement),
                   [causal(s, w, ref) for w in windows], [mask(positions, s, w, ref) for w in windows],
-                  int(getattr(bridge.cfg, "d_mlp", None) or 4 * bridge.cfg.d_model), vocab)
+                  int(getattr(bridge.cfg, "d_mlp", None) or 4 * bridge.cfg.d_model), vocab,
+                  None if tokens is None else tokens.to(ref.device))
 
 
 def _groups(edges: list[names.Edge]) -> dict[Any, list[int]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,16 @@ pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "induction-2l"
 HYPOTHESES = ROOT / "hypotheses"
+SLOW_LIST = ROOT / "tests" / "slow_tests.txt"
+QUICK_SECONDS = 90  # what the README promises of make test-quick on two cores
+QUICK_TEST_SECONDS = 2.0  # a test longer than this belongs in SLOW_LIST
+_STARTED = time.monotonic()
+
+
+def slow_listed() -> set[str]:
+    """The test functions SLOW_LIST names ("tests/test_x.py::test_name"), marked slow at collection."""
+    lines = (line.split("#", 1)[0].strip() for line in SLOW_LIST.read_text().splitlines())
+    return {line for line in lines if line}
 
 
 def pytest_addoption(parser):
@@ -40,15 +51,45 @@ def real_wanted(config) -> bool:
 def pytest_collection_modifyitems(config, items):
     """A test that reads the demo's run (demo_evidence, about 15 s once per session) is slow:
     `make test-quick` (pytest -m "not slow") leaves it out.  The tests marked `real` are left out
-    (deselected) unless the real tier is asked for (real_wanted), whatever -m says."""
+    (deselected) unless the real tier is asked for (real_wanted), whatever -m says.  The test
+    functions tests/slow_tests.txt lists are slow, every parameter of each."""
+    listed = slow_listed()
     for item in items:
-        if "demo_evidence" in getattr(item, "fixturenames", ()):
+        function = item.nodeid.split("[", 1)[0]
+        if "demo_evidence" in getattr(item, "fixturenames", ()) or function in listed:
             item.add_marker(pytest.mark.slow)
     if not real_wanted(config):
         real = [item for item in items if item.get_closest_marker("real")]
         if real:
             config.hook.pytest_deselected(items=real)
             items[:] = [item for item in items if not item.get_closest_marker("real")]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The drift check of the quick subset (-m "not slow"): when the run took longer than
+    QUICK_SECONDS, or some test function's calls (every parameter's, summed; not the setup of
+    fixtures that the module's other tests share) longer than QUICK_TEST_SECONDS, say so and name
+    those tests, for tests/slow_tests.txt.  Says nothing when the run is within both; never fails
+    a run (a time depends on the machine)."""
+    if config.getoption("markexpr", "") != "not slow":
+        return
+    took: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "when", None) == "call":
+                function = r.nodeid.split("[", 1)[0]
+                took[function] = took.get(function, 0.0) + float(r.duration)
+    over = sorted(((t, f) for f, t in took.items() if t > QUICK_TEST_SECONDS), reverse=True)
+    wall = time.monotonic() - _STARTED
+    if wall <= QUICK_SECONDS and not over:
+        return
+    terminalreporter.section("make test-quick drift")
+    where = "over" if wall > QUICK_SECONDS else "within"
+    terminalreporter.write_line(f"the quick tests took {wall:.0f} s ({where} the README's under {QUICK_SECONDS} s on "
+                                f"two cores); {len(over)} test function(s) over {QUICK_TEST_SECONDS:g} s"
+                                + (": add them to tests/slow_tests.txt" if over else ""))
+    for t, f in over[:20]:
+        terminalreporter.write_line(f"{f}  # {t:.1f} s")
 
 
 @pytest.fixture(scope="session")

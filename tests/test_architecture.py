@@ -176,3 +176,21 @@ def test_the_package_map_lists_every_test_file_and_covers_every_module():
     unmapped = [m for m in (p.relative_to(ROOT).as_posix() for p in PACKAGE.rglob("*.py"))
                 if not any(m.startswith(prefix) for prefix in prefixes)]
     assert unmapped == []
+
+
+def test_the_slow_list_names_tests_that_exist():
+    """Every line of tests/slow_tests.txt (what make test-quick leaves out) names a test function
+    defined in its file: a renamed or deleted test does not leave a line that marks nothing."""
+    from .conftest import slow_listed
+
+    listed = slow_listed()
+    assert listed and all(x.startswith("tests/test_") and x.count("::") == 1 for x in listed)
+    missing = []
+    for x in sorted(listed):
+        path, name = x.split("::")
+        file = ROOT / path
+        defined = {n.name for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.FunctionDef)} \
+            if file.exists() else set()
+        if name not in defined:
+            missing.append(x)
+    assert missing == [], "tests/slow_tests.txt names tests that do not exist"

@@ -200,7 +200,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
                     n_prompts=args.n_prompts, segment_length=args.segment_length, seed=args.seed, metric=args.metric,
                     processing=args.processing, draws=args.draws, top=args.top, budget_mb=args.budget_mb,
                     corruptions=tuple(dict.fromkeys(args.corruption)) if args.corruption else None,
-                    distinct=args.distinct)
+                    distinct=args.distinct, layers=args.layers)
     print(table)
     print(f"\nwrote {out / 'scan.json'}, {out / 'signature.png'} and {out / 'starter.yaml'}")
     return ExitCode.OK

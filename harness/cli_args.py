@@ -42,6 +42,19 @@ def _int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _layer_range(text: str) -> tuple[int, int]:
+    """An argparse type: blocks A..B written `A-B` (or one block `A`), 0 <= A <= B."""
+    lo, sep, hi = text.partition("-")
+    try:
+        a, b = int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A-B (two block numbers) or one block number") from None
+    if a < 0 or b < a:
+        raise argparse.ArgumentTypeError(f"{text!r}: blocks A-B need 0 <= A <= B")
+    return a, b
+
+
+_layer_range.__name__ = "layer range"
 SEED = _int_in(0)
 PROMPTS = _int_in(2, MAX_PROMPTS)
 SEGMENT = _int_in(2)
@@ -161,6 +174,10 @@ def parser() -> argparse.ArgumentParser:
     sc.add_argument("--draws", type=int, default=1000, help="composition null draws per edge")
     sc.add_argument("--top", type=int, default=15, help="rows to print")
     sc.add_argument("--budget-mb", type=int, default=32, help="memory budget of a patching chunk (MiB)")
+    sc.add_argument("--layers", type=_layer_range, metavar="A-B",
+                    help="only the edges whose sender and receiver both lie in blocks A..B (the embedding counts "
+                         "as block 0, the logits as the last block): on a real model, a few layers' edges of the "
+                         "100,000s; default every edge")
     sc.add_argument("--data", type=Path, metavar="FILE", help=DATA_HELP)
     sc.add_argument("--distinct", action="store_true", help=DISTINCT_HELP)
     sc.add_argument("--corruption", action="append", metavar="NAME",

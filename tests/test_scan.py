@@ -82,3 +82,34 @@ def test_scan_reads_a_prompt_file_and_its_named_corruptions(tmp_path):
     assert starter["data"] == {"file": str(f.resolve())}
     assert main(["scan", str(FIXTURE), "--data", str(f), "--corruption", "early", "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_scan_of_some_layers_is_those_edges_of_the_whole_scan(tmp_path, capsys):
+    """`--layers 1-1` on the two-layer fixture scans the edges with both ends in block 1 (the logits
+    count as the last block, the embedding as block 0): exactly those of the whole scan, each with the
+    whole scan's effect and interval (its seeds are keyed by the edge, not by its place in the list);
+    the BH family is the edges scanned.  A range past the model's blocks is one line, exit 2."""
+    from harness.spec import names
+    from harness.tools.scan import in_blocks
+
+    settings = {"n_prompts": 20, "segment_length": 8, "draws": 99, "bootstrap": 200}
+    whole, _ = scan(str(FIXTURE), tmp_path / "all", **settings)
+    some, _ = scan(str(FIXTURE), tmp_path / "one", layers=(1, 1), **settings)
+    wanted = {r["edge"] for r in whole if in_blocks(names.parse_edge(r["edge"]), 1, 1, 2)}
+    assert {r["edge"] for r in some} == wanted and 0 < len(wanted) < len(whole)
+    assert all(not r["edge"].startswith(("embed", "L0")) for r in some)
+    assert "L1H5 -> logits" in wanted and "L0H7 -> L1H5.k" not in wanted
+    by_edge = {r["edge"]: r for r in whole}
+    for r in some:
+        w = by_edge[r["edge"]]
+        assert r["effect"] == pytest.approx(w["effect"], rel=1e-5, abs=1e-7), r["edge"]
+        if r["effect_ci"] is not None:
+            assert r["effect_ci"] == pytest.approx(w["effect_ci"], rel=1e-5, abs=1e-7), r["edge"]
+    doc = json.loads((tmp_path / "one" / "scan.json").read_text())
+    assert doc["layers"] == [1, 1] and len(doc["edges"]) == len(wanted)
+    assert sum(n for row in doc["edge_classes"].values() for n in row.values()) == len(wanted)
+    assert json.loads((tmp_path / "all" / "scan.json").read_text())["layers"] is None
+    assert main(["scan", str(FIXTURE), "--layers", "1-2", "--out", str(tmp_path / "x")]) == 2
+    assert "--layers 1-2: the model's blocks are 0-1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -56,7 +56,7 @@ from ..mech.weights.factored import Composition
 from ..model import metrics
 from ..model.devices import of, resolve_device
 from ..model.ref import ModelRef, load_model
-from ..progress import progress
+from ..progress import progress, stage
 from ..report.figures import signature
 from ..report.writer import write_folder
 from ..spec import names
@@ -88,6 +88,7 @@ class ScanSettings:
     bootstrap: int = 1000
     corruptions: tuple[str, ...] | None = None
     distinct: bool = False  # the generator's distinct-token option
+    layers: tuple[int, int] | None = None  # blocks (A, B): only the edges between them (in_blocks); None: all
 
 
 def scan(model_source: str, out: Path, *, device: str | None = None, data_file: Path | None = None,
@@ -145,6 +146,14 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
     head_edges = sets.all_edges(L, H)  # first, in the order that keys their seeds
     listed = set(head_edges)
     edges = head_edges + [e for e in graph.edges() if e not in listed]
+    keyed = {e: i for i, e in enumerate(edges)}  # an edge's seeds: the same whichever edges are scanned
+    if cfg.layers is not None:
+        if cfg.layers[1] >= L:
+            raise UserError(f"--layers {cfg.layers[0]}-{cfg.layers[1]}: the model's blocks are 0-{L - 1}")
+        edges = [e for e in edges if in_blocks(e, *cfg.layers, L)]
+    stage(f"scan: {len(edges):,} edges" + ("" if cfg.layers is None else f" between blocks {cfg.layers[0]}-"
+                                          f"{cfg.layers[1]}") + f", {sum(sets.patch_cost(e, L) for e in edges):,.0f} "
+          "forward-equivalents of the prompts a corruption to patch them")
     hooks = scan_hooks(L, m.has_mlp)
     runs = base_runs(bridge, ds.keep_corruptions(chosen), hooks, cfg.metric)
     st = SCAN_STATS.model_copy(update={"bootstrap": cfg.bootstrap})
@@ -161,13 +170,13 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
         view = runs.with_corruption(name)
         view.patched_many(edges, Direction.NOISING, Replacement.RESAMPLE, budget=cfg.budget_mb * 2**20,
                           progress=progress)
-        specs = [EdgeTestSpec(e, corruption=name, seed=_seed(cfg.seed, Stream.SCAN_EFFECT, i, c_i),
-                              perm_seed=_seed(cfg.seed, Stream.SCAN_PERMUTATION, i, c_i)) for i, e in enumerate(edges)]
+        specs = [EdgeTestSpec(e, corruption=name, seed=_seed(cfg.seed, Stream.SCAN_EFFECT, keyed[e], c_i),
+                              perm_seed=_seed(cfg.seed, Stream.SCAN_PERMUTATION, keyed[e], c_i)) for e in edges]
         tests = edge_tests(runs, specs, st, metrics.get(cfg.metric).unit, progress=progress,
                            label=f"statistics ({name})")
         rows += _rows(tests, composition, st, name)
     rows.sort(key=lambda r: -(r["effect"] if r["effect"] is not None else -np.inf))
-    classes = graph.counts()
+    classes = graph.counts(None if cfg.layers is None else graph.mask(edges))  # the edges scanned
     table = _table(rows[:cfg.top], ds.description, len(edges), chosen, unusable, classes)
     mapping = held_out_mapping(*given) if given is not None else None
     if mapping is not None and skipped and "corruptions" in mapping:
@@ -177,6 +186,15 @@ def _scan(m: Any, model_source: str, out: Path, cfg: ScanSettings, given: tuple[
     _write(out, rows, model_source, cfg, corruptions=chosen, data=mapping, unique=unique, unusable=unusable,
            classes=classes)
     return rows, table
+
+
+def in_blocks(edge: names.Edge, lo: int, hi: int, n_layers: int) -> bool:
+    """Whether the edge's sender and receiver both lie in blocks lo..hi: a head or an MLP (or a group's
+    members) in its block, the embedding in block 0, the logits in the last block (n_layers - 1)."""
+    def block(c: Any) -> int:
+        place = names.layer_of(c)
+        return 0 if place < 0 else n_layers - 1 if place == float("inf") else int(place)
+    return all(lo <= block(c) <= hi for c in (*names.members(edge.sender), edge.receiver))
 
 
 def unusable_corruptions(runs: Any, chosen: list[str], st: Stats, unit: str) -> list[dict[str, Any]]:
@@ -339,7 +357,8 @@ def _write(out: Path, rows: list[dict[str, Any]], model_source: str, cfg: ScanSe
     load(doc, base_dir=out)  # the starter file must be valid
     files = {"scan.json": to_json({"edges": rows, "seed": cfg.seed, "metric": cfg.metric,
                                    "corruptions": corruptions, "unusable_corruptions": unusable,
-                                   "edge_classes": classes}).encode(),
+                                   "edge_classes": classes,
+                                   "layers": None if cfg.layers is None else list(cfg.layers)}).encode(),
              "starter.yaml": yaml.safe_dump(doc, sort_keys=False).encode()}
     claimed = {c["edge"] for c in doc["claims"]}
     first = [r for r in rows if r["corruption"] == corruptions[0]]

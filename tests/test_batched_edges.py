@@ -11,6 +11,7 @@ from harness.mech.edges import sets, writes
 from harness.mech.edges.batched import batched_metrics
 from harness.mech.hooks import cache_hooks
 from harness.model import metrics
+from harness.spec import names
 
 from .conftest import boot_random_native, tiny_config
 
@@ -145,8 +146,48 @@ def test_scattered_positions(tmp_path):
     np.testing.assert_allclose(fast, slow, atol=1e-10)
 
 
+@pytest.mark.parametrize("replacement", ["resample", "mean", "zero"])
+def test_logits_edges_alone_read_the_scored_positions_and_no_layer(tmp_path, monkeypatch, replacement):
+    """Edges into the logits alone: the arithmetic is ln_final and the unembedding only (no layer is
+    built), each sender's change is taken at the scored positions (scattered, differing per prompt),
+    and the numbers are the per-edge path's."""
+    from harness.mech.block import read
+
+    b = gpt2(tmp_path, 3, torch.float64, n_head=2, n_embd=8)
+    ds, clean, corrupt = runs(b, 3, 30, seq=7, n=4)
+    ds = scattered(ds)
+    edges = [e for e in sets.all_edges(3, 2) if isinstance(e.receiver, names.Logits)]
+    assert len(edges) == 1 + 3 * 2
+    monkeypatch.setattr(read, "build_layer", lambda *a, **k: pytest.fail("a layer was built"))
+    fast = batched(b, ds, edges, corrupt, clean, clean, replacement, 2**20)
+    slow = per_edge(b, ds, edges, corrupt, clean, clean, ds.corrupted, replacement)
+    np.testing.assert_allclose(fast, slow, atol=1e-10)
+
+
+def test_a_senders_change_is_kept_only_while_a_later_chunk_reads_it(tmp_path):
+    """Deltas: a sender read by two chunks is computed once and dropped after its second read; one read
+    once is never kept."""
+    from harness.mech.edges.deltas import Deltas
+
+    b = gpt2(tmp_path, 2, torch.float64, n_head=2, n_embd=8)
+    ds, clean, corrupt = runs(b, 2, 30, seq=7, n=4)
+    a, c = names.Head(0, 0), names.Head(0, 1)
+    d = Deltas(b, clean, corrupt, clean, "resample", ds.positions)
+    d.expect([a, c])
+    d.expect([a], scored=True)
+    d.expect([a])
+    first = d([a, c])
+    assert set(d.memo) == {(str(a), False)}
+    scored = d([a], scored=True)
+    torch.testing.assert_close(scored[0], first[0].gather(
+        1, ds.positions[:, :, None].expand(-1, -1, first.shape[-1])), rtol=0, atol=1e-12)
+    assert set(d.memo) == {(str(a), False)}
+    torch.testing.assert_close(d([a])[0], first[0], rtol=0, atol=0)
+    assert d.memo == {}
+
+
 def test_float32_gpt2(tmp_path):
-    """float32 on the CPU: oneDNN's linear with the GELU fused, where available."""
+    """float32 on the CPU (oneDNN's linear with the GELU fused on CPUs with AVX-512, else torch's)."""
     b = gpt2(tmp_path, 3, torch.float32, n_head=2, n_embd=16)
     ds, clean, corrupt = runs(b, 3, 30, seq=8, n=6)
     edges = sets.all_edges(3, 2)
@@ -191,11 +232,13 @@ def test_torch_arithmetic_checked_against_the_cache(tmp_path):
 
 @pytest.mark.parametrize("act", [None, "gelu_new", "gelu", "relu", "silu"])
 def test_dense_matches_addmm(act):
-    """_Dense (oneDNN's linear with the activation fused, where available) = act(x W + b)."""
+    """Dense = act(x W + b): by oneDNN's linear with the activation fused wherever this torch has it
+    (build uses it on AVX-512 CPUs only, where it is the faster kernel), else addmm."""
     g = torch.Generator().manual_seed(0)
     x, W, b = torch.randn(37, 16, generator=g), torch.randn(16, 24, generator=g), torch.randn(24, generator=g)
     fn = arith.activation(act)
     dense = arith.Dense(W, b, dnn=True, act=fn)
+    assert (dense.Wt is not None) == arith.dnn_ok(W.dtype, fn)
     want = torch.addmm(b, x, W)
     want = want if fn is None else fn[0](want)
     torch.testing.assert_close(dense(x.view(37, 1, 16)).view(37, 24), want, rtol=1e-5, atol=1e-5)

@@ -202,8 +202,7 @@ def _logit_parts(runs: Any, edges: list[names.Edge]) -> np.ndarray | None:
     try:
         return batched.batched_metrics(runs.bridge, edges, runs.clean, runs.corrupt, runs.clean, runs.ds.positions,
                                        parts_of, replacement=Replacement.RESAMPLE,
-                                       budget_bytes=memory.working(BATCH_BUDGET), model=runs.edge_blocks(),
-                                       tokens=tokens, values=2)
+                                       budget_bytes=memory.working(BATCH_BUDGET), tokens=tokens, values=2)
     except UnsupportedError:
         return None
 

@@ -206,9 +206,10 @@ class QkNorm:
 class Dense:
     """y = act(x W + b) for a fixed W [in, out], b [out] (or None), act (or None).
 
-    On the CPU in float32, when this torch has it and it agrees with addmm, by oneDNN's
+    On a CPU with AVX-512 in float32, when this torch has it and it agrees with addmm, by oneDNN's
     linear with the activation fused (W kept only as oneDNN's layout W^T [out, in]), which
-    on some CPUs runs faster kernels than torch's own float32 matmul (docs/performance.md)."""
+    there runs faster kernels than torch's own float32 matmul; on AVX2 CPUs the fused kernels
+    are the slower ones, and torch's matmul runs (docs/performance.md)."""
 
     def __init__(self, W: Any, b: Any, dnn: bool, act: tuple[Callable[..., Any], tuple[str, str]] | None = None):
         self.b, self.act = b, act
@@ -241,6 +242,14 @@ class Dense:
         flat = x.reshape(-1, x.shape[-1])
         y = (flat @ W if self.b is None else torch.addmm(self.b, flat, W)).view(*x.shape[:-1], -1)
         return y if self.act is None else self.act[0](y)
+
+
+def dnn_faster() -> bool:
+    """Whether oneDNN's linear is the faster float32 kernel on this CPU: one with AVX-512, as torch's
+    dispatch sees it (on AVX2 CPUs its fused activations run slower than torch's matmul and activation)."""
+    import torch
+
+    return torch.backends.mkldnn.is_available() and "AVX512" in torch.backends.cpu.get_cpu_capability()
 
 
 @functools.cache

@@ -1,6 +1,6 @@
 """The torch arithmetic held to the model it was read from, on a few prompts of the base run.
 
-`check(model, w, base, tol)` compares norm1, the MLP (with norm2 and post2) and ln_final +
+`check(model, w, base)` compares norm1, the MLP (with norm2 and post2) and ln_final +
 unembed with the model's modules and puts the modules back where they differ; q/k/v, z and
 attn_out of every layer whose attention the base run cached, each block's output and the
 logits are compared with the cache, and a difference beyond tolerance(dtype) x (1 + max |b|)
@@ -91,7 +91,14 @@ def check(model: Model, w: Weights, base: dict[str, Any]) -> None:
         _require(_off(attn_out, base[hook_attn_out(L)][:m], tol), hook_attn_out(L), arch)
         _require(_off(lay.finish_block(pre, base[hook_attn_out(L)][:m]), base[nxt][:m], tol),
                  f"{nxt} (the block's output)", arch)
-    final = base[hook_resid_post(L_last)][:m]
+    check_unembedding(model, w, base)
+
+
+def check_unembedding(model: Model, w: Weights, base: dict[str, Any]) -> None:
+    """ln_final + unembed in torch held to the model's modules on the first prompts' final residual (the
+    modules are put back where they differ) and to the cached logits, when the base run kept them."""
+    m, tol, bridge = CHECK_PROMPTS, tolerance(base[hook_resid_pre(0)].dtype), w.bridge
+    final = base[hook_resid_post(int(bridge.cfg.n_layers) - 1)][:m]
     flat = final.reshape(-1, final.shape[-1])
 
     def ours(rows: slice) -> Any:
@@ -105,7 +112,7 @@ def check(model: Model, w: Weights, base: dict[str, Any]) -> None:
     if "logits" in base:
         cached = base["logits"][:m]
         cached = cached.reshape(-1, cached.shape[-1])
-        _require(_off_rows(len(flat), ours, lambda rows: cached[rows], tol), "the logits (ln_final, unembed)", arch)
+        _require(_off_rows(len(flat), ours, lambda rows: cached[rows], tol), "the logits (ln_final, unembed)", w.arch)
 
 
 LOGIT_ROWS = 8  # positions whose logits are compared at once: a 262k vocabulary's are 8 MiB each (float32)

@@ -22,7 +22,7 @@ from ...errors import UnsupportedError
 from ...model import architecture
 from ...model.bridge import Bridge
 from . import rotary
-from .arith import Dense, Norm, QkNorm, activation, dnn_ok, fold, output_transform, tracked
+from .arith import Dense, Norm, QkNorm, activation, dnn_faster, dnn_ok, fold, output_transform, tracked
 from .layer import Layer, Model
 
 
@@ -113,8 +113,10 @@ class Weights:
         return self.act is not None and gate_ok and self.of(L, "W_in") is not None and self.of(L, "W_out") is not None
 
 
-def _weights(bridge: Bridge, dtype: Any, device: Any, layers: tuple[int, ...] | None = None) -> Weights:
-    """The Weights of `layers` (default every layer, and the unembedding, which only the whole model reads)."""
+def _weights(bridge: Bridge, dtype: Any, device: Any, layers: tuple[int, ...] | None = None,
+             unembed: bool | None = None) -> Weights:
+    """The Weights of `layers` (default every layer) and the unembedding (`unembed`; default: with every
+    layer, which the whole model reads)."""
     import torch
 
     cfg = bridge.cfg
@@ -123,8 +125,8 @@ def _weights(bridge: Bridge, dtype: Any, device: Any, layers: tuple[int, ...] | 
     def cast(t: Any) -> Any:
         return None if t is None else t.detach().to(dtype=dtype, device=device)
 
-    whole = layers is None
-    st = {x: cast(_stacked(bridge, x)) if whole else None for x in ("W_U", "b_U")}
+    unembed = layers is None if unembed is None else unembed
+    st = {x: cast(_stacked(bridge, x)) if unembed else None for x in ("W_U", "b_U")}
     norms = {"ln_final": _norm_of(getattr(bridge, "ln_final", None), cfg, cast)}
     for L in range(cfg.n_layers) if layers is None else layers:
         block = bridge.blocks[L]
@@ -132,7 +134,7 @@ def _weights(bridge: Bridge, dtype: Any, device: Any, layers: tuple[int, ...] | 
             module = getattr(block, name, None)
             if module is not None or name in ("ln1", "ln2"):
                 norms[f"{name}.{L}"] = _norm_of(module, cfg, cast)
-    dnn = torch.device(device).type == "cpu" and dnn_ok(dtype, None)
+    dnn = torch.device(device).type == "cpu" and dnn_faster() and dnn_ok(dtype, None)
     return Weights(bridge, arch, st, norms, activation(getattr(cfg, "act_fn", None)), dnn, cast)
 
 
@@ -258,6 +260,13 @@ def build(bridge: Bridge, dtype: Any, device: Any, s: int) -> tuple[Model, Weigh
     tables = rotary.tables(bridge, s, dtype, device)
     layers = [build_layer(w, L, rotation=tables[L]) for L in range(bridge.cfg.n_layers)]
     return Model(layers, unembedding(w), bridge.cfg.n_heads, bridge.cfg.d_head, token_logits(w)), w
+
+
+def build_unembedding(bridge: Bridge, dtype: Any, device: Any) -> tuple[Model, Weights]:
+    """ln_final and the unembedding alone, as a Model without layers (what edges into the logits read:
+    the final residual is the cached one plus the sender's change), unchecked like `build`."""
+    w = _weights(bridge, dtype, device, layers=(), unembed=True)
+    return Model([], unembedding(w), bridge.cfg.n_heads, bridge.cfg.d_head, token_logits(w)), w
 
 
 def attention_layer(bridge: Bridge, L: int, s: int, dtype: Any, device: Any) -> Layer:

@@ -67,7 +67,6 @@ import numpy as np
 from ... import cost
 from ...errors import UnsupportedError
 from ...model.bridge import Bridge
-from ...model.devices import like
 from ...spec import names
 from ...spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
 from ...spec.vocabulary import REPLACEMENTS, Direction, Replacement
@@ -75,7 +74,7 @@ from .. import hooks
 from ..block import fidelity, read
 from ..block.arith import attend, causal, mask
 from ..block.layer import Layer, Model, at, block, block_at
-from . import writes
+from .deltas import Deltas
 from .sets import bytes_per_edge, cache_names, chunk_size, patch_cost
 
 # At most this many query positions (prompts x positions) per chunk of patched variants:
@@ -99,12 +98,13 @@ class _Sweep:
     metric_fn: Callable[..., Any]
     out: np.ndarray
     budget: int
-    delta: Callable[..., Any]  # senders -> [S, n, s, d]: the change of each sender's write
+    delta: Deltas  # senders -> [S, n, s, d]: the change of each sender's write
     masks: list[Any]  # per layer [s, s] additive: causal, within the layer's sliding window
     scored_masks: list[Any]  # per layer [n, k, s] additive: the same for the scored queries
     d_mlp: int
     vocab: int  # the logits computed at a scored position: the vocabulary's, or len(tokens)
     tokens: Any = None  # [n, k, c] token ids: only their logits are computed (Model.logits_of)
+    bridge_layers: int = 0  # the model's layers (`model` may hold none: edges into the logits read none)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -128,16 +128,21 @@ def silent(items: Any, label: str) -> Any:
     return items
 
 
-def checked_model(bridge: Bridge, check: dict[str, Any]) -> Model:
+def checked_model(bridge: Bridge, check: dict[str, Any], layers: bool = True) -> Model:
     """The torch arithmetic (mech.block.arith) built in the dtype and on the device of `check`'s
     activations and held to the model on its first prompts (`check` cached every layer's residual;
     UnsupportedError where it does not reproduce them).  Building copies the weights and checking
     runs every block: a caller that patches several times on the same model makes it once and passes
-    it to batched_metrics (`model`)."""
+    it to batched_metrics (`model`).  Without `layers`, ln_final and the unembedding alone (all that
+    edges into the logits read), checked on the final residual."""
     import torch
 
     ref = check[hook_resid_pre(0)]
     with torch.no_grad():
+        if not layers:
+            model, weights = read.build_unembedding(bridge, ref.dtype, ref.device)
+            fidelity.check_unembedding(model, weights, check)
+            return model
         model, weights = read.build(bridge, ref.dtype, ref.device, int(ref.shape[1]))
         fidelity.check(model, weights, check)
     return model
@@ -171,8 +176,11 @@ def batched_metrics(bridge: Bridge, edges: list[names.Edge], base: dict[str, Any
     out = np.zeros((len(edges), base[hook_resid_pre(0)].shape[0], *((values,) if values > 1 else ())))
     with torch.no_grad():
         sw = _sweep(bridge, base, source, clean, positions, metric_fn, replacement, budget_bytes, out,
-                    model if model is not None else checked_model(bridge, base if check is None else check), tokens)
+                    model if model is not None else checked_model(bridge, base if check is None else check,
+                                                                  layers=set(groups) != {"logits"}), tokens)
         work = [(key, part) for key, idx in groups.items() for part in _chunks(sw, key, edges, idx)]
+        for key, part in work:
+            sw.delta.expect([edges[i].sender for i in part], scored=key == "logits")
         receivers: _Receivers | None = None
         for key, part in progress(work, "edge chunks"):
             if key == "logits":
@@ -200,10 +208,10 @@ def _sweep(bridge: Bridge, base: dict[str, Any], source: dict[str, Any], clean: 
              else int(tokens.shape[-1]))
     windows = [lay.window for lay in model.layers]
     return _Sweep(model, tbase, positions, metric_fn, out, budget,
-                  _deltas(bridge, tbase, caches[id(source)], caches[id(clean)], replacement),
+                  Deltas(bridge, tbase, caches[id(source)], caches[id(clean)], replacement, positions),
                   [causal(s, w, ref) for w in windows], [mask(positions, s, w, ref) for w in windows],
                   int(getattr(bridge.cfg, "d_mlp", None) or 4 * bridge.cfg.d_model), vocab,
-                  None if tokens is None else tokens.to(ref.device))
+                  None if tokens is None else tokens.to(ref.device), L)
 
 
 def _groups(edges: list[names.Edge]) -> dict[Any, list[int]]:
@@ -226,27 +234,6 @@ def _trim(cache: dict[str, Any], s: int, n_layers: int) -> dict[str, Any]:
     return {name: cache[name][:, :s] for name in names_ if name in cache}
 
 
-def _deltas(bridge: Bridge, base: dict[str, Any], source: dict[str, Any], clean: dict[str, Any],
-            replacement: str) -> Callable[..., Any]:
-    """senders -> [S, n, s, d]: D_A, the change of the sender's write (mech.edges.writes), computed in
-    float64 once per sender.  resample: the source run's activation; mean: its mean over
-    `clean`'s prompts; zero: 0."""
-    import torch
-
-    ref = base[hook_resid_pre(0)]
-    memo: dict[str, Any] = {}
-
-    def one(x: names.Sender) -> Any:
-        key = str(x)
-        if key not in memo:
-            means = ({m: writes.activation(bridge, clean, m).mean(0, keepdim=True) for m in writes.members(x)}
-                     if replacement == Replacement.MEAN else None)
-            memo[key] = like(writes.sender_change(bridge, base, source, x, replacement, means), ref)
-        return memo[key]
-
-    return lambda senders: torch.stack([one(x) for x in senders])
-
-
 def _chunks(sw: _Sweep, key: Any, edges: list[names.Edge], idx: list[int]) -> list[list[int]]:
     """The group's edges in chunks: logits edges by the budget; edges into heads by chunks of
     senders (every edge of a sender in the same chunk), a sender's working set being
@@ -266,8 +253,9 @@ def _chunks(sw: _Sweep, key: Any, edges: list[names.Edge], idx: list[int]) -> li
 
 def _logit_chunk(sw: _Sweep, edges: list[names.Edge], idx: list[int]) -> None:
     """A -> logits: final' = resid_post_last + delta_A at the scored positions."""
-    final = at(sw.positions, sw.base[hook_resid_post(len(sw.model.layers) - 1)][None])  # [1, n, k, d]
-    sw.finish(final + at(sw.positions, sw.delta([edges[i].sender for i in idx])), idx)
+    last = int(sw.bridge_layers) - 1
+    final = at(sw.positions, sw.base[hook_resid_post(last)][None])  # [1, n, k, d]
+    sw.finish(final + sw.delta([edges[i].sender for i in idx], scored=True), idx)
 
 
 def _position_cap(positions_per_edge: int) -> int:

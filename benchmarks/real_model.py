@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/real_model.py [--prompts 50,200] [--threads 2] [--device cpu|cuda]
                                               [--models smollm2,gpt2-small,qwen2.5-0.5b] [--random-prompts N]
                                               [--run-prompts N] [--tl-pairs 2] [--shape 7b] [--isolate]
-                                              [--no-run] [--quick] [--json FILE] [--keep DIR] [--cache DIR]
+                                              [--no-run] [--no-sweep] [--quick] [--json FILE] [--keep DIR] [--cache DIR]
                                               [--timeout S]
     .venv/bin/python benchmarks/real_model.py --table FILE.json   # the tables of an earlier --json again
 
@@ -103,6 +103,11 @@ child's own peak is its last stage's; on CUDA also torch.cuda.max_memory_allocat
 loading is timed apart.  The numbers each contender computed (metric per prompt; scores per
 prompt) are compared: the largest absolute difference from harness's.  Ratios: each stage's
 seconds over one plain forward ("/ fwd"), and TransformerLens's seconds over harness's.
+Each harness stage's row also has its count (`counted`: the forward-equivalents of the n prompts
+harness's own cost ledger, `harness.cost`, records for the stage, as `harness run` counts it) and
+"harness / floor": its seconds over that count times the plain forward.  Last, unless `--no-sweep`
+or `--quick`, the all-edges sweep (`benchmarks/edge_sweep.py`, in a child process) and its ratio to
+TransformerLens, measured in the same run on the same machine.
 `--json FILE` writes every measurement and every per-prompt number.  `--quick`: 20 prompts,
 SmolLM2 only (a smoke run of a few minutes).
 """
@@ -112,6 +117,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -357,6 +363,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tl-pairs", type=int, default=2, help="pairs TransformerLens's attribution_patch runs (default 2)")
     p.add_argument("--isolate", action="store_true", help="one child process per stage (peak memory per stage)")
     p.add_argument("--no-run", action="store_true", help="leave out the harness-run stage")
+    p.add_argument("--no-sweep", action="store_true", help="leave out the all-edges sweep (benchmarks/edge_sweep.py)")
     p.add_argument("--run-file", type=Path, help="the harness-run stage's hypothesis file (its model and n_prompts "
                                                   "replaced; default: hypotheses/smollm2-induction.yaml)")
     p.add_argument("--quick", action="store_true", help="20 prompts, SmolLM2 only (a smoke run)")
@@ -381,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         for row in doc["rows"]:
             model = Model(row["model"], row["title"], Path(), row.get("sender", "?"), row.get("receiver", "?"))
             print_table(model, row["prompts"], row["raw"], doc["threads"], doc["device"])
+        if doc.get("sweep"):
+            ratio = doc["sweep"]["ratio_to_tl"]
+            say(f"all-edges sweep: {'failed' if ratio is None else f'{ratio:.1f}x TransformerLens'}")
         return 0
     if a.fetch:
         say(f"fetched: {real_models.fetch_smollm2(a.cache, say)}")
@@ -416,8 +426,29 @@ def main(argv: list[str] | None = None) -> int:
                                            "receiver": model.receiver, "prompts": n, "summary": records, "raw": res})
                 if a.json:
                     a.json.write_text(json.dumps(everything, indent=1))
+        if not (a.no_sweep or a.quick):
+            everything["sweep"] = sweep(work, a.timeout)
+            if a.json:
+                a.json.write_text(json.dumps(everything, indent=1))
     say(f"\ntotal {time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.2f}")
     return 0
+
+
+def sweep(work: Path, timeout: float) -> dict[str, Any]:
+    """benchmarks/edge_sweep.py (2 layers, 192 edges, one thread) in a child process: its ratio to
+    TransformerLens's all-edges sweep, measured in this run on this machine, and its output."""
+    say("\nall-edges sweep (benchmarks/edge_sweep.py) ...")
+    log = work / "edge_sweep.log"
+    got = measure([sys.executable, str(ROOT / "benchmarks" / "edge_sweep.py")], timeout, dict(os.environ), log)
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    lines = [x for x in text.splitlines() if not x.startswith(("[transformers]", "Writing model"))]
+    found = re.findall(r"speedup vs TransformerLens: ([0-9.]+)x", text)
+    ratio = float(found[-1]) if found else None
+    for line in lines[-12:]:
+        say(f"  {line}")
+    say(f"all-edges sweep: {'failed' if ratio is None else f'{ratio:.1f}x TransformerLens'} "
+        f"({got.seconds:.0f} s, exit {got.returncode})")
+    return {"ratio_to_tl": ratio, "exit": got.returncode, "seconds": got.seconds, "output": lines}
 
 
 def _single(m: Measured) -> dict[str, Any]:

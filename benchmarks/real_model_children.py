@@ -81,7 +81,11 @@ class Stopwatch:
 
             torch.cuda.synchronize()
 
-    def time(self, name: str, work: Callable[[], Any]) -> Any:
+    def time(self, name: str, work: Callable[[], Any], ledger: Any = None) -> Any:
+        """work(), timed as stage `name`; with harness's cost `ledger`, the stage's row also gets
+        `counted`: the forward-equivalents harness counted for it."""
+        if ledger is not None:
+            ledger.lap()
         self.sync()
         if self.device.startswith("cuda"):
             import torch
@@ -91,6 +95,8 @@ class Stopwatch:
         out = work()
         self.sync()
         row = {"wall_s": time.perf_counter() - w, "cpu_s": time.process_time() - c, "peak_gb": peak_rss_gb()}
+        if ledger is not None:
+            row["counted"] = ledger.lap()
         if self.device.startswith("cuda"):
             import torch
 
@@ -217,7 +223,7 @@ def child_harness(c: Child) -> dict[str, Any]:
     import numpy as np
 
     import harness
-    from harness import memory
+    from harness import cost, memory
     from harness.engine.measure import hooks_needed
     from harness.mech.graph import parts as graph_parts
     from harness.mech.runs.build import base_runs
@@ -231,14 +237,16 @@ def child_harness(c: Child) -> dict[str, Any]:
     claims = harness.load_hypothesis(doc).spec.claims
     hooks, corrupted = hooks_needed(claims, m.n_layers)
     out: dict[str, Any] = {"hooks": len(hooks), "prompts": prompt_args(m)}
-    with memory.using(device=c.device) as budget:  # as `harness run` sets it: the stages' chunks follow from it
+    # the stages' chunks follow from the memory budget `harness run` sets; what each stage counts in
+    # forward-equivalents of the n prompts (harness.cost, as `harness run` counts it) goes with its row
+    with memory.using(device=c.device) as budget, cost.counting(ds.n) as ledger:
         out["memory_budget"] = budget
-        runs = sw.time("base", lambda: base_runs(m.bridge, ds, hooks, "logprob", corrupted=corrupted))
+        runs = sw.time("base", lambda: base_runs(m.bridge, ds, hooks, "logprob", corrupted=corrupted), ledger)
         out["base"] = _plain(np.concatenate([runs.m_clean, runs.m_corrupt]))
         if "ablation" in c.stages:
-            out["ablation"] = _plain(sw.time("ablation", lambda: runs.ablated([a], "mean")))
+            out["ablation"] = _plain(sw.time("ablation", lambda: runs.ablated([a], "mean"), ledger))
         if "edge" in c.stages:
-            out["edge"] = _plain(sw.time("edge", lambda: runs.patched(edge, Direction.NOISING, "resample")))
+            out["edge"] = _plain(sw.time("edge", lambda: runs.patched(edge, Direction.NOISING, "resample"), ledger))
         if "attribution" in c.stages:
             def attribution() -> Any:
                 t = time.perf_counter()
@@ -246,7 +254,7 @@ def child_harness(c: Child) -> dict[str, Any]:
                 out["attribution_check_s"] = time.perf_counter() - t
                 return _edge_prompt_scores(runs, edge, "eap-ig")
 
-            out["attribution"] = _plain(sw.time("attribution", attribution))
+            out["attribution"] = _plain(sw.time("attribution", attribution, ledger))
             # untimed: what TransformerLens's attribution_patch computes (EAP, denoising, from the whole graph's
             # writes) on the prompts it runs, for the comparison of numbers; it refuses grouped-query attention
             kv = getattr(m.bridge.cfg, "n_key_value_heads", None)

@@ -51,15 +51,19 @@ def table(model: Model, n: int, res: dict[str, Any]) -> tuple[list[list[str]], l
         hs, ts = h["stages"].get(stage), t["stages"].get(stage)
         hw, tw = (hs or {}).get("wall_s"), (ts or {}).get("wall_s")
         diff = max_diff(h["numbers"].get(stage), t["numbers"].get(stage))
+        counted = (hs or {}).get("counted")
+        floor_s = counted * fwd if counted and fwd else None  # the stage's floor: its count of plain forwards
         records.append({"stage": stage, "harness": hs, "tl": ts, "max_abs_diff": diff,
                         "harness_forwards": hw / fwd if hw and fwd else None,
+                        "counted_forwards": counted, "harness_over_floor": hw / floor_s if hw and floor_s else None,
                         "tl_forwards": tw / fwd if tw and fwd else None,
                         "tl_over_harness": tw / hw if hw and tw else None})
-        rows.append([STAGE_NAMES[stage].format(**fill), fmt_s(hs), fmt_s(ts), ratio(hw, fwd), ratio(tw, fwd),
+        rows.append([STAGE_NAMES[stage].format(**fill), fmt_s(hs), fmt_s(ts), ratio(hw, fwd),
+                     "" if counted is None else f"{counted:.2f}", ratio(hw, floor_s, "x"), ratio(tw, fwd),
                      ratio(tw, hw, "x"), _fmt(diff, "")])
     # TransformerLens's own attribution_patch (EAP, whole graph, per pair)
     if p.get("refused"):
-        rows.append(["TL attribution_patch (EAP, per pair)", "", "refused (see below)", "", "", "", ""])
+        rows.append(["TL attribution_patch (EAP, per pair)", "", "refused (see below)", "", "", "", "", "", ""])
         notes.append(f"TransformerLens attribution_patch refused this model: {p['refused']}")
     elif p.get("stages", {}).get("attribution_patch"):
         ps = p["stages"]["attribution_patch"]
@@ -71,7 +75,7 @@ def table(model: Model, n: int, res: dict[str, Any]) -> tuple[list[list[str]], l
                         "tl_forwards": scaled / fwd if fwd else None, "max_abs_diff": diff})
         rows.append(["TL attribution_patch (EAP, whole graph, per pair)", "",
                      f"{scaled:.1f} s ({ps['wall_s'] / pairs:.1f} s per pair; {pairs} of {n} timed, scaled)", "",
-                     ratio(scaled, fwd), ratio(scaled, hw, "x"), _fmt(diff, "")])
+                     "", "", ratio(scaled, fwd), ratio(scaled, hw, "x"), _fmt(diff, "")])
         notes.append("TL attribution_patch's number: the edge's EAP score (denoising, summed over positions) on the "
                      f"first {pairs} prompts, against harness's from the whole graph's writes"
                      + (f" ({h['numbers']['eap_denoising_error']})" if "eap_denoising_error" in h["numbers"] else ""))
@@ -87,7 +91,10 @@ def table(model: Model, n: int, res: dict[str, Any]) -> tuple[list[list[str]], l
         rows.append([STAGE_NAMES["run"].format(claims=run["claims"], what=what) + f", {run['n']} prompts",
                      f"{run['wall_s']:.1f} s ({run['cpu_s']:.1f} s CPU, {run['peak_gb']:.2f} GiB)"
                      + (", timeout" if run["timed_out"] else f", exit {run['exit']}"), "",
-                     ratio(run["wall_s"], fwd) if run["n"] == n else "", "", "", ""])
+                     ratio(run["wall_s"], fwd) if run["n"] == n else "",
+                     f"{counted:.2f}" if counted and run["n"] == n else "",
+                     ratio(run["wall_s"], counted * fwd, "x") if counted and fwd and run["n"] == n else "",
+                     "", "", ""])
     return rows, records, notes
 
 
@@ -115,7 +122,8 @@ def print_table(model: Model, n: int, res: dict[str, Any], threads: int, device:
             f"max abs diff {check:.1e}")
     rows, records, notes = table(model, n, res)
     say(tabulate(rows, headers=["stage", "harness (wall, CPU, peak so far)", "TransformerLens by hand",
-                                "harness / fwd", "TL / fwd", "TL / harness", "max abs diff"], tablefmt="github",
+                                "harness / fwd", "counted", "harness / floor", "TL / fwd", "TL / harness",
+                                "max abs diff"], tablefmt="github",
                  disable_numparse=True))
     for line in notes:
         say(line)

@@ -305,7 +305,7 @@ def cmd_roles(args: argparse.Namespace) -> int:
     m = load_model(args.model, device=device)
     table = roles_table.head_table(m, n_prompts=args.n_prompts, segment_length=args.segment_length, seed=args.seed,
                                    split=args.split or "explore", distinct=args.distinct, given=given,
-                                   metric=args.metric, corruption=args.corruption)
+                                   metric=args.metric, corruption=args.corruption, direct=not args.no_direct)
     try:
         text = roles_table.render(table, args.sort, args.top)
     except ValueError as exc:

@@ -241,6 +241,8 @@ def parser() -> argparse.ArgumentParser:
                     help="of the direct effect (default logit_diff when the data have wrong tokens, else logprob)")
     ro.add_argument("--corruption", metavar="NAME", help="the direct effects under this corruption of the data "
                     "(default: its first)")
+    ro.add_argument("--no-direct", action="store_true", help="attention and role columns only: one clean run, no "
+                    "corrupted run and no patching")
     ro.add_argument("--sort", metavar="COLUMN", help="order the rows by this column, largest first (direct: by size)")
     ro.add_argument("--top", type=int, metavar="N", help="show the first N rows")
     ro.add_argument("--out", type=Path, help="new folder for heads.csv, heads.json and heads.png")

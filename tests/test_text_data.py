@@ -639,3 +639,18 @@ def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
     doc = json.loads((tmp_path / "out" / "heads.json").read_text())
     assert len(doc["heads"]) == len(t.heads) and doc["heads"][0]["head"] == "L2H0"
     assert main(["roles", str(names_dir), "--data", str(d), "--sort", "nope"]) == 2
+    capsys.readouterr()
+    # --no-direct: the same attention and role columns from the clean run alone, no corrupted run
+    from harness import cost
+
+    with cost.counting(ds.n) as ledger:
+        alone = roles_table.head_table(m, n_prompts=24, segment_length=4, seed=0, split="explore", given=given,
+                                       direct=False)
+    assert ledger.total == pytest.approx(1.0)  # one forward of the prompts
+    assert [c.name for c in alone.columns] == [c.name for c in t.columns if not c.name.startswith("direct")]
+    for c in alone.columns:
+        np.testing.assert_array_equal(c.mean, col[c.name].mean)
+    assert alone.metric is None and "--no-direct" in alone.note
+    assert main(["roles", str(names_dir), "--data", str(d), "--no-direct", "--top", "2"]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("head "))
+    assert "direct" not in header and "attn S#2" in header

@@ -52,6 +52,7 @@ from ..errors import UnsupportedError, UserError
 from ..evidence.document import to_json
 from ..mech import roles
 from ..mech.edges import batched, sets
+from ..mech.hooks import cache_hooks
 from ..mech.runs.build import base_runs
 from ..mech.runs.cached import BATCH_BUDGET
 from ..model import metrics
@@ -128,17 +129,22 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     edge_hooks = sets.cache_names(m.n_layers, to_logits) if direct else []  # what the head -> logits patches read
     hooks = [hook_pattern(layer) for layer in range(m.n_layers)] + edge_hooks
     stage(f"head table: {ds.n} prompts ({start_words(m, ds)}), {len(heads)} heads")
-    one = ds.keep_corruptions(list(ds.corruptions)[:1]) if ds.corruptions else ds
     parts = PARTS if metric == "logit_diff" and direct else (metric,)
-    # one clean and one corrupted run, scored by every part (patterns: the clean run's only)
-    runs = base_runs(m.bridge, one, hooks, parts[0], parts=parts[1:], corrupted=edge_hooks)
+    runs: Any = None
+    if direct:  # one clean and one corrupted run, scored by every part (patterns: the clean run's only)
+        runs = base_runs(m.bridge, ds.keep_corruptions(list(ds.corruptions)[:1]), hooks, parts[0], parts=parts[1:],
+                         corrupted=edge_hooks)
+        clean = runs.clean
+    else:  # the clean run alone
+        stage(f"the clean run caches {len(hooks)} attention patterns")
+        clean = cache_hooks(m.bridge, ds.clean, hooks, ds.positions, keep=0)
     q = queries(ds, "scored").to(of(m.bridge))
     slots = list(ds.spans) if ds.spans else []  # in reading order
     per_role: dict[str, list[np.ndarray]] = {r: [] for r in roles.ROLES}
     per_slot: dict[str, list[np.ndarray]] = {k: [] for k in slots}
     with torch.no_grad():
         for h in heads:
-            pat = runs.clean[hook_pattern(h.layer)][:, h.head]
+            pat = clean[hook_pattern(h.layer)][:, h.head]
             for r in roles.ROLES:
                 per_role[r].append(roles.role_scores(pat, ds.clean, r).cpu().numpy())
             for k in slots:
@@ -160,7 +166,8 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
                               "(they add up to direct)" if len(parts) > 1 else ""))
     else:
         metric = None
-        note = "no direct effects: the data have no corruption"
+        note = ("no direct effects: the data have no corruption" if not ds.corruptions
+                else "no direct effects: left out (--no-direct)")
     return HeadTable(heads, columns, ds.description, metric, note)
 
 

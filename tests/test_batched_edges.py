@@ -282,3 +282,32 @@ def test_a_few_tokens_logits_are_the_full_unembeddings_columns(columns):
     assert few.shape == (len(edges), ds.n, 2)
     np.testing.assert_allclose(few, full, rtol=0, atol=1e-12)
     assert np.ptp(few[:, :, 0]) > 1e-3  # the edges move the logits: the comparison is not of constants
+
+
+def test_a_logit_diff_sweep_unembeds_the_answer_and_wrong_columns_only():
+    """Runs.patched_many under logit_diff (the names fixture: IO against S) takes the answer's and the
+    wrong token's logits alone (model.metrics.columns_metric), never the whole unembedding, and gives
+    each edge's metric as the per-edge path does from the whole vocabulary's logits."""
+    from harness.mech.graph.structure import Graph
+    from harness.spec.vocabulary import Direction
+
+    from .graph_helpers import graph_runs
+
+    runs = graph_runs("names", 12)
+    assert runs.metric_name == "logit_diff"
+    g = Graph.of(runs.bridge)
+    edges = [e for e in g.edges() if isinstance(e.sender, names.Head)
+             and isinstance(e.receiver, (names.HeadInput, names.Logits))][::5]
+    assert {type(e.receiver) for e in edges} == {names.HeadInput, names.Logits}
+    model = runs.edge_blocks()
+
+    def whole(*args, **kwargs):
+        raise AssertionError("the whole vocabulary was unembedded")
+
+    model.logits = whole
+    many = runs.patched_many(edges, Direction.NOISING, "resample")
+    apart = graph_runs("names", 12)  # the same base runs, with a memo of their own
+    one = [apart.patched(e, Direction.NOISING, "resample") for e in edges]  # a hooked forward each
+    scale = max(1.0, float(np.abs(runs.m_clean).max()))
+    np.testing.assert_allclose(np.stack(many), np.stack(one), rtol=0, atol=1e-5 * scale)  # float32 logits
+    assert not np.allclose(np.stack(many), runs.m_clean)  # the patches moved the metric

@@ -47,7 +47,8 @@ from ..errors import DataError
 from ..registry import Registry
 from .devices import wide
 
-__all__ = ["Metric", "register", "unregister", "get", "names", "per_prompt", "at_positions", "UNITS", "METRICS"]
+__all__ = ["Metric", "register", "unregister", "get", "names", "per_prompt", "at_positions", "columns_metric", "UNITS",
+           "METRICS"]
 
 if TYPE_CHECKING:
     from jaxtyping import Float, Int
@@ -61,7 +62,9 @@ class Metric:
     """A metric: `fn(at, answers, wrong, clean)` -> [n] float64, with `at` the float64 logits at the
     scored positions [n, k, V], `answers` and `wrong` [n, k] token ids, `clean` the clean run's
     log-probabilities there [n, k, V] (float64; only when `needs_clean`); `no_information(V, clean)`
-    the metric of a prediction with no information (V the output vocabulary), or None."""
+    the metric of a prediction with no information (V the output vocabulary), or None.  `columns`:
+    fn reads the answer's and the wrong token's logits only, so a caller may compute just those
+    two columns of the unembedding and call fn(at [n, k, 2], 0, 1, None) (`columns_metric`)."""
 
     name: str
     unit: str
@@ -70,11 +73,31 @@ class Metric:
     no_information_text: str  # in words, for reports
     needs_wrong: bool = False
     needs_clean: bool = False
+    columns: bool = False
 
 
 def rows_per_chunk(k: int, vocab: int) -> int:
     """Prompts whose float64 work at k scored positions over `vocab` fits CHUNK_ELEMENTS (at least one)."""
     return max(1, CHUNK_ELEMENTS // max(1, k * vocab))
+
+
+def columns_metric(name: str, answers: Any, wrong: Any) -> tuple[Any, Callable[[Any, Any], Any]] | None:
+    """For a metric that reads two logits only (`Metric.columns`): (tokens [n, k, c], fn) with tokens the
+    answer's (and, with `wrong`, the wrong token's) ids at each scored position, and fn(logits of those
+    tokens [N, k, c], positions [N, k]) -> [N] float64 the metric, N any multiple of n; None for a
+    metric that reads the whole vocabulary."""
+    import torch
+
+    metric = get(name)
+    if not metric.columns or (metric.needs_wrong and wrong is None):
+        return None
+    tokens = torch.stack([answers] if wrong is None else [answers, wrong], -1)
+
+    def fn(logits: Any, positions: Any) -> Any:
+        first = torch.zeros_like(positions)
+        return metric.fn(wide(logits), first, None if wrong is None else first + 1, None)
+
+    return tokens, fn
 
 
 def _metric_name(name: str, metric: Metric) -> str | None:
@@ -158,13 +181,13 @@ def _kl_none(V: int, clean: Any) -> float:
 _BUILTIN = (
     Metric("logprob", "nats", _logprob, lambda V, clean: -math.log(V), "a uniform guess over the vocabulary"),
     Metric("logit_diff", "logits", _logit_diff, lambda V, clean: 0.0, "equal correct and wrong logits",
-           needs_wrong=True),
+           needs_wrong=True, columns=True),
     Metric("prob", "probability", _prob, lambda V, clean: 1.0 / V, "a uniform guess over the vocabulary"),
     Metric("kl", "nats (-KL from the clean run)", _kl, _kl_none,
            "a uniform guess: minus the divergence of the clean distribution from uniform", needs_clean=True),
-    Metric("answer_logit", "logits", _answer_logit, None, "none (a single logit has no baseline)"),
+    Metric("answer_logit", "logits", _answer_logit, None, "none (a single logit has no baseline)", columns=True),
     Metric("wrong_logit", "logits (minus the wrong token's)", _wrong_logit, None,
-           "none (a single logit has no baseline)", needs_wrong=True),
+           "none (a single logit has no baseline)", needs_wrong=True, columns=True),
 )
 _REGISTRY: Registry[Metric] = Registry("metric", {m.name: m for m in _BUILTIN}, _metric_name)
 

@@ -66,6 +66,7 @@ import numpy as np
 
 from ... import cost
 from ...errors import UnsupportedError
+from ...model import metrics
 from ...model.bridge import Bridge
 from ...spec import names
 from ...spec.names import hook_attn_out, hook_attn_sum, hook_input, hook_resid_post, hook_resid_pre, hook_z
@@ -418,15 +419,18 @@ def patch_into(runs: Any, todo: Sequence[names.Edge], direction: str, replacemen
             and all(n in base and n in source for n in wanted)):
         metric_at = runs.metric_at
 
-        def metric_fn(logits: Any, positions: Any) -> Any:
+        def whole(logits: Any, positions: Any) -> Any:
             import torch
 
             return torch.as_tensor(metric_at(logits))
 
+        # a metric of the answer's and the wrong token's logits (logit_diff): those columns alone are unembedded
+        few = metrics.columns_metric(runs.metric_name, runs.ds.answers, runs.ds.wrong) if runs.metric_name else None
+        tokens, metric_fn = (None, whole) if few is None else few
         try:
             got = batched_metrics(runs.bridge, list(todo), base, source, runs.clean, runs.ds.positions, metric_fn,
                                   replacement=replacement, budget_bytes=budget, model=runs.edge_blocks(),
-                                  progress=progress or silent)
+                                  progress=progress or silent, tokens=tokens)
         except UnsupportedError:
             got = None  # an architecture the batched arithmetic does not reproduce: one by one
         if got is not None:

@@ -133,7 +133,7 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
     return Runs(bridge, ds, clean, corruptions[default][0], metric_of, m_clean, corruptions[default][1],
                 metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference),
                 clean_logp=reference_lp[0] if reference_lp else None, metric_rows=metric_rows,
-                graph_source=Lazy(graph), graph_probe=probe_source,
+                graph_source=Lazy(graph), graph_probe=probe_source, metric_name=metric,
                 scorers=lambda d, lp, name=None: scorers(d, name or metric, lambda: lp))
 
 

@@ -86,6 +86,7 @@ class Runs:
     #: the batched edge path's checked arithmetic (batched.checked_model, or the UnsupportedError its check
     #: raised), made on first use and shared by every view: prompt chunks do not build and check it again
     edge_source: Lazy = field(default_factory=lambda: Lazy(None))
+    metric_name: str = ""  # the registered metric these runs score (model.metrics), "" where not known
     #: (dataset, clean log-probabilities, metric name or None for these runs') -> (metric, metric_at, metric_rows) of
     #: that dataset's prompts (`prompts`, `with_metric`)
     scorers: Callable[..., tuple[Callable[..., Any], ...]] | None = None
@@ -125,7 +126,7 @@ class Runs:
         metric, metric_at, metric_rows = self.scorers(self.ds, self.clean_logp, name)
         corruptions = {c: (cache, cache[key].numpy()) for c, (cache, _) in self.corruptions.items()}
         scorers = self.scorers
-        return replace(self, metric=metric, metric_at=metric_at, metric_rows=metric_rows,
+        return replace(self, metric=metric, metric_at=metric_at, metric_rows=metric_rows, metric_name=name,
                        m_clean=self.clean[key].numpy(), m_corrupt=self.corrupt[key].numpy(), corruptions=corruptions,
                        memo={}, scorers=lambda d, lp, n=None: scorers(d, lp, n or name))
 

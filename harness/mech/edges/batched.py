@@ -105,7 +105,7 @@ class _Sweep:
     d_mlp: int
     vocab: int  # the logits computed at a scored position: the vocabulary's, or len(tokens)
     tokens: Any = None  # [n, k, c] token ids: only their logits are computed (Model.logits_of)
-    bridge_layers: int = 0  # the model's layers (`model` may hold none: edges into the logits read none)
+    n_layers: int = 0  # the model's layers (`model` may hold none: edges into the logits read none)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -254,7 +254,7 @@ def _chunks(sw: _Sweep, key: Any, edges: list[names.Edge], idx: list[int]) -> li
 
 def _logit_chunk(sw: _Sweep, edges: list[names.Edge], idx: list[int]) -> None:
     """A -> logits: final' = resid_post_last + delta_A at the scored positions."""
-    last = int(sw.bridge_layers) - 1
+    last = sw.n_layers - 1
     final = at(sw.positions, sw.base[hook_resid_post(last)][None])  # [1, n, k, d]
     sw.finish(final + sw.delta([edges[i].sender for i in idx], scored=True), idx)
 

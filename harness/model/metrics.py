@@ -39,7 +39,7 @@ n x k x vocab float64 values at once.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -81,21 +81,24 @@ def rows_per_chunk(k: int, vocab: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, k * vocab))
 
 
-def columns_metric(name: str, answers: Any, wrong: Any) -> tuple[Any, Callable[[Any, Any], Any]] | None:
-    """For a metric that reads two logits only (`Metric.columns`): (tokens [n, k, c], fn) with tokens the
+def columns_metric(names: str | Sequence[str], answers: Any,
+                   wrong: Any) -> tuple[Any, Callable[[Any, Any], Any]] | None:
+    """For metrics that read two logits only (`Metric.columns`): (tokens [n, k, c], fn) with tokens the
     answer's (and, with `wrong`, the wrong token's) ids at each scored position, and fn(logits of those
-    tokens [N, k, c], positions [N, k]) -> [N] float64 the metric, N any multiple of n; None for a
-    metric that reads the whole vocabulary."""
+    tokens [N, k, c], positions [N, k]) -> the metric [N] float64 (N any multiple of n), or with a list
+    of `names` every one of them from the same logits, [N, len(names)]; None where one of them reads
+    the whole vocabulary."""
     import torch
 
-    metric = get(name)
-    if not metric.columns or (metric.needs_wrong and wrong is None):
+    chosen = [get(x) for x in ([names] if isinstance(names, str) else names)]
+    if not all(m.columns and not (m.needs_wrong and wrong is None) for m in chosen):
         return None
     tokens = torch.stack([answers] if wrong is None else [answers, wrong], -1)
 
     def fn(logits: Any, positions: Any) -> Any:
-        first = torch.zeros_like(positions)
-        return metric.fn(wide(logits), first, None if wrong is None else first + 1, None)
+        at, first = wide(logits), torch.zeros_like(positions)
+        got = [m.fn(at, first, None if wrong is None else first + 1, None) for m in chosen]
+        return got[0] if isinstance(names, str) else torch.stack(got, -1)
 
     return tokens, fn
 

@@ -56,7 +56,7 @@ from ..mech.hooks import cache_hooks
 from ..mech.runs.build import base_runs
 from ..mech.runs.cached import BATCH_BUDGET
 from ..model import metrics
-from ..model.devices import of, wide
+from ..model.devices import of
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import start_words
 from ..progress import stage
@@ -195,21 +195,16 @@ def _logit_parts(runs: Any, edges: list[names.Edge]) -> np.ndarray | None:
     """[E, n, 2]: answer_logit and wrong_logit (model.metrics) of each head -> logits edge patched, from
     one pass that unembeds the answer's and the wrong token's columns only (mech.edges.batched
     `tokens`); None where the batched arithmetic does not reproduce the model."""
-    import torch
-
     stage(f"direct effects: {len(edges)} head -> logits edges, one final-norm pass each and the unembedding "
           "of the answer and the wrong token")
-    tokens = torch.stack([runs.ds.answers, runs.ds.wrong], -1)  # [n, k, 2]
-
-    def parts_of(logits: Any, positions: Any) -> Any:  # [N, k, 2] -> [N, 2]: the parts, column 0 the answer's
-        at = wide(logits)
-        answer, wrong = torch.zeros_like(positions), torch.ones_like(positions)
-        return torch.stack([metrics.get(p).fn(at, answer, wrong, None) for p in PARTS], -1)
-
+    few = metrics.columns_metric(PARTS, runs.ds.answers, runs.ds.wrong)  # [N, k, 2] -> [N, 2]: both parts
+    if few is None:
+        return None
+    tokens, parts_of = few
     try:
         return batched.batched_metrics(runs.bridge, edges, runs.clean, runs.corrupt, runs.clean, runs.ds.positions,
                                        parts_of, replacement=Replacement.RESAMPLE,
-                                       budget_bytes=memory.working(BATCH_BUDGET), tokens=tokens, values=2)
+                                       budget_bytes=memory.working(BATCH_BUDGET), tokens=tokens, values=len(PARTS))
     except UnsupportedError:
         return None
 

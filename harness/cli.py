@@ -40,6 +40,7 @@ from .evidence.result import Evidence
 from .hypothesis.loading import load, load_all
 from .interrupt import armed
 from .mech.weights.table import composition_data
+from .model import behaviour
 from .model.devices import check_form, resolve_device
 from .model.ref import load_model
 from .progress import clock, stage
@@ -54,7 +55,7 @@ from .sweep import report as sweep_report
 from .sweep.document import exit_code
 from .sweep.run import MANIFEST, partial_report, read_manifest, sweep, write_file
 from .tools import roles_table, weights_table
-from .tools.discover import discover, is_discovery
+from .tools.discover import discover
 from .tools.explain_route import explain_route
 from .tools.scan import is_scan, scan
 from .tools.selftest import render, selftest
@@ -141,6 +142,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         folder = write_report(ev, out_dir=args.out, reports_root=args.reports)
         c = ev.counts()
         print(f"\n{ev.hypothesis['name']} ({f})\n")
+        behaves = ev.baseline.get("behaviour")
+        if behaves:  # what the model does before any claim, on the first line
+            print(f"behaviour on the {behaves['clean']['prompts']} clean prompts: {behaviour.words(behaves)}\n")
         print(claim_table(ev))
         print(f"\n{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive", flush=True)
         for line in sanity_lines(ev):  # recorded, not fatal: the report is written and says the same
@@ -249,7 +253,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if is_scan(doc):
         raise UserError(f"{args.evidence} is a scan file (scan.json); scan results are not re-rendered: "
                         "run `harness scan` again")
-    if is_discovery(doc):
+    if discovery_report.is_discovery(doc):
         folder = discovery_report.rerender(args.evidence, args.out)
         stem = "discover"
     elif sweep_document.is_sweep(doc):

@@ -16,8 +16,8 @@ from .mech.weights.table import MAX_DRAWS
 from .model import metrics
 from .spec.vocabulary import WEIGHT_PROCESSING
 from .sweep.executors import EXECUTORS
-from .tools.discover import METHODS as DISCOVER_METHODS
-from .tools.discover import RANKS
+from .tools.discover_inputs import METHODS as DISCOVER_METHODS
+from .tools.discover_inputs import RANKS
 from .tools.weights_table import FULL_MAX_HEADS, TOP
 
 DEVICE_HELP = "cpu, cuda, cuda:N or mps; default: best available, or $HARNESS_DEVICE"

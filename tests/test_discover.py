@@ -92,6 +92,10 @@ def test_names_discovery_end_to_end(tmp_path):
                  "--top", "12", "--bound", "0.5", "--device", "cpu"])
     assert code == 0
     doc = json.loads((out / "discovery.json").read_text())
+    for part in ("discovery", "confirmation"):  # the behaviour of each part's prompts, before any edge
+        b = doc["behaviour"][part]
+        assert b["clean"]["prompts"] == doc["split"][part] and 0 <= b["clean"]["accuracy"]["mean"] <= 1
+    assert "**Behaviour** on the" in (out / "discover.md").read_text()
     classes = doc["graph"]["classes"]
     assert classes["mlp"]["q"] > 0 and classes["head"]["mlp"] > 0 and classes["embed"]["logits"] == 1
     assert sum(sum(r.values()) for r in classes.values()) == doc["graph"]["edges"] == len(doc["ranking"])
@@ -324,6 +328,25 @@ def test_exact_method_ranks_by_the_patch_it_confirms(tmp_path):
     assert doc["settings"]["method"] == "exact" and doc["settings"]["steps"] is None
     assert doc["ranking"][0]["edge"] == max(doc["confirmed"], key=lambda c: c["effect"])["edge"]
     assert all(r["peak_position"] is None for r in doc["ranking"][:5])
+
+
+def test_a_data_file_that_names_its_model_is_discovered_on(tmp_path, capsys):
+    """`harness discover FILE` with a file of model, data and metric and no claims: the discovery runs on
+    them (no known circuit); without `model` it says how to name one, in one line."""
+    f = tmp_path / "task.yaml"
+    f.write_text(f"model: {ROOT / 'fixtures' / 'induction-2l'}\nmetric: kl\n"
+                 "data:\n  generator: repeated_tokens\n  n_prompts: 24\n  segment_length: 6\n")
+    assert main(["discover", str(f), "--out", str(tmp_path / "o"), "--bootstrap", "100", "--top", "3",
+                 "--device", "cpu"]) in (0, 1)
+    doc = json.loads((tmp_path / "o" / "discovery.json").read_text())
+    assert doc["settings"]["metric"] == "kl" and doc["known"] is None and doc["split"]["prompts"] == 24
+    assert doc["behaviour"]["discovery"]["compared"] == "answer top-1"
+    capsys.readouterr()
+    f.write_text("data:\n  generator: repeated_tokens\n  n_prompts: 24\n")
+    assert main(["discover", str(f), "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: a file without claims names the model to discover on (model: PATH)" in err
+    assert "Traceback" not in err and not (tmp_path / "o2").exists()
 
 
 @pytest.mark.parametrize("args,message", [

@@ -218,7 +218,7 @@ def test_pass_regions_in_evidence(demo_evidence):
     assert regions["prev-token-not-via-queries"] == PassRegion(low=-0.05, high=0.05, text="within ±0.05 (tolerance)")
     assert regions["K-comp-L0H7-L1H5"] is None
     doc = demo_evidence.to_dict()
-    assert doc["schema_version"] == 7
+    assert doc["schema_version"] == 8
     assert doc["claims"][0]["pass_region"] == {"low": 0.8, "high": None, "text": "at least 0.8"}
     assert re.match(r"^CI \[", doc["claims"][0]["reason"] or doc["claims"][0]["rule"])
 

@@ -638,6 +638,11 @@ def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
     assert {p.name for p in (tmp_path / "out").iterdir()} == {"heads.csv", "heads.json", "heads.png"}
     doc = json.loads((tmp_path / "out" / "heads.json").read_text())
     assert len(doc["heads"]) == len(t.heads) and doc["heads"][0]["head"] == "L2H0"
+    # what the table stands on, above its rows: the behaviour (answer above wrong) and the gap
+    assert doc["behaviour"] == t.behaviour and doc["behaviour"]["compared"] == "answer above wrong"
+    assert doc["gap"]["ci"][0] > 0 and "warning" not in text.split("head ")[0]
+    assert f"behaviour on the {ds.n} clean prompts: accuracy (answer above wrong)" in text
+    assert f"clean - corrupted gap {t.gap['mean']:.4g}" in text
     assert main(["roles", str(names_dir), "--data", str(d), "--sort", "nope"]) == 2
     capsys.readouterr()
     # --no-direct: the same attention and role columns from the clean run alone, no corrupted run
@@ -651,6 +656,7 @@ def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
     for c in alone.columns:
         np.testing.assert_array_equal(c.mean, col[c.name].mean)
     assert alone.metric is None and "--no-direct" in alone.note
+    assert alone.behaviour["clean"] == t.behaviour["clean"] and alone.behaviour["corrupted"] == {}  # the same run
     assert main(["roles", str(names_dir), "--data", str(d), "--no-direct", "--top", "2"]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("head "))
     assert "direct" not in header and "attn S#2" in header

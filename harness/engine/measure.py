@@ -7,7 +7,9 @@ its claims, collect the figures' data.
     base runs the clean forward and one per named corruption, caching those hooks
               (mech.runs.cached.Runs); the reference prompts for means run on first use
     baseline  clean, corrupted and gap metric with BCa CIs (seed: the run seed), per
-              corruption, and the no-information metric (model.metrics.no_information)
+              corruption, and the no-information metric (model.metrics.no_information); the
+              model's accuracy and the answer's rank on every run (model.behaviour), with a
+              warning when the clean run is near chance
     sanity    engine.sanity over every claim's kind.interventions(claim)
     claims    kind.measure(all claims of the kind, Context) for each registered kind
 """
@@ -30,7 +32,7 @@ from ..evidence.result import ClaimResult
 from ..mech.runs.build import base_runs
 from ..mech.runs.cached import Runs
 from ..mech.weights.factored import Composition
-from ..model import metrics
+from ..model import behaviour, metrics
 from ..model.devices import of
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import shown_tokenizer, start_words
@@ -143,6 +145,8 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
         baseline["by_corruption"] = {name: {"corrupted": _mean_ci(m_c, st, seed),
                                             "gap": _mean_ci(runs.m_clean - m_c, st, seed)}
                                      for name, (_, m_c) in corruptions.items()}
+    behaves = baseline["behaviour"] = behaviour_of(runs, model.d_vocab_out, st, seed)
+    stage(f"behaviour on the clean prompts: {behaviour.words(behaves)}")
     stage("sanity checks: identity interventions")
     identity = sanity.identity_checks(runs, interventions(claims, n_layers, n_heads))
     spent(ledger, "sanity checks done", runs)
@@ -186,8 +190,25 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
                                                       progress=progress, n_prompts=ds.n)
             spent(ledger, "figure data done", runs)
     stage(f"measured: {ledger.total:.2f} forward-equivalents of the {ds.n} prompts in all")
-    return Measurements(baseline, checks, results, rows, figs, st.warnings() + means_warnings(claims, ds) + notes,
+    return Measurements(baseline, checks, results, rows, figs,
+                        st.warnings() + means_warnings(claims, ds) + notes + chance_warnings(behaves),
                         ladder.build(claims, results, rows))
+
+
+def behaviour_of(runs: Runs, vocab: int, st: Stats, seed: int) -> dict[str, Any]:
+    """baseline["behaviour"]: the accuracy and answer rank of the clean run and of every corruption's
+    (model.behaviour.document), from what the base runs read of their logits."""
+    ds = runs.ds
+    return behaviour.document(runs.behaviour, int(ds.positions.shape[1]), ds.wrong is not None, vocab,
+                              st.bootstrap, st.confidence, seed)
+
+
+def chance_warnings(doc: dict[str, Any]) -> list[str]:
+    """The warning a run near chance carries (model.behaviour.near_chance), or none."""
+    if not doc["near_chance"]:
+        return []
+    return [f"the model is near chance on this task: {behaviour.words(doc)} on the clean prompts; "
+            "no claim about how it does the task means much until it does it"]
 
 
 SHARED_MATERIAL = 0.05  # share of the prompts that are also reference prompts above which means are flagged

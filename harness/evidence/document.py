@@ -118,11 +118,12 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
             claim's direction); an older ladder read the direction (a FAILed `at_most` claim was
             support), so it is not read: the document reads with no ladder.
     6 -> 7: circuit claims may state criteria (`details.criteria`, `details.bound_verdict`, the
-            rungs equivalence, completeness, independence, minimality): only added keys."""
+            rungs equivalence, completeness, independence, minimality): only added keys.
+    7 -> 8: the baseline gains `behaviour` (the model's accuracy and answer rank): an added key."""
     version = doc.get("schema_version")
     if version == SCHEMA_VERSION:
         return doc
-    if version == 6:
+    if version in (6, 7):
         return dict(doc, schema_version=SCHEMA_VERSION)
     if version in (3, 4, 5):  # 3 -> 4 -> 5 only added keys that may be absent
         return dict(doc, schema_version=SCHEMA_VERSION, ladder=[])

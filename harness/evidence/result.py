@@ -15,7 +15,7 @@ from ..errors import ExitCode
 from .details import Details, LadderRow, PassRegion, SanityCheck, WeightsVsUseRow
 from .verdicts import EvidenceType, Verdict
 
-SCHEMA_VERSION = 7  # of evidence.json; docs/evidence-json.md lists the changes
+SCHEMA_VERSION = 8  # of evidence.json; docs/evidence-json.md lists the changes
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -91,6 +91,9 @@ class LoadedData:
     path: str
     base_dir: str  # relative paths in the mapping resolve against this
     lines: dict[str, int] = field(default_factory=dict)
+    model: str | None = None  # its top-level `model`, where it names one
+    metric: str | None = None  # its top-level `metric`, where it names one
+    claims: bool = False  # whether it has `claims` (a hypothesis file serving as a data file)
 
     def where(self, key: str) -> str:
         """`file:line: key` for a problem found after validation (e.g. while tokenising)."""
@@ -201,8 +204,9 @@ def _parse_yaml(text: str, source: Source) -> tuple[yaml.Node | None, Any]:
 def load_data_file(path: Path) -> LoadedData:
     """A data file: a YAML mapping whose `data` key holds a data mapping exactly as in a
     hypothesis file (generator, file, template or prompts), validated the same way, with
-    `file:line: field` in every problem (SpecError).  Other top-level keys are not read,
-    so a hypothesis file serves as its own data file.  Relative paths in the mapping
+    `file:line: field` in every problem (SpecError).  Of the other top-level keys `model` and
+    `metric` are kept (strings) and whether there are `claims`; the rest is not read, so a
+    hypothesis file serves as its own data file.  Relative paths in the mapping
     resolve against the file's folder."""
     if not path.is_file():
         raise SpecError([f"{path}: no such data file"])
@@ -220,7 +224,11 @@ def load_data_file(path: Path) -> LoadedData:
         doc = data_document_model().model_validate({"data": raw["data"]})
     except ValidationError as exc:
         raise SpecError(problems(exc, lines, source)) from None
-    return LoadedData(doc.data, str(path), str(path.resolve().parent), {field_name(k): v for k, v in lines.items()})
+    bad = [key for key in ("model", "metric") if key in raw and not (isinstance(raw[key], str) and raw[key].strip())]
+    if bad:
+        raise SpecError([f"{source.at(lines.get((key,), 1), key)}: a name or path (a non-empty string)" for key in bad])
+    return LoadedData(doc.data, str(path), str(path.resolve().parent), {field_name(k): v for k, v in lines.items()},
+                      model=raw.get("model"), metric=raw.get("metric"), claims="claims" in raw)
 
 
 def model_shape_of(model: Any, base_dir: Path | None) -> Shape | None:

@@ -12,90 +12,25 @@ from tabulate import tabulate
 
 from ..evidence.document import to_json
 from ..evidence.format import fmt, fmt_ci, fmt_p
+from ..model import behaviour
 from .circuit_figure import draw_circuit
 from .circuit_reading import SHOWN_NODES
-from .figures import MAX_WIDTH_IN, label, literal, png, pyplot
+from .discovery_figures import draw_curve, draw_stability
+from .figures import png
 from .html import render_html
-from .style import VERDICT_COLOURS
 from .text import md_cell, md_code, md_text
 from .writer import place, rendered_again
 
-VERSION = 4  # of discovery.json (docs/discover.md): `rerender` reads READABLE
-READABLE = (1, 2, 3, VERSION)
-
-
-@literal
-def draw_curve(doc: dict[str, Any]) -> Any:
-    """Faithfulness against the fraction of edges kept (log x), each point with its interval."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(min(7.0, MAX_WIDTH_IN), 3.6), layout="constrained")
-    pts = [p for p in doc["curve"] if p["k"] > 0]
-    xs = [100 * p["fraction"] for p in pts]
-    ys = [p["faithfulness"] for p in pts]
-    lo = [p["faithfulness"] - p["ci"][0] for p in pts]
-    hi = [p["ci"][1] - p["faithfulness"] for p in pts]
-    ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", color="#1f4e79", capsize=3, label="top-k circuit (95% CI)")
-    finer = doc.get("curve_finer") or []
-    if finer:
-        n = doc["graph"]["edges"]
-        err = [[p["faithfulness"] - p["ci"][0] for p in finer], [p["ci"][1] - p["faithfulness"] for p in finer]]
-        ax.errorbar([100 * p["k"] / n for p in finer], [p["faithfulness"] for p in finer], yerr=err,
-                    fmt="s", ms=3, color="#6a51a3", capsize=2, lw=0.8, label="finer search")
-    for key, style, colour in (("signed", "^--", "#1b9e77"), ("learned", "v-.", "#e7298a")):
-        other = doc.get(key)
-        if other:
-            sp = [p for p in other["curve"] if p["k"] > 0]
-            ax.errorbar([100 * p["fraction"] for p in sp], [p["faithfulness"] for p in sp],
-                        yerr=[[p["faithfulness"] - p["ci"][0] for p in sp],
-                              [p["ci"][1] - p["faithfulness"] for p in sp]],
-                        fmt=style, ms=4, color=colour, capsize=2, lw=0.8, label=f"{key} ranking (95% CI)")
-    ax.axhline(1.0, color="#888888", lw=0.8, ls=":")
-    ax.axhline(doc["settings"]["bound"], color=VERDICT_COLOURS["PASS"], lw=0.8, ls="--",
-               label=f"bound {doc['settings']['bound']:g}")
-    known = doc.get("known")
-    if known:
-        ax.axhline(known["faithfulness"], color="#d95f02", lw=0.8, ls="-.", label="known circuit")
-    ax.set_xscale("log")
-    ax.set_xlabel("edges kept (% of the graph's edges)")
-    ax.set_ylabel("faithfulness")
-    s = doc["summaries"]
-    ax.set_title(label(f"{doc['settings']['method']}: CPR {s['CPR']['value']:.3f}, CMD {s['CMD']['value']:.3f} "
-                       f"({doc['split']['confirmation']} confirmation prompts)", 90), fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
-    return fig
-
-
-@literal
-def draw_stability(doc: dict[str, Any]) -> Any | None:
-    """The Jaccard overlap of the resamples' top-k sets with the ranking's, against k (log x): the mean
-    and the 2.5-97.5 % range over resamples, the stability bar, the starter's k."""
-    st = doc.get("stability")
-    if not st:
-        return None
-    n = doc["graph"]["edges"]
-    pts = [p for p in st["points"] if p["k"] > 0]
-    xs = [100 * p["k"] / n for p in pts]
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(min(7.0, MAX_WIDTH_IN), 3.2), layout="constrained")
-    ax.fill_between(xs, [p["range"][0] for p in pts], [p["range"][1] for p in pts], color="#9ecae1", alpha=0.5,
-                    lw=0, label="2.5-97.5 % of resamples")
-    ax.plot(xs, [p["jaccard"] for p in pts], "o-", color="#1f4e79", ms=3, label="mean over resamples")
-    ax.axhline(st["bar"], color=VERDICT_COLOURS["PASS"], lw=0.8, ls="--", label=f"stable: {st['bar']:g}")
-    if doc.get("starter_k"):
-        ax.axvline(100 * doc["starter_k"] / n, color="#d95f02", lw=0.8, ls="-.", label="starter circuit")
-    ax.set_xscale("log")
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("edges kept (% of the graph's edges)")
-    ax.set_ylabel("Jaccard with the ranking's top k")
-    ax.set_title(label(f"stability: {st['resamples']} bootstrap resamples of the {st['prompts']} discovery prompts",
-                       90), fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
-    return fig
-
-
+VERSION = 5  # of discovery.json (docs/discover.md): `rerender` reads READABLE
+READABLE = (1, 2, 3, 4, VERSION)
 STARTER_EDGES = "starter-edges.txt"  # the starter circuit's edges, one per line (starter.yaml's edges_from)
 SHOWN_AGAINST = 10  # the most negative edges named
 OF_RANKING = {"signed": " of the signed ranking", "learned": " of the learned ranking"}
+
+
+def is_discovery(doc: Any) -> bool:
+    """Whether a JSON document is a discovery.json (`harness report` does not re-render those)."""
+    return isinstance(doc, dict) and doc.get("kind") == "discovery"
 
 
 def starter_words(doc: dict[str, Any]) -> str:
@@ -229,6 +164,14 @@ def t_rank(name: str) -> str:
     return {"abs": "|score|", "positions": "per-position |score|"}.get(name, name)
 
 
+def behaviour_lines(doc: dict[str, Any]) -> list[str]:
+    """The model's accuracy and answer rank on each part's clean prompts (none before version 5)."""
+    got = doc.get("behaviour") or {}
+    return [f"**Behaviour** on the {b['clean']['prompts']} {part} prompts: {md_text(behaviour.words(b))}"
+            + (" — **near chance**" if b["near_chance"] else "") + "." for part, b in got.items()] + (
+        [""] if got else [])
+
+
 def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
     s, sp, g, su = doc["settings"], doc["split"], doc["graph"], doc["summaries"]
     t = md_text
@@ -240,6 +183,7 @@ def render_markdown(doc: dict[str, Any], figures: set[str]) -> str:
            f"ranking, an estimate) and **{sp['confirmation']} for confirmation** (exact patching and every "
            "faithfulness below); no prompt is in both. Mean clean-corrupted gap "
            f"{fmt(sp['discovery_gap'])} and {fmt(sp['confirmation_gap'])} {t(s['unit'])}.", "",
+           *behaviour_lines(doc),
            f"The graph has **{g['edges']} edges** ({g['senders']} senders, {g['receivers']} receivers):", ""]
     rows = [[k, *(v[r] for r in ("q", "k", "v", "mlp", "logits"))] for k, v in g["classes"].items()]
     out += [tabulate(rows, headers=["sender \\ receiver", "q", "k", "v", "mlp", "logits"], tablefmt="github"), ""]
@@ -386,6 +330,8 @@ def summary(doc: dict[str, Any]) -> str:
 
     start = starter_words(doc)
     lines = [f"{s['method']} on {sp['discovery']} discovery prompts; confirmed on {sp['confirmation']} others",
+             *(f"behaviour on the {part} prompts: {behaviour.words(b)}"
+               for part, b in (doc.get("behaviour") or {}).items()),
              f"graph: {doc['graph']['edges']} edges",
              tabulate([[f"{100 * p['fraction']:g}%", p["k"], cell(p), *(cell(by_k[key].get(p["k"])) for key in others)]
                        for p in doc["curve"]],
@@ -424,7 +370,7 @@ REQUIRED = ("settings", "split", "graph", "ranking", "curve", "summaries", "conf
 
 def rerender(json_path: Path, out_dir: Path | None = None) -> Path:
     """`harness report` of a discovery.json: discover.md/html, figures/ and starter-edges.txt again
-    from the JSON alone (discovery.json's versions 1 and 2).  In place the folder is swapped at once
+    from the JSON alone (discovery.json's READABLE versions).  In place the folder is swapped at once
     for the new one, keeping discovery.json's bytes and starter.yaml; with `out_dir`, a new folder
     gets a copy of the JSON (starter.yaml names its model relative to its own folder, so it stays
     where it is).  Problems are one-line UserErrors; nothing is half-written."""

@@ -4,6 +4,8 @@ each claim kind's details read through its view (report.views)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tabulate import tabulate
 
 from ..evidence import explain_text
@@ -11,6 +13,7 @@ from ..evidence.details import Explained, LadderRow, WeightsVsUseRow
 from ..evidence.format import fmt, fmt_ci, fmt_p
 from ..evidence.result import ClaimResult, Evidence
 from ..evidence.verdicts import EVIDENCE_TYPES
+from ..model import behaviour
 from ..spec.vocabulary import CIRCUIT_RUNGS, Rung
 from . import views
 from .prompts import prompt_lines
@@ -184,6 +187,23 @@ def explained_block(rows: list[WeightsVsUseRow]) -> list[str]:
     return out + [""]
 
 
+def behaviour_lines(b: dict[str, Any]) -> list[str]:
+    """What the model does on the task before any claim: its accuracy and the answer's rank on the clean
+    prompts, then each corruption's with its clean-corrupted gap (none in documents before version 8)."""
+    got = b.get("behaviour")
+    if not got:
+        return []
+    t = md_text
+    line = (f"**Behaviour** on the {got['clean']['prompts']} clean prompts: {t(behaviour.words(got))}"
+            + (" — **near chance**: no claim about how the model does the task means much" if got["near_chance"]
+               else "") + ".")
+    gaps = b.get("by_corruption") or {b.get("corruption"): {"gap": b["gap"]}}
+    rest = [f"on the prompts of corruption {md_code(str(name))}: {t(behaviour.words(got, name, full=False))}; clean − "
+            f"corrupted gap {fmt(gaps[name]['gap']['mean'])} {fmt_ci(gaps[name]['gap']['ci'])} {t(b['unit'])}"
+            for name in got["corrupted"] if name in gaps]
+    return [line, ""] + [f"- {r}" for r in rest] + ([""] if rest else [])
+
+
 def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset()) -> str:
     """The report: verdicts, evidence per claim (with figures), weights vs use,
     settings, provenance, sanity checks."""
@@ -194,7 +214,8 @@ def render_markdown(ev: Evidence, figures: frozenset[str] | set[str] = frozenset
     if str(h.get("description") or "").strip():
         out += [md_block(h["description"]), ""]
     out += [f"**{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive** "
-            f"of {len(ev.claims)} claims.", "", "## Verdicts", "", claim_table(ev, "github"), ""]
+            f"of {len(ev.claims)} claims.", ""] + behaviour_lines(b)
+    out += ["## Verdicts", "", claim_table(ev, "github"), ""]
     out += ladder_table(ev.ladder)
     out += ["## Evidence per claim", ""]
     position = {id(r): i for i, r in enumerate(ev.claims)}

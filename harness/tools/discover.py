@@ -44,7 +44,6 @@ confirmed edge, on held-out prompts (a generator's or template's `test` split).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +53,16 @@ from .. import memory, threads
 from ..claims import effects
 from ..claims.circuit_spec import CircuitClaim
 from ..claims.edge_test import USED, EdgeTestResult, EdgeTestSpec, edge_tests
-from ..engine import provenance
-from ..engine.data_source import for_exploring, from_data_file
-from ..errors import SpecError, UserError
+from ..engine import measure, provenance
+from ..errors import SpecError
 from ..hypothesis.loading import load
 from ..mech.graph import learn
 from ..mech.graph.structure import Graph
 from ..mech.runs.build import base_runs
 from ..mech.runs.cached import Runs
-from ..model import metrics
+from ..model import behaviour, metrics
 from ..model.devices import of, resolve_device
-from ..model.loaded import LoadedModel
-from ..model.ref import ModelRef, load_model
+from ..model.ref import ModelRef
 from ..model.tokenizer import start_words
 from ..progress import progress, stage
 from ..report import circuit_reading as reading
@@ -89,108 +86,14 @@ from .curve import (
     starter_k,
     top_mask,
 )
+from .discover_inputs import DiscoverSettings, Inputs, inputs, split
 from .known import known_doc, known_edges, roc_auc
 from .refine import refine_starter
-from .scan import ScanSettings, explore_dataset, held_out_mapping, scan_hooks
+from .scan import scan_hooks
 
-METHODS = ("eap-ig", "eap", "exact")
-RANKS = ("abs", "positions")
 RANKED_BY = {"signed": ", by signed score: those that push towards the answer",
              "learned": ", by the learned mask's logits"}
 DISCOVER_STATS = Stats(bootstrap=1000, permutations=2000)  # thresholds are the defaults; fewer resamples
-
-
-@dataclass(frozen=True, kw_only=True)
-class DiscoverSettings:
-    """`harness discover`'s options."""
-
-    method: str = "eap-ig"
-    steps: int = 5  # EAP-IG's points
-    rank: str = "abs"
-    confirm_fraction: float = 0.5
-    top: int = 50  # edges patched exactly on the confirmation prompts
-    bound: float = 0.8  # the faithfulness the starter circuit's interval must clear
-    n_prompts: int = 200  # the generator's, for a model without --data
-    segment_length: int = 20
-    corruption: str | None = None  # None: the data's default
-    metric: str | None = None  # None: the hypothesis file's, else logprob
-    seed: int = 0
-    bootstrap: int = 1000
-    learn: int = 0  # steps of the learned edge mask (mech.graph.learn); 0: no learned ranking
-    refine: int = 0  # proposals of the starter's greedy refinement (mech.graph.prune); 0: none
-
-    def check(self) -> None:
-        if self.method not in METHODS:
-            raise UserError(f"--method {self.method}: allowed: {', '.join(METHODS)}")
-        if self.rank not in RANKS:
-            raise UserError(f"--rank {self.rank}: allowed: {', '.join(RANKS)}")
-        if not 0.0 < self.confirm_fraction < 1.0:
-            raise UserError(f"--confirm-fraction {self.confirm_fraction:g}: allowed: a fraction in (0, 1)")
-        if self.steps < 1 or self.top < 1 or self.n_prompts < 4:
-            raise UserError("--steps and --top must be at least 1, --n-prompts at least 4")
-        if self.learn < 0:
-            raise UserError(f"--learn {self.learn}: allowed: 0 (no learned mask) or a number of steps")
-        if self.refine < 0:
-            raise UserError(f"--refine {self.refine}: allowed: 0 (no refinement) or a number of proposals")
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """What discovery runs on: the model, the prompts, the metric, the starter's data mapping and
-    the known circuit (a hypothesis file's circuit claim: its first edge circuit, else its first
-    node circuit)."""
-
-    model: LoadedModel
-    dataset: Any
-    metric: str
-    mapping: dict[str, Any]
-    known: CircuitClaim | None
-    thresholds: Stats | None = None  # a hypothesis file's stats (its gaps and levels), else the defaults
-
-
-def inputs(source: str, cfg: DiscoverSettings, data_file: Path | None, device: str) -> Inputs:
-    """The model and prompts `source` names: a hypothesis file (its model, its data on the explore
-    split, its metric; --data replaces the data) or a model (the generator's explore prompts, or
-    --data)."""
-    given = from_data_file(data_file, "explore") if data_file is not None else None  # a bad file stops before loading
-    path = Path(source)
-    known = None
-    metric = cfg.metric
-    thresholds = None
-    if path.suffix.lower() in (".yaml", ".yml"):
-        h = load(path)
-        thresholds = h.spec.stats
-        m = ModelRef.parse(h.spec.model, h.base_dir).load(device)
-        if given is None:
-            given = (for_exploring(h.spec.data, "explore"), h)
-        circuits = [c for c in h.spec.claims if isinstance(c, CircuitClaim)]
-        known = next((c for c in circuits if c.edges), next(iter(circuits), None))
-        metric = metric or h.spec.metric
-    else:
-        m = load_model(source, device=device)
-    metric = metric or "logprob"
-    chosen = (cfg.corruption,) if cfg.corruption else None
-    ds, corruptions = explore_dataset(m, ScanSettings(n_prompts=cfg.n_prompts, segment_length=cfg.segment_length,
-                                                      seed=cfg.seed, corruptions=chosen), given,
-                                      "harness discover")
-    if given is None:
-        mapping: dict[str, Any] = {"generator": "repeated_tokens", "n_prompts": cfg.n_prompts,
-                                   "segment_length": cfg.segment_length, "split": "test",
-                                   "corruptions": corruptions}
-    else:
-        mapping = held_out_mapping(*given)
-    ds = ds.keep_corruptions(corruptions[:1])
-    return Inputs(m, ds, metric, mapping, known, thresholds)
-
-
-def split(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """(discovery indices, confirmation indices): a seeded permutation of the n prompts, its last
-    round(fraction x n) confirming (each part at least 2 prompts)."""
-    if n < 4:
-        raise UserError(f"{n} prompts: discovery and confirmation need at least 2 each")
-    order = np.random.default_rng(derive_seed(seed, Stream.DISCOVER)).permutation(n).tolist()
-    n_conf = min(n - 2, max(2, round(fraction * n)))
-    return sorted(order[:n - n_conf]), sorted(order[n - n_conf:])
 
 
 # ---------------------------------------------------------------- scores and ranking
@@ -254,6 +157,8 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     hooks = scan_hooks(m.n_layers, m.has_mlp)
     stage(f"discovery: {len(disc_idx)} prompts ({start_words(m, ds)}), {cfg.method}")
     disc = base_runs(bridge, ds.select(disc_idx), hooks, metric)
+    behaves = {"discovery": measure.behaviour_of(disc, m.d_vocab_out, st, cfg.seed)}
+    stage(f"behaviour on the discovery prompts: {behaviour.words(behaves['discovery'])}")
     g = disc.graph_model().graph
     known_mask = None if got.known is None else known_edges(got.known, g)
     resamples = stability.weights(len(disc_idx), derive_seed(cfg.seed, Stream.DISCOVER_STABILITY))
@@ -266,6 +171,7 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     top = [edges[i] for i in order[:cfg.top]]
     stage(f"confirmation: {len(conf_idx)} prompts, {len(top)} edges patched exactly, the faithfulness curve")
     conf = base_runs(bridge, ds.select(conf_idx), hooks, metric)
+    behaves["confirmation"] = measure.behaviour_of(conf, m.d_vocab_out, st, cfg.seed)
     specs = [EdgeTestSpec(e, seed=derive_seed(cfg.seed, Stream.DISCOVER_EFFECT, r),
                           perm_seed=derive_seed(cfg.seed, Stream.DISCOVER_PERMUTATION, r)) for r, e in enumerate(top)]
     tests = edge_tests(conf, specs, st, unit, progress=progress, label="confirmation edge tests")
@@ -321,6 +227,7 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
         "split": {"prompts": ds.n, "discovery": len(disc_idx), "confirmation": len(conf_idx),
                   "discovery_indices": disc_idx, "confirmation_indices": conf_idx,
                   "discovery_gap": gap, "confirmation_gap": conf_gap},
+        "behaviour": behaves,
         "graph": {"edges": g.n_edges, "senders": len(g.senders), "receivers": len(g.receivers),
                   "classes": g.counts()},
         "ranking": rows,
@@ -340,10 +247,11 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
         "starter_ranking": by,
         "starter_nodes": [],  # below: from the document's starter rows
         "starter_change": change,
-        "warnings": [] if change is None or not change["vacuous"] else [
-            f"the starter circuit is untested: resample-ablating the rest leaves what it reads as it was "
-            f"(relative change {change['relative_change']:.3f} < min_change {st.min_change:g}), so `harness run` "
-            "of starter.yaml will call its circuit claim INCONCLUSIVE"]}
+        "warnings": measure.chance_warnings(behaves["discovery"]) + (
+            [] if change is None or not change["vacuous"] else [
+                "the starter circuit is untested: resample-ablating the rest leaves what it reads as it was "
+                f"(relative change {change['relative_change']:.3f} < min_change {st.min_change:g}), so `harness run` "
+                "of starter.yaml will call its circuit claim INCONCLUSIVE"])}
     if k_start:
         doc["starter_nodes"] = reading.starter_nodes(starter_rows(doc), k_start)
     return doc
@@ -441,9 +349,3 @@ def starter_yaml(doc: dict[str, Any], got: Inputs, folder: Path) -> bytes:
     # the circuit's edges by reference: starter-edges.txt, written beside it with the same edges
     by_reference = {**{key: v for key, v in circuit.items() if key != "edges"}, "edges_from": STARTER_EDGES}
     return yaml.safe_dump({**out, "claims": [by_reference, *claims[1:]]}, sort_keys=False).encode()
-
-
-def is_discovery(doc: Any) -> bool:
-    """Whether a JSON document is a discovery.json (`harness report` does not re-render those)."""
-    return isinstance(doc, dict) and doc.get("kind") == "discovery"
-

@@ -19,6 +19,11 @@ data file, `--data`, engine.data_source.from_data_file):
   to `direct`: a head that raises the answer (a mover) is told from one that lowers the wrong
   token (a suppressor); a change every logit shares shows in both parts with opposite signs.
 
+Above the rows, what the table stands on: the model's accuracy and the answer's rank on the
+clean prompts (and on the corrupted ones; model.behaviour), the clean-corrupted gap the direct
+effects are fractions of, with its interval, and a warning where that interval reaches 0 (the
+direct columns are then noise) or the model is near chance.
+
 Intervals (95 %): the role and attention means get a t interval (mean +- t_{n-1} sd / sqrt n,
 NaN prompts left out); the direct effect, a ratio, a percentile bootstrap of the prompts
 (1,000 resamples, the same resamples for every head).  `--sort COLUMN` orders the rows by that
@@ -44,7 +49,7 @@ import numpy as np
 from scipy import stats as sps
 from tabulate import tabulate
 
-from .. import memory
+from .. import memory, stats
 from ..claims.attention import attention_scores, queries
 from ..data.sources import generated
 from ..engine.data_source import DataSource, DataSpec, build_dataset
@@ -55,7 +60,7 @@ from ..mech.edges import batched, sets
 from ..mech.hooks import cache_hooks
 from ..mech.runs.build import base_runs
 from ..mech.runs.cached import BATCH_BUDGET
-from ..model import metrics
+from ..model import behaviour, metrics
 from ..model.devices import of
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import start_words
@@ -89,6 +94,10 @@ class HeadTable:
     description: str  # the data's, and how the prompts begin
     metric: str | None  # of the direct effect (None: not measured)
     note: str  # what the direct effect is, or why it is missing
+    #: the model's accuracy and answer rank (model.behaviour.document), on the clean prompts and, with the
+    #: direct effects, the corrupted ones
+    behaviour: dict[str, Any] | None = None
+    gap: dict[str, Any] | None = None  # the clean-corrupted gap the direct effects are fractions of: {mean, ci}
 
 
 def _t_interval(per_prompt: np.ndarray) -> tuple[float, float, float]:
@@ -137,7 +146,18 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
         clean = runs.clean
     else:  # the clean run alone
         stage(f"the clean run caches {len(hooks)} attention patterns")
-        clean = cache_hooks(m.bridge, ds.clean, hooks, ds.positions, keep=0)
+        rows: list[Any] = []
+
+        def take(logits_at: Any, lo: int) -> None:
+            hi = lo + logits_at.shape[0]
+            rows.append(behaviour.per_prompt(logits_at, ds.answers[lo:hi],
+                                             None if ds.wrong is None else ds.wrong[lo:hi]))
+
+        clean = cache_hooks(m.bridge, ds.clean, hooks, ds.positions, keep=0, each=take)
+    behaves = behaviour.document(runs.behaviour if runs is not None else {"clean": torch.cat(rows).numpy()},
+                                 int(ds.positions.shape[1]), ds.wrong is not None, m.d_vocab_out, RESAMPLES,
+                                 CONFIDENCE, seed)
+    stage(f"behaviour on the clean prompts: {behaviour.words(behaves)}")
     q = queries(ds, "scored").to(of(m.bridge))
     slots = list(ds.spans) if ds.spans else []  # in reading order
     per_role: dict[str, list[np.ndarray]] = {r: [] for r in roles.ROLES}
@@ -152,11 +172,14 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     columns = [_column(f"attn {k}", per_slot[k]) for k in slots]
     columns += [_column(r, per_role[r]) for r in roles.ROLES]
     note = ""
+    gap_ci = None
     if direct:
         corruption = runs.corruption
         found = _direct(runs, to_logits, parts)
         del runs
         effect, gap = np.sum([e for e, _ in found], axis=0), np.sum([g for _, g in found], axis=0)
+        got = stats.mean_ci(gap, RESAMPLES, CONFIDENCE, seed)
+        gap_ci = {"mean": got.estimate, "ci": [got.low, got.high]}
         columns[:0] = [_ratio(DIRECT, effect, gap, seed)] + (
             [_ratio(f"{DIRECT} via {part}", e, gap, seed) for part, (e, _) in zip(parts, found, strict=True)]
             if len(parts) > 1 else [])
@@ -168,7 +191,7 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
         metric = None
         note = ("no direct effects: the data have no corruption" if not ds.corruptions
                 else "no direct effects: left out (--no-direct)")
-    return HeadTable(heads, columns, ds.description, metric, note)
+    return HeadTable(heads, columns, ds.description, metric, note, behaves, gap_ci)
 
 
 def _direct(runs: Any, edges: list[names.Edge], parts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -248,8 +271,28 @@ def render(t: HeadTable, sort: str | None = None, top: int | None = None) -> str
     """The printable table with the data's description and the direct effect's note above it."""
     rows = [[str(t.heads[i])] + [_cell(c, i) for c in t.columns] for i in ordered(t, sort, top)]
     shown = f"; rows by {sort}" if sort else ""
-    return (f"{t.description}\n{t.note}; intervals 95 %{shown}\n\n"
+    head = "".join(f"{line}\n" for line in [t.description, *behaviour_lines(t)])
+    return (f"{head}{t.note}; intervals 95 %{shown}\n\n"
             + tabulate(rows, headers=["head", *(c.name for c in t.columns)], disable_numparse=True))
+
+
+def behaviour_lines(t: HeadTable) -> list[str]:
+    """What the table stands on: the model's accuracy and answer rank on the clean prompts (and the
+    corrupted ones), the gap the direct effects are fractions of, and a warning where that gap's interval
+    reaches zero (the direct columns are then noise) or the model is near chance."""
+    b = t.behaviour
+    if b is None:
+        return []
+    out = [f"behaviour on the {b['clean']['prompts']} clean prompts: {behaviour.words(b)}"]
+    out += [f"  on the prompts of corruption {name}: {behaviour.words(b, name, full=False)}" for name in b["corrupted"]]
+    if t.gap is not None:
+        low, high = t.gap["ci"]
+        out.append(f"clean - corrupted gap {t.gap['mean']:.4g} [{low:.4g}, {high:.4g}] ({t.metric})")
+        if not (low > 0 or high < 0):
+            out.append("warning: the gap's interval reaches 0: the direct columns, fractions of it, are noise")
+    if b["near_chance"]:
+        out.append("warning: the model is near chance on this task: no head's role in it means much")
+    return out
 
 
 def role_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int, split: str, distinct: bool = False,
@@ -270,6 +313,7 @@ def files(t: HeadTable, sort: str | None = None) -> dict[str, bytes]:
     for i in order:
         w.writerow([str(t.heads[i]), *(f"{v:.6g}" for c in t.columns for v in (c.mean[i], c.low[i], c.high[i]))])
     doc = {"description": t.description, "metric": t.metric, "note": t.note, "confidence": CONFIDENCE,
+           "behaviour": t.behaviour, "gap": t.gap,
            "columns": [c.name for c in t.columns],
            "heads": [{"head": str(t.heads[i]), **{c.name: [float(c.mean[i]), float(c.low[i]), float(c.high[i])]
                                                   for c in t.columns}} for i in order]}

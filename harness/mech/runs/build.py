@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ... import memory
-from ...model import architecture, metrics
+from ...model import architecture, behaviour, metrics
 from ...model.bridge import Bridge
 from ...model.devices import wide
 from ...progress import stage
@@ -25,6 +25,7 @@ from .reference import Lazy, Reference
 GRAPH_PROBE = 4  # prompts of the run that checks the graph arithmetic when the base runs did not cache every write
 KEEP_LOGITS = 2  # prompts whose logits a base run keeps after its metric (hooks.can_start_inside checks on them)
 EMBED_HOOKS = (names.HOOK_EMBED, names.HOOK_POS_EMBED)
+BEHAVIOUR = "(behaviour)"  # the accuracy and answer rank per prompt (not a metric name: none has brackets)
 REFERENCE_FIRST = 8  # reference prompts of the first chunk, which measures a prompt's cache
 REFERENCE_BUDGET = 128 * 2**20  # the caches of one chunk of reference prompts, before they are summed
 
@@ -66,8 +67,8 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
     def run(tokens: Any, wanted: list[str]) -> tuple[Cache, PerPrompt]:
         import torch
 
-        got: dict[str, list[Any]] = {name: [] for name in (metric, *parts)}
-        rows = {metric: metric_rows, **part_rows}
+        got: dict[str, list[Any]] = {name: [] for name in (metric, *parts, BEHAVIOUR)}
+        rows = {metric: metric_rows, **part_rows, BEHAVIOUR: behaviour_rows}
 
         def take(logits_at: Any, lo: int) -> None:  # the metric, batch by batch: no logits of all n prompts
             idx = torch.arange(lo, lo + logits_at.shape[0], device=logits_at.device)
@@ -80,7 +81,7 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
             reference_lp.append(metrics.clean_logp(cache["logits_at"]))
             at = cache["logits_at"]
             got[metric].append(torch.as_tensor(metric_at(at)))
-            for name, fn in part_rows.items():
+            for name, fn in {**part_rows, BEHAVIOUR: behaviour_rows}.items():
                 got[name].append(fn(at, torch.arange(ds.n, device=at.device)).detach().cpu())
             cache["logits_at"] = cache["logits_at"][:KEEP_LOGITS].clone()  # run_from's check reads these
         else:
@@ -88,8 +89,13 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
                                       keep=KEEP_LOGITS, each=take)
         for name in parts:
             cache[part_key(name)] = torch.cat(got[name])
+        behaviour_of.append(torch.cat(got[BEHAVIOUR]).numpy())
         return cache, torch.cat(got[metric]).numpy()
 
+    def behaviour_rows(logits_at: Any, idx: Any) -> Any:
+        return behaviour.per_prompt(logits_at, ds.answers[idx], None if ds.wrong is None else ds.wrong[idx])
+
+    behaviour_of: list[np.ndarray] = []  # each run's accuracy and answer rank per prompt, in the order they ran
     clean, m_clean = run(ds.clean, wanted)
     corruptions = {name: run(tokens, in_corrupted) for name, tokens in ds.corruptions.items()}
 
@@ -134,6 +140,7 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
                 metric_at=metric_at, corruption=default, corruptions=corruptions, reference_source=Lazy(reference),
                 clean_logp=reference_lp[0] if reference_lp else None, metric_rows=metric_rows,
                 graph_source=Lazy(graph), graph_probe=probe_source, metric_name=metric,
+                behaviour=dict(zip(["clean", *ds.corruptions], behaviour_of, strict=True)),
                 scorers=lambda d, lp, name=None: scorers(d, name or metric, lambda: lp))
 
 

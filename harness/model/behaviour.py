@@ -114,5 +114,5 @@ def _num(x: float | None) -> str:
     return "undefined" if x is None or not np.isfinite(x) else f"{x:.3g}"
 
 
-def _ci(ci: list[float | None]) -> str:
-    return f"[{_num(ci[0])}, {_num(ci[1])}]"
+def _ci(ci: list[float | None] | None) -> str:
+    return "[undefined]" if ci is None else f"[{_num(ci[0])}, {_num(ci[1])}]"

@@ -197,7 +197,8 @@ def behaviour_lines(b: dict[str, Any]) -> list[str]:
     line = (f"**Behaviour** on the {got['clean']['prompts']} clean prompts: {t(behaviour.words(got))}"
             + (" — **near chance**: no claim about how the model does the task means much" if got["near_chance"]
                else "") + ".")
-    gaps = b.get("by_corruption") or {b.get("corruption"): {"gap": b["gap"]}}
+    default = b.get("corruption")
+    gaps = b.get("by_corruption") or ({default: {"gap": b["gap"]}} if isinstance(default, str) else {})
     rest = [f"on the prompts of corruption {md_code(str(name))}: {t(behaviour.words(got, name, full=False))}; clean − "
             f"corrupted gap {fmt(gaps[name]['gap']['mean'])} {fmt_ci(gaps[name]['gap']['ci'])} {t(b['unit'])}"
             for name in got["corrupted"] if name in gaps]

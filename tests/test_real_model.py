@@ -224,3 +224,25 @@ def test_ioi_circuit_criteria(model_dir, tmp_path):
     members = {m.member: m.status for m in d.criteria["minimality"].members}
     assert members["L23H3"] == members["L23H0"] == members["L24H4"] == "needed"
     assert d.criteria["completeness"].circuits == 98 and d.criteria["independence"].circuits == 1
+
+
+# ---------------------------------------------------------------------------------------------- tasks with records
+
+@pytest.mark.parametrize("name,accuracy", [("smollm2-pronouns", 0.85), ("smollm2-capitals", 0.5)])
+def test_record_slot_tasks(model_dir, tmp_path, name, accuracy):
+    """The pronoun and capital tasks (templates whose slot values are records): the model does the
+    task (its accuracy, first in the report), and the head the head table ranks first attends to the
+    slot and carries its share to the logits, as the committed files claim (about 25 s each)."""
+    import harness
+
+    doc = yaml.safe_load((HYPOTHESES / f"{name}.yaml").read_text())
+    doc["model"] = str(model_dir)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    ev = harness.run(path, figures=False)
+    assert ev.counts() == {"PASS": len(ev.claims), "FAIL": 0, "INCONCLUSIVE": 0}, \
+        [(c.id, c.verdict, c.rule) for c in ev.claims]
+    b = ev.baseline["behaviour"]
+    assert b["clean"]["accuracy"]["ci"][0] > accuracy and not b["near_chance"]
+    md = (harness.write_report(ev, out_dir=tmp_path / "r") / "report.md").read_text()
+    assert "**Behaviour** on the" in md.split("## Verdicts")[0]

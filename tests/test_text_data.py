@@ -643,6 +643,7 @@ def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
     assert doc["gap"]["ci"][0] > 0 and "warning" not in text.split("head ")[0]
     assert f"behaviour on the {ds.n} clean prompts: accuracy (answer above wrong)" in text
     assert f"clean - corrupted gap {t.gap['mean']:.4g}" in text
+    assert roles_table.SINK in text.split("head ")[0]  # the first_token column is named for what it mostly is
     assert main(["roles", str(names_dir), "--data", str(d), "--sort", "nope"]) == 2
     capsys.readouterr()
     # --no-direct: the same attention and role columns from the clean run alone, no corrupted run
@@ -660,3 +661,49 @@ def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
     assert main(["roles", str(names_dir), "--data", str(d), "--no-direct", "--top", "2"]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("head "))
     assert "direct" not in header and "attn S#2" in header
+
+
+PALS = [{"text": "Mary", "pal": "Ann"}, {"text": "John", "pal": "Bob"}, {"text": "Alice", "pal": "Eve"},
+        {"text": "Dan", "pal": "park"}]  # distinct pals
+
+
+def test_record_slots_keep_their_fields_together(word_model):
+    """A slot of records: `{IO}` shows a record's text, `{IO.pal}` its field, in the template and the
+    answer alike; `new` draws a whole record (its fields follow it) and the clean answer stays."""
+    d = template(template="When {IO} and {S} went to the {PLACE} , {IO.pal} gave a {OBJECT} to",
+                 slots={"IO": PALS, "S": ["Bob", "Eve"], "PLACE": ["store"], "OBJECT": ["drink", "book"]},
+                 answer=" {IO.pal}", wrong=" {S}", corruptions={"abc": {"IO": "new"}, "second": {"IO#2": "new"}},
+                 n_prompts=8)
+    ds = dataset(word_model, d)
+    pal = {r["text"]: r["pal"] for r in PALS}
+    for i in range(ds.n):
+        clean = words(ds.clean[i])
+        io, s = clean[2], clean[4]
+        assert clean[10] == pal[io]  # {IO.pal}: the same record as {IO}
+        assert ds.answers[i].tolist() == [ID[pal[io]]] and ds.wrong[i].tolist() == [ID[s]]
+        abc = words(ds.corruptions["abc"][i])
+        assert abc[2] != io and abc[2] in pal and abc[10] == pal[abc[2]]  # a new record, its field with it
+        second = words(ds.corruptions["second"][i])
+        assert second[2] == io and second[10] != pal[io]  # IO#2 is the {IO.pal} placeholder alone
+    assert ds.spans is not None and set(ds.spans) >= {"IO#1", "IO#2", "S#1"}
+    assert [ds.spans["IO#2"][i].tolist() for i in range(2)] == [[10, 11]] * 2  # the pal's token (BOS at 0)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"slots": {"IO": [{"text": "Mary", "pal": "Ann"}, "John"], "S": ["Bob"], "PLACE": ["store"],
+                "OBJECT": ["drink"]}}, "slot 'IO' mixes strings and records"),
+    ({"slots": {"IO": [{"name": "Mary"}], "S": ["Bob"], "PLACE": ["store"], "OBJECT": ["drink"]}},
+     "slot 'IO': a record needs a 'text' field"),
+    ({"slots": {"IO": [{"text": "Mary", "pal": "Ann"}, {"text": "John"}], "S": ["Bob"], "PLACE": ["store"],
+                "OBJECT": ["drink"]}}, "slot 'IO': record 2 has fields text, record 1 has text, pal"),
+    ({"answer": " {IO.age}", "slots": {"IO": PALS, "S": ["Bob"], "PLACE": ["store"], "OBJECT": ["drink"]}},
+     "data.answer: it uses {IO.age}, but the values of slot IO have the field(s) pal, text"),
+    ({"answer": " {S.pal}"}, "data.answer: it uses {S.pal}, but the values of slot S have the field(s) text"),
+])
+def test_record_slots_are_checked_with_the_line(word_model, tmp_path, change, message):
+    folder = word_model[0]
+    h = tmp_path / "h.yaml"
+    h.write_text(dump(hypothesis(folder, template(**change))))
+    with pytest.raises(SpecError) as e:
+        load(h)
+    assert message in str(e.value) and f"{h}:" in str(e.value)

@@ -123,7 +123,8 @@ def _template(d: TemplateData, source: Where, model: LoadedModel) -> data.Datase
     bos = _bos(d.prepend_bos, tok, source.where("data.prepend_bos"), model.d_vocab)
     if not d.allow_unknown:  # every value of every slot, drawn or not, alone and after a space
         text_data.check_known(tok, [(source.where(f"data.slots.{slot}"), f"slot {slot}: value", form)
-                                    for slot, values in d.slots.items() for v in values for form in (v, " " + v)])
+                                    for slot, values in d.slots.items() for v in values
+                                    for s in ([v] if isinstance(v, str) else v.values()) for form in (s, " " + s)])
     prompts, reference = templates.template_prompts(d, source.where)
     return text_data.text_dataset(prompts, tok, bos, model.d_vocab, n_ctx=model.n_ctx,
                                   description=templates.describe(d, len(reference)),

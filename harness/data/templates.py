@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import DataError
 from .dataset import split_seed
 from .text import TextPrompt
-from .text_settings import NEW, TemplateData, parse_template, render, slot_spans, split_occurrence
+from .text_settings import NEW, TemplateData, Value, parse_template, render, slot_spans, split_occurrence, text_of
 
 ENUMERATE_AT_MOST = 200_000  # fillings listed in full below this many combinations; sampled above
 Filling = tuple[int, ...]  # an index into each slot's value list, in the order of `slots`
@@ -39,7 +39,7 @@ def _distinct_values(d: TemplateData, groups: list[list[int]]) -> Callable[[Fill
     values = list(d.slots.values())
 
     def ok(f: Filling) -> bool:
-        return all(len({values[s][f[s]] for s in g}) == len(g) for g in groups)
+        return all(len({text_of(values[s][f[s]]) for s in g}) == len(g) for g in groups)
     return ok
 
 
@@ -75,28 +75,28 @@ def draw_fillings(d: TemplateData, n: int, seed: int, where: str) -> list[Fillin
                     "the 'different' groups leave too few: lower the number or add slot values")
 
 
-def _corrupt(d: TemplateData, name: str, clean: dict[str, str], g: Any, where: str) -> dict[str, str]:
+def _corrupt(d: TemplateData, name: str, clean: dict[str, Value], g: Any, where: str) -> dict[str, Value]:
     import torch
 
     out = dict(clean)
-    taken = set(clean.values())
+    taken = {text_of(v) for v in clean.values()}
     for key, to in d.corruptions[name].items():  # a slot, or one occurrence of it (S#2)
         slot, _ = split_occurrence(key)
         if to != NEW:
             out[key] = clean[to]
             continue
-        choices = [v for v in d.slots[slot] if v not in taken]
+        choices = [v for v in d.slots[slot] if text_of(v) not in taken]
         if not choices:
             raise DataError(f"{where}: corruption {name!r}: slot {slot} has no value left for '{NEW}' in the "
                             f"prompt with {_filling_text(clean)}: every value of its list is used by the clean "
                             "prompt (or another new value); add values to the slot's list")
         out[key] = choices[int(torch.randint(len(choices), (1,), generator=g))]
-        taken.add(out[key])
+        taken.add(text_of(out[key]))
     return out
 
 
-def _filling_text(values: dict[str, str]) -> str:
-    return ", ".join(f"{k} = {v!r}" for k, v in values.items())
+def _filling_text(values: dict[str, Value]) -> str:
+    return ", ".join(f"{k} = {text_of(v)!r}" for k, v in values.items())
 
 
 def template_prompts(d: TemplateData, where: Callable[[str], str]) -> tuple[list[TextPrompt], list[str]]:
@@ -113,7 +113,7 @@ def template_prompts(d: TemplateData, where: Callable[[str], str]) -> tuple[list
                for c in d.corruptions}
     prompts = []
     for f in draw_fillings(d, d.n_prompts, split_seed(d.seed, d.split), where("data.n_prompts")):
-        values = {s: d.slots[s][i] for s, i in zip(names, f, strict=True)}
+        values: dict[str, Value] = {s: d.slots[s][i] for s, i in zip(names, f, strict=True)}
         text, before = render(parts, values)
         corrupted = {c: render(parts, _corrupt(d, c, values, streams[c], where("data.corruptions")))[0]
                      for c in d.corruptions}

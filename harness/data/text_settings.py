@@ -3,13 +3,17 @@ list of text prompts.  Both are tokenised at run time with the model's own token
 (data.text); here only their shape is checked, so `harness validate` stays
 free of torch and tokenizers.  docs/data-format.md documents every key.
 
-A template is text with slots `{NAME}`, at most one scored-position marker `{@}`,
-and `{{` / `}}` for literal braces (parse_template)."""
+A template is text with slots `{NAME}` (or `{NAME.field}`: a field of a slot whose values are
+records), at most one scored-position marker `{@}`, and `{{` / `}}` for literal braces
+(parse_template).  A slot's values are strings, or records (mappings of field names to strings,
+the same fields in each, one of them `text`): the values that go together (a name with its
+pronoun, a country with its capital), drawn and replaced as one; `{NAME}` is a record's `text`."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
@@ -22,14 +26,38 @@ CORRUPTION_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 CORRUPTED_KEY = re.compile(r"^corrupted_[A-Za-z0-9_]+$")
 NEW = "new"  # a corruption's replacement: a value of the slot's list that the clean prompt does not use
 MARKER = "@"  # `{@}`: the scored position is the last token before it
-_PART = re.compile(r"\{\{|\}\}|\{@\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|[{}]")
+_PART = re.compile(r"\{\{|\}\}|\{@\}|\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)\}|[{}]")
+TEXT = "text"  # the field of a record that `{NAME}` shows
 
 Part = tuple[Literal["text", "slot", "marker"], str]
+Value = str | dict[str, str]  # a slot's value: a string, or a record of fields (one of them `text`)
+
+
+def text_of(value: Value) -> str:
+    """What `{NAME}` shows of a value: the string, or the record's `text`."""
+    return value if isinstance(value, str) else value[TEXT]
+
+
+def placeholder(name: str) -> tuple[str, str]:
+    """(slot, field) of a slot part's name: `S` -> (S, text), `S.pronoun` -> (S, pronoun)."""
+    slot, _, field = name.partition(".")
+    return slot, field or TEXT
+
+
+def shown(value: Value, field: str) -> str:
+    """The text a placeholder shows of `value`: its `field` (`text` of a string is the string)."""
+    return text_of(value) if field == TEXT else value[field]  # type: ignore[index]  # fields are checked
+
+
+def fields_of(values: Sequence[Value]) -> set[str]:
+    """The fields a slot's values have: {text} for strings."""
+    return {TEXT} if not values or isinstance(values[0], str) else set(values[0])
 
 
 def parse_template(text: str) -> list[Part]:
     """The parts of a template string, in order: ("text", literal text), ("slot", NAME)
-    for `{NAME}`, ("marker", "") for `{@}`; `{{` and `}}` are literal braces.  ValueError
+    for `{NAME}` (("slot", "NAME.field") for `{NAME.field}`), ("marker", "") for `{@}`; `{{` and
+    `}}` are literal braces.  ValueError
     (naming the character) for any other brace."""
     parts: list[Part] = []
     buf, pos = [], 0
@@ -42,7 +70,8 @@ def parse_template(text: str) -> list[Part]:
             continue
         if token in ("{", "}"):
             raise ValueError(f"'{token}' at character {m.start() + 1} is not part of a slot: write {{NAME}} for a "
-                             "slot (letters, digits, _), {@} for the scored position, {{ or }} for a literal brace")
+                             "slot (letters, digits, _) or {NAME.field} for a field of its records, {@} for the "
+                             "scored position, {{ or }} for a literal brace")
         if buf and "".join(buf):
             parts.append(("text", "".join(buf)))
         buf = []
@@ -53,23 +82,34 @@ def parse_template(text: str) -> list[Part]:
     return parts
 
 
-def render(parts: list[Part], values: dict[str, str]) -> tuple[str, str | None]:
+def render(parts: list[Part], values: dict[str, Value]) -> tuple[str, str | None]:
     """(the text with every slot filled and the marker removed, the text before the
     marker or None when there is none).  `values` maps a slot's name to its value, and may map
-    one occurrence `NAME#k` (k from 1, in reading order) to a value of its own (a corruption
-    of that occurrence alone)."""
+    one occurrence `NAME#k` (k from 1: its k-th placeholder in reading order, `{NAME}` or
+    `{NAME.field}`) to a value of its own (a corruption of that occurrence alone)."""
     out: list[str] = []
     before: str | None = None
-    seen: dict[str, int] = {}
-    for kind, value in parts:
+    for kind, value, k in _numbered(parts):
         if kind == "marker":
             before = "".join(out)
         elif kind == "slot":
-            seen[value] = seen.get(value, 0) + 1
-            out.append(values.get(f"{value}#{seen[value]}", values[value]))
+            slot, field = placeholder(value)
+            out.append(shown(values.get(f"{slot}#{k}", values[slot]), field))
         else:
             out.append(value)
     return "".join(out), before
+
+
+def _numbered(parts: list[Part]) -> list[tuple[str, str, int]]:
+    """The parts with each slot placeholder's occurrence k (from 1, per slot, in reading order; 0 for the rest)."""
+    seen: dict[str, int] = {}
+    out: list[tuple[str, str, int]] = []
+    for kind, value in parts:
+        if kind == "slot":
+            slot = placeholder(value)[0]
+            seen[slot] = seen.get(slot, 0) + 1
+        out.append((kind, value, seen[placeholder(value)[0]] if kind == "slot" else 0))
+    return out
 
 
 def split_occurrence(key: str) -> tuple[str, int | None]:
@@ -78,38 +118,44 @@ def split_occurrence(key: str) -> tuple[str, int | None]:
     return (name, int(k)) if sep and k.isdigit() and int(k) >= 1 else (name, None if not sep else -1)
 
 
-def slot_spans(parts: list[Part], values: dict[str, str]) -> dict[str, tuple[str, str]]:
-    """For each occurrence of each slot, named `NAME#k` (k from 1, in reading order): (the filled
-    text before it, the filled text through it), the marker removed."""
+def slot_spans(parts: list[Part], values: dict[str, Value]) -> dict[str, tuple[str, str]]:
+    """For each occurrence of each slot, named `NAME#k` (k from 1: its k-th placeholder in reading
+    order): (the filled text before it, the filled text through it), the marker removed."""
     out: dict[str, tuple[str, str]] = {}
-    seen: dict[str, int] = {}
     text = ""
-    for kind, value in parts:
+    for kind, value, k in _numbered(parts):
         if kind == "slot":
-            seen[value] = seen.get(value, 0) + 1
-            out[f"{value}#{seen[value]}"] = (text, text + values[value])
-            text += values[value]
+            slot, field = placeholder(value)
+            filled = shown(values.get(f"{slot}#{k}", values[slot]), field)
+            out[f"{slot}#{k}"] = (text, text + filled)
+            text += filled
         elif kind == "text":
             text += value
     return out
 
 
 def occurrences(parts: list[Part], slot: str) -> int:
-    """How often a parsed template uses slot `slot`."""
-    return sum(1 for k, v in parts if k == "slot" and v == slot)
+    """How often a parsed template uses slot `slot` (`{slot}` and `{slot.field}` alike)."""
+    return sum(1 for k, v in parts if k == "slot" and placeholder(v)[0] == slot)
 
 
 def slots_in(parts: list[Part]) -> list[str]:
     """The slot names a parsed template uses, in order of first use."""
-    return list(dict.fromkeys(v for k, v in parts if k == "slot"))
+    return list(dict.fromkeys(placeholder(v)[0] for k, v in parts if k == "slot"))
 
 
-def default_different(slots: dict[str, list[str]]) -> list[list[str]]:
+def unknown_fields(parts: list[Part], slots: Mapping[str, Sequence[Value]]) -> list[str]:
+    """`{NAME.field}` placeholders whose slot's values have no such field, as `NAME.field`."""
+    return [v for k, v in parts if k == "slot" and placeholder(v)[0] in slots
+            and placeholder(v)[1] not in fields_of(slots[placeholder(v)[0]])]
+
+
+def default_different(slots: Mapping[str, Sequence[Value]]) -> list[list[str]]:
     """The slots kept different when `different` is not given: each group of two or more
-    slots whose value lists hold the same values."""
+    slots whose value lists hold the same values (by their text)."""
     groups: dict[frozenset[str], list[str]] = {}
     for name, values in slots.items():
-        groups.setdefault(frozenset(values), []).append(name)
+        groups.setdefault(frozenset(text_of(v) for v in values), []).append(name)
     return [g for g in groups.values() if len(g) > 1]
 
 
@@ -118,7 +164,7 @@ class TemplateData(DataSettings):
     replace slot values."""
 
     template: str = Field(min_length=1)
-    slots: dict[str, list[str]] = Field(min_length=1)
+    slots: dict[str, list[str | dict[str, str]]] = Field(min_length=1)
     different: list[list[str]] | None = None
     answer: str | None = Field(None, min_length=1)
     wrong: str | None = Field(None, min_length=1)
@@ -146,22 +192,24 @@ class TemplateData(DataSettings):
 
     @field_validator("slots")
     @classmethod
-    def _slots(cls, v: dict[str, list[str]], info: ValidationInfo) -> dict[str, list[str]]:
+    def _slots(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         for name, values in v.items():
             if not SLOT_NAME.match(name) or name == NEW:
                 raise ValueError(f"slot name {name!r}: letters, digits and _, not starting with a digit, and not "
                                  f"{NEW!r} (a corruption's keyword)")
             if not values:
                 raise ValueError(f"slot {name!r} has no values")
-            empty = [x for x in values if not x]
+            _records(name, values)
+            empty = [x for x in values if not text_of(x)]
             if empty:
                 raise ValueError(f"slot {name!r} has an empty value")
-            twice = sorted(x for x, n in Counter(values).items() if n > 1)
+            twice = sorted(x for x, n in Counter(text_of(x) for x in values).items() if n > 1)
             if twice:
                 raise ValueError(f"slot {name!r} lists {twice[0]!r} twice")
         template = info.data.get("template")
         if template is not None:
-            used = slots_in(parse_template(template))
+            parts = parse_template(template)
+            used = slots_in(parts)
             undefined = [s for s in used if s not in v]
             if undefined:
                 raise ValueError(f"the template uses slot(s) {', '.join(undefined)} that 'slots' does not define; "
@@ -169,6 +217,7 @@ class TemplateData(DataSettings):
             unused = [s for s in v if s not in used]
             if unused:
                 raise ValueError(f"slot(s) {', '.join(unused)} are not used in the template")
+            _no_unknown_fields(parts, v, "the template")
         return v
 
     @field_validator("different")
@@ -195,6 +244,8 @@ class TemplateData(DataSettings):
         unknown = [s for s in slots_in(parts) if slots is not None and s not in slots]
         if unknown:
             raise ValueError(f"uses slot(s) {', '.join(unknown)} that 'slots' does not define")
+        if slots is not None:
+            _no_unknown_fields(parts, slots, "it")
         return v
 
     @field_validator("corruptions")
@@ -249,6 +300,36 @@ class TemplateData(DataSettings):
     def groups(self) -> list[list[str]]:
         """The groups of slots that take different values in one prompt."""
         return self.different if self.different is not None else default_different(self.slots)
+
+
+def _records(name: str, values: Sequence[Value]) -> None:
+    """ValueError unless a slot's values are all strings, or all records with the same fields, one of
+    them `text`, each field a name (letters, digits, _) holding a non-empty string."""
+    if all(isinstance(x, str) for x in values):
+        return
+    first = values[0]
+    if isinstance(first, str) or any(isinstance(x, str) for x in values):
+        raise ValueError(f"slot {name!r} mixes strings and records: give every value as a string, or every one "
+                         f"as a record ({{{TEXT}: ..., FIELD: ...}})")
+    if TEXT not in first:
+        raise ValueError(f"slot {name!r}: a record needs a '{TEXT}' field (what {{{name}}} shows); it has "
+                         f"{', '.join(first)}")
+    for i, x in enumerate(values):
+        if set(x) != set(first):
+            raise ValueError(f"slot {name!r}: record {i + 1} has fields {', '.join(x)}, record 1 has "
+                             f"{', '.join(first)}: give every record the same fields")
+        bad = [f for f, s in x.items() if not SLOT_NAME.match(f) or not s]  # type: ignore[union-attr]
+        if bad:
+            raise ValueError(f"slot {name!r}: record {i + 1}: field {bad[0]!r} needs a name of letters, digits and _ "
+                             "and a non-empty string")
+
+
+def _no_unknown_fields(parts: list[Part], slots: Mapping[str, Sequence[Value]], what: str) -> None:
+    unknown = unknown_fields(parts, slots)
+    if unknown:
+        slot = placeholder(unknown[0])[0]
+        raise ValueError(f"{what} uses {{{unknown[0]}}}, but the values of slot {slot} have the field(s) "
+                         f"{', '.join(sorted(fields_of(slots[slot])))}")
 
 
 class TextPrompt(Strict, extra="allow"):

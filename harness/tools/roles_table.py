@@ -74,6 +74,8 @@ from ..spec.vocabulary import Direction, Replacement
 DIRECT = "direct"
 PARTS = ("answer_logit", "wrong_logit")  # logit_diff, prompt by prompt (model.metrics)
 RESAMPLES = 1000
+SINK = ("first_token: the attention to position 0, where most heads of a trained model rest when they have "
+        "nothing to read (the attention sink): a high value alone is not a role")
 CONFIDENCE = 0.95
 
 
@@ -271,7 +273,8 @@ def render(t: HeadTable, sort: str | None = None, top: int | None = None) -> str
     """The printable table with the data's description and the direct effect's note above it."""
     rows = [[str(t.heads[i])] + [_cell(c, i) for c in t.columns] for i in ordered(t, sort, top)]
     shown = f"; rows by {sort}" if sort else ""
-    head = "".join(f"{line}\n" for line in [t.description, *behaviour_lines(t)])
+    sink = [SINK] if any(c.name == "first_token" for c in t.columns) else []
+    head = "".join(f"{line}\n" for line in [t.description, *behaviour_lines(t), *sink])
     return (f"{head}{t.note}; intervals 95 %{shown}\n\n"
             + tabulate(rows, headers=["head", *(c.name for c in t.columns)], disable_numparse=True))
 

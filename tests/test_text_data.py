@@ -707,3 +707,74 @@ def test_record_slots_are_checked_with_the_line(word_model, tmp_path, change, me
     with pytest.raises(SpecError) as e:
         load(h)
     assert message in str(e.value) and f"{h}:" in str(e.value)
+
+
+def test_hand_written_prompts_name_their_positions(word_model, tmp_path):
+    """A text prompt file's `spans` (a substring: every occurrence in reading order) and listed prompts'
+    (character offsets) give the token spans a template gives, and an attention claim to a named
+    position reads the head's attention there, as the model's own attention weights give it."""
+    import transformers
+
+    folder, model, _ = word_model
+    texts = ["When Mary and John went to the store , John gave a drink to",
+             "When Eve and Dan went to the park , Dan gave a book to",
+             "When Alice and Bob went to the store , Bob gave a book to"]
+    rows = [{"text": t, "corrupted": t.replace(t.split()[1], "Ann", 1), "answer": f" {t.split()[1]}",
+             "spans": {"IO": t.split()[1], "S": t.split()[3]}} for t in texts]
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    filed = dataset(word_model, {"file": str(f)})
+    assert set(filed.spans) == {"IO#1", "S#1", "S#2"}  # S occurs twice in each text
+    # [BOS] When IO and S went to the PLACE , S gave ...: IO at 2, S at 4 and 10
+    assert filed.spans["IO#1"].tolist() == [[2, 3]] * 3 and filed.spans["S#2"].tolist() == [[10, 11]] * 3
+    offsets = [dict(r, spans={"S": [[t.index(" , ") + 3, t.index(" gave")]]}) for r, t in zip(rows, texts, strict=True)]
+    listed = dataset(word_model, {"prompts": offsets})
+    assert listed.spans["S#1"].tolist() == filed.spans["S#2"].tolist()  # the same token, named by offsets
+    doc = hypothesis(folder, {"file": str(f)}, claims=[
+        {"id": "a", "kind": "attention", "head": "L1H0", "from": "scored", "to": {"slot": "S", "occurrence": 2},
+         "at_least": 0.0}])
+    h = tmp_path / "h.yaml"
+    h.write_text(dump(doc))
+    (claim,) = harness.run(h, figures=False, model=model).claims
+    hf = transformers.GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        att = hf(filed.clean, output_attentions=True).attentions[1][:, 0]  # [n, query, key] of L1H0
+    by_hand = att[torch.arange(3), filed.positions[:, 0], 10].double().mean().item()
+    # float32 weights of two implementations (eager here, the bridge's there) of scores of order 10 (random
+    # weights of initializer_range 1): they agree to about 1e-5, far below any threshold a claim states
+    assert claim.value == pytest.approx(by_hand, abs=1e-4)
+
+
+@pytest.mark.parametrize("row,message", [
+    ({"spans": {"S": "Zed"}}, "p.jsonl:1: spans.S: 'Zed' does not occur in the clean text"),
+    ({"spans": {"S": [[5, 99]]}}, "p.jsonl:1: spans.S: [5, 99] is not a span of the clean text"),
+    ({"spans": {"S": 3}}, "p.jsonl:1: spans.S: a non-empty substring of the text, or a list of [start, end]"),
+    ({"spans": {"IO": "Mary"}}, "p.jsonl:2: its named positions (none) differ from the first prompt's (IO#1)"),
+])
+def test_bad_spans_are_one_line_errors(word_model, tmp_path, row, message):
+    text = "When Mary and John went to the store , John gave a drink to"
+    base = {"text": text, "corrupted": text.replace("Mary", "Ann"), "answer": " Mary"}
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps(base | row) + "\n" + json.dumps(base | {"text": text.replace("drink", "book"),
+                                                                    "corrupted": "When Ann and John went to the "
+                                                                                 "store , John gave a book to"})
+                 + "\n")
+    with pytest.raises(DataError) as e:
+        dataset(word_model, {"file": str(f)})
+    assert message in str(e.value)
+
+
+def test_a_slot_position_needs_named_positions(word_model, tmp_path):
+    folder = word_model[0]
+    claim = {"id": "a", "kind": "attention", "head": "L1H0", "from": "scored", "to": {"slot": "S"}, "at_least": 0.1}
+    listed = {"prompts": [{"text": "When Mary and John went to the store , John gave a drink to", "corrupted":
+                           "When Ann and John went to the store , John gave a drink to", "answer": " Mary",
+                           "spans": {"IO": "Mary"}}] * 2}
+    for data_, message in ((listed, "data.prompts[0] names 'S' 0 time(s) in its spans"),
+                           ({"generator": "repeated_tokens", "n_prompts": 10},
+                            "a slot position names a slot of a template (data.template) or a named span")):
+        h = tmp_path / "h.yaml"
+        h.write_text(dump(hypothesis(folder, data_, claims=[claim])))
+        with pytest.raises(SpecError) as e:
+            load(h)
+        assert message in str(e.value)

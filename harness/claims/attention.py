@@ -24,8 +24,9 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from .. import stats
-from ..data.settings import DataSettings
-from ..data.text_settings import TemplateData, occurrences, parse_template
+from ..data import named_spans
+from ..data.settings import DataSettings, FileData
+from ..data.text_settings import PromptsData, TemplateData, occurrences, parse_template
 from ..errors import DataError
 from ..evidence.details import Details, Num, optional
 from ..evidence.format import fmt
@@ -77,12 +78,24 @@ class AttentionClaim(BoundedClaim):
         return self
 
     def check_data(self, data: DataSettings) -> str | None:
-        """Slot positions need a template that has the slot that often."""
+        """Slot positions need a template that has the slot that often, or text prompts that name it (their
+        `spans`: a listed prompt's are checked here, a file's when it is read)."""
         for key, p in (("from", self.from_), ("to", self.to)):
-            if not isinstance(p, SlotPosition):
+            if not isinstance(p, SlotPosition) or isinstance(data, FileData):
+                continue
+            if isinstance(data, PromptsData):
+                try:
+                    named = [s.rpartition("#")[0] for s in named_spans.occurrences(
+                        data.prompts[0].text, data.prompts[0].spans or {}, "data.prompts[0]")]
+                except DataError as exc:
+                    return f"claim {self.id!r}: {key}: {exc}"
+                if named.count(p.slot) < p.occurrence:
+                    return (f"claim {self.id!r}: {key}: data.prompts[0] names {p.slot!r} {named.count(p.slot)} "
+                            f"time(s) in its spans; a slot position of listed prompts is a name of their 'spans'")
                 continue
             if not isinstance(data, TemplateData):
-                return f"claim {self.id!r}: {key}: a slot position names a slot of a template (data.template)"
+                return (f"claim {self.id!r}: {key}: a slot position names a slot of a template (data.template) or a "
+                        "named span of text prompts ('spans' of data.prompts or of a text prompt file)")
             n = occurrences(parse_template(data.template), p.slot)
             if n == 0:
                 return f"claim {self.id!r}: {key}: the template has no slot {p.slot!r}; its slots: " \
@@ -114,7 +127,15 @@ def queries(ds: Any, p: Position) -> Any:
         return ds.positions
     if p == "bos":
         return torch.zeros(ds.n, 1, dtype=torch.long, device=ds.positions.device)
-    return ds.spans[p.key()][:, 1:] - 1
+    return _span(ds, p)[:, 1:] - 1
+
+
+def _span(ds: Any, p: SlotPosition) -> Any:
+    """[n, 2] the token span of a named position; DataError naming what the data name where they lack it."""
+    if p.key() not in ds.spans:
+        raise DataError(f"{p.key()}: the data name no such position (a template's slot occurrence or a prompt's "
+                        f"'spans'); they name: {', '.join(ds.spans) or 'none'}")
+    return ds.spans[p.key()]
 
 
 def keys(ds: Any, p: Position) -> Any:
@@ -127,7 +148,7 @@ def keys(ds: Any, p: Position) -> Any:
         return torch.cat([ds.positions, ds.positions + 1], 1)
     if p == "bos":
         return torch.tensor([[0, 1]], device=ds.positions.device).expand(ds.n, -1)
-    return ds.spans[p.key()]
+    return _span(ds, p)
 
 
 def attention_scores(pattern: Any, q: Any, span: Any) -> np.ndarray:

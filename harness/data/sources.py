@@ -31,7 +31,7 @@ from ..model.loaded import LoadedModel
 from ..model.tokenizer import TextTokenizer, require_tokenizer, start_token
 from ..registry import Registry, RegistryError
 from . import dataset as data
-from . import templates
+from . import named_spans, templates
 from . import text as text_data
 from .settings import DataSettings, FileData, GeneratorData
 from .text import TextPrompt
@@ -137,7 +137,9 @@ def _prompts(d: PromptsData, source: Where, model: LoadedModel) -> data.Dataset:
     tok = require_tokenizer(model, source.where("data.prompts"))
     bos = _bos(d.prepend_bos, tok, source.where("data.prepend_bos"), model.d_vocab)
     rows = [TextPrompt(source.where(f"data.prompts[{i}]"), p.text, p.corruption_texts(), p.answer, p.wrong,
-                       source.where(f"data.prompts[{i}].answer"), source.where(f"data.prompts[{i}].wrong"))
+                       source.where(f"data.prompts[{i}].answer"), source.where(f"data.prompts[{i}].wrong"),
+                       slots=None if p.spans is None else named_spans.occurrences(
+                           p.text, p.spans, source.where(f"data.prompts[{i}].spans")))
             for i, p in enumerate(d.prompts)]
     names = list(rows[0].corruptions)
     with_bos = ', BOS prepended' if bos else ', no BOS'

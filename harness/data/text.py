@@ -19,7 +19,9 @@ from typing import Any
 from ..errors import DataError
 from ..model.tokenizer import TextTokenizer
 from . import dataset as data
+from . import named_spans
 from .dataset import Dataset, drop_duplicates, parse_line, read_lines, read_rows
+from .text_settings import spans_problem
 
 DEFAULT = data.DEFAULT
 
@@ -47,7 +49,8 @@ class TextPrompt:
     where_wrong: str
     before_marker: str | None = None
     filling: str = ""
-    slots: dict[str, tuple[str, str]] | None = None  # templates: NAME#k -> (text before it, text through it)
+    slots: dict[str, tuple[str, str]] | None = None  # NAME#k -> (text before it, text through it): a template's
+    # slot occurrences, or the named spans of a hand-written prompt (data.named_spans)
 
 
 def _texts(p: TextPrompt) -> list[tuple[str, str, str]]:
@@ -196,7 +199,13 @@ def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: boo
     if ref is not None:
         shared = {tuple(r) for r in ref.tolist()} & {tuple(c) for c in clean}
         ds.shared_reference = sum(tuple(c) in shared for c in clean)
-    if prompts[0].slots:
+    if prompts[0].slots or any(p.slots for p in prompts):
+        named = list(prompts[0].slots or {})
+        for p in prompts:
+            if list(p.slots or {}) != named:
+                raise DataError(f"{p.where}: its named positions ({', '.join(p.slots or {}) or 'none'}) differ from "
+                                f"the first prompt's ({', '.join(named) or 'none'}): every prompt names the same "
+                                "ones, as often")
         ds.spans = _spans(prompts, clean, tok, bos)
     return drop_duplicates(ds, source, [p.where for p in prompts])
 
@@ -242,7 +251,7 @@ def is_text_file(path: Path) -> bool:
     return isinstance(row, dict) and "text" in row
 
 
-TEXT_KEYS = ("text", "corrupted", "answer", "wrong")
+TEXT_KEYS = ("text", "corrupted", "answer", "wrong", "spans")
 
 
 def _check_text_row(obj: Any, where: str) -> dict[str, Any]:
@@ -253,7 +262,11 @@ def _check_text_row(obj: Any, where: str) -> dict[str, Any]:
                         "every row as text, or every row as token ids")
     data.check_keys(obj, where, list(TEXT_KEYS), ("text", "corrupted", "answer"))
     for key, value in obj.items():
-        if not isinstance(value, str) or not value:
+        if key == "spans":
+            bad = spans_problem(value)
+            if bad:
+                raise DataError(f"{where}: {bad}")
+        elif not isinstance(value, str) or not value:
             raise DataError(f"{where}: '{key}' must be a non-empty string")
     return dict(obj, where=where)
 
@@ -269,8 +282,9 @@ def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: 
                     mean_from: Path | None = None, n_ctx: int | None = None,
                     allow_unknown: bool = False) -> Dataset:
     """Text prompts, one JSON object per line: {"text", "corrupted", "answer", "wrong"
-    (optional), "corrupted_<name>" (optional, on every line or none)}; the last token is
-    scored.  `mean_from`: a JSONL file of {"text"} lines that means are taken over."""
+    (optional), "corrupted_<name>" (optional, on every line or none), "spans" (optional: named
+    positions, data.named_spans)}; the last token is scored.  `mean_from`: a JSONL file of
+    {"text"} lines that means are taken over."""
     rows = read_rows(path, _check_text_row, limit)
     first = rows[0]
     extra = sorted(k for k in first if k.startswith("corrupted_"))
@@ -284,7 +298,8 @@ def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: 
         return {DEFAULT: r["corrupted"]} | {k[len("corrupted_"):]: r[k] for k in extra}
 
     prompts = [TextPrompt(r["where"], r["text"], corruptions(r),
-                          r["answer"], r.get("wrong"), f"{r['where']}: answer", f"{r['where']}: wrong")
+                          r["answer"], r.get("wrong"), f"{r['where']}: answer", f"{r['where']}: wrong",
+                          slots=named_spans.occurrences(r["text"], r["spans"], r["where"]) if "spans" in r else None)
                for r in rows]
     ref_rows = read_rows(mean_from, _check_text_reference) if mean_from is not None else None
     means = f"means over {mean_from.name}" if mean_from is not None else "means leave each prompt out"

@@ -332,6 +332,22 @@ def _no_unknown_fields(parts: list[Part], slots: Mapping[str, Sequence[Value]], 
                          f"{', '.join(sorted(fields_of(slots[slot])))}")
 
 
+def spans_problem(value: Any) -> str | None:
+    """What is wrong with a text prompt's `spans` value (data.named_spans; None when it is well formed)."""
+    if not isinstance(value, dict) or not value:
+        return "'spans' maps names to a substring of the text or a list of [start, end] character offsets"
+    for name, where in value.items():
+        if not isinstance(name, str) or not SLOT_NAME.match(name):
+            return f"spans: name {name!r}: letters, digits and _, not starting with a digit"
+        pairs = isinstance(where, list) and where and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+            for p in where)
+        if not (isinstance(where, str) and where) and not pairs:
+            return (f"spans.{name}: a non-empty substring of the text, or a list of [start, end] character offsets "
+                    f"(got {where!r})")
+    return None
+
+
 class TextPrompt(Strict, extra="allow"):
     """One prompt of `data.prompts`: the clean text, its corrupted text(s) and the answer."""
 
@@ -341,6 +357,15 @@ class TextPrompt(Strict, extra="allow"):
     corrupted: str = Field(min_length=1)
     answer: str = Field(min_length=1)
     wrong: str | None = Field(None, min_length=1)
+    spans: dict[str, Any] | None = None  # named positions (data.named_spans)
+
+    @field_validator("spans")
+    @classmethod
+    def _spans(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        bad = None if v is None else spans_problem(v)
+        if bad:
+            raise ValueError(bad)
+        return v
 
     @model_validator(mode="after")
     def _extra_keys(self) -> TextPrompt:
@@ -350,7 +375,7 @@ class TextPrompt(Strict, extra="allow"):
                              "'corrupted'")
         unknown = sorted(k for k in extra if not CORRUPTED_KEY.match(k))
         if unknown:
-            raise ValueError(f"unknown key(s) {unknown}; allowed: text, corrupted, answer, wrong and "
+            raise ValueError(f"unknown key(s) {unknown}; allowed: text, corrupted, answer, wrong, spans and "
                              "corrupted_<name> (letters, digits, _)")
         bad = sorted(k for k, t in extra.items() if not isinstance(t, str) or not t)
         if bad:

@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # says not to write them: collecting the tests took 19 s a worker without them, 13 s with
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-quick test-for test-kernels test-real lint validate clean-venv
+.PHONY: demo test test-quick test-for test-kernels test-real test-ray lint validate clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ test-kernels: $(STAMP)
 # cache first (`.venv/bin/python benchmarks/real_model.py --fetch`, once), else it skips saying so
 test-real: $(STAMP)
 	$(BIN)/python -m pytest -q --real -m real
+
+# the opt-in Ray tier (about 3 minutes): a sweep killed and resumed on a local Ray instance, a
+# running cluster joined, a worker that dies; make test runs one Ray sweep and one crash
+test-ray: $(STAMP)
+	$(BIN)/python -m pytest -q --ray -m ray
 
 lint: $(STAMP)
 	$(BIN)/ruff check harness tests fixtures benchmarks

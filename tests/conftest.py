@@ -38,9 +38,17 @@ def slow_listed() -> set[str]:
 
 
 def pytest_addoption(parser):
+    parser.addoption("--ray", action="store_true", default=False,
+                     help="also run the tests marked ray: sweeps killed and resumed on a local Ray instance, "
+                          "a Ray cluster joined, workers that die (make test-ray; HARNESS_RAY=1 does the same)")
     parser.addoption("--real", action="store_true", default=False,
                      help="also run the tests marked real: a real trained model from the local cache, minutes "
                           "(make test-real; HARNESS_REAL=1 does the same)")
+
+
+def ray_wanted(config) -> bool:
+    """Whether the `ray` tier runs: `pytest --ray`, or HARNESS_RAY set (make test-ray)."""
+    return bool(config.getoption("--ray", default=False)) or os.environ.get("HARNESS_RAY", "0") not in ("", "0")
 
 
 def real_wanted(config) -> bool:
@@ -58,11 +66,12 @@ def pytest_collection_modifyitems(config, items):
         function = item.nodeid.split("[", 1)[0]
         if "demo_evidence" in getattr(item, "fixturenames", ()) or function in listed:
             item.add_marker(pytest.mark.slow)
-    if not real_wanted(config):
-        real = [item for item in items if item.get_closest_marker("real")]
-        if real:
-            config.hook.pytest_deselected(items=real)
-            items[:] = [item for item in items if not item.get_closest_marker("real")]
+    for marker, wanted in (("real", real_wanted(config)), ("ray", ray_wanted(config))):
+        if not wanted:
+            left = [item for item in items if item.get_closest_marker(marker)]
+            if left:
+                config.hook.pytest_deselected(items=left)
+                items[:] = [item for item in items if not item.get_closest_marker(marker)]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -1,6 +1,7 @@
 """The command line: exit codes, messages, nothing half-written, fast paths."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,11 +94,19 @@ def test_model_dependent_errors_exit_2(tmp_path, change, needle):
 
 @pytest.mark.slow
 def test_relative_paths_resolve_against_the_file(tmp_path):
+    """A file's `model:` and `data.file` resolve against its own folder, not the working directory."""
     r = harness_cli("validate", Path("hypotheses") / "induction.yaml", cwd=ROOT)
     assert r.returncode == 0
-    r = harness_cli("run", HYPOTHESES / "induction-false-claims.yaml", "--out", tmp_path / "o", cwd=tmp_path)
-    assert r.returncode == 1, r.stderr
-    assert (tmp_path / "o" / "evidence.json").is_file()
+    here, elsewhere = tmp_path / "files", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    (here / "p.jsonl").write_text(prompt_file(tmp_path).read_text())
+    model = os.path.relpath(ROOT / "fixtures" / "induction-2l", here)
+    (here / "h.yaml").write_text(f"harness: 1\nname: t\nmodel: {model}\ndata: {{file: p.jsonl}}\nclaims:\n"
+                                 "  - {id: a, kind: role, head: L0H7, role: previous_token, at_least: 0.99}\n")
+    r = harness_cli("run", here / "h.yaml", "--out", "o", cwd=elsewhere)
+    assert r.returncode == 1, r.stderr  # the claim FAILs: it ran on the model and prompts the file names
+    assert (elsewhere / "o" / "evidence.json").is_file()
 
 
 def test_weights_command_marks_the_aligned_route(tmp_path, capsys):

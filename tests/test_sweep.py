@@ -294,6 +294,7 @@ def test_training_script_saves_loadable_checkpoints(tmp_path, monkeypatch):
     assert [m.step for m in sweep_models.expand([str(ckpts)])] == [3, 6]
 
 
+@pytest.mark.ray
 def test_ray_address_joins_a_running_cluster_and_leaves_it_running(swept, tmp_path, monkeypatch, ray_reaped):
     """`ray start --head` stands in for a cluster: the sweep joins it, gets the in-process
     numbers, and does not stop it.  (Token authentication off on both sides: this checks

@@ -70,7 +70,7 @@ def uninterrupted(tmp_path_factory):
     return f, json.loads((root / "sweep" / "sweep.json").read_text())  # (paths show relative to root)
 
 
-@pytest.mark.parametrize("executor", ["inprocess", "ray"])
+@pytest.mark.parametrize("executor", ["inprocess", pytest.param("ray", marks=pytest.mark.ray)])
 def test_a_killed_sweep_resumes_to_the_same_sweep_json(uninterrupted, tmp_path, executor):
     pytest.importorskip("ray") if executor == "ray" else None
     f, whole = uninterrupted
@@ -128,6 +128,7 @@ def _always_dies(job):
     os._exit(1)
 
 
+@pytest.mark.ray
 def test_ray_runs_a_dead_worker_again_once_and_records_a_second_death(tmp_path, ray_reaped):
     pytest.importorskip("ray")
     ray = executors.Ray(num_cpus=1)

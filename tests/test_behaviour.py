@@ -36,8 +36,7 @@ def test_one_position_a_prompt_gets_the_exact_binomial_interval_and_the_median_i
     n = 40
     correct = (rng.random(n) < 0.7).astype(float)
     ranks = rng.integers(1, 50, n).astype(float)
-    got = behaviour.summary(np.stack([correct, ranks], 1), k=1, has_wrong=True, vocab=100, n_resamples=500,
-                            confidence=0.95, seed=0)
+    got = behaviour.summary(np.stack([correct, ranks], 1), k=1, n_resamples=500, confidence=0.95, seed=0)
     ci = binomtest(int(correct.sum()), n).proportion_ci(0.95, method="exact")
     assert got["accuracy"]["mean"] == correct.mean()
     assert got["accuracy"]["ci"] == pytest.approx([ci.low, ci.high], abs=1e-12)

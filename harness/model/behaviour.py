@@ -50,8 +50,7 @@ def per_prompt(logits_at: Float[Tensor, "n k vocab"], answers: Int[Tensor, "n k"
     return torch.stack([correct.double().mean(-1), rank.double().median(-1).values], -1).cpu()
 
 
-def summary(rows: np.ndarray, k: int, has_wrong: bool, vocab: int, n_resamples: int, confidence: float,
-            seed: int) -> dict[str, Any]:
+def summary(rows: np.ndarray, k: int, n_resamples: int, confidence: float, seed: int) -> dict[str, Any]:
     """The accuracy and the answer's median rank over prompts (rows [n, 2] of per_prompt, k scored
     positions a prompt): {"accuracy": {mean, ci}, "median_rank": {median, ci}, "prompts": n}."""
     from scipy.stats import quantile_test
@@ -75,7 +74,7 @@ def document(rows: dict[str, np.ndarray], k: int, has_wrong: bool, vocab: int, n
     """The behaviour of every run (rows: "clean" and each corruption's name -> per_prompt's [n, 2]):
     {"compared", "chance", "near_chance", "clean": summary, "corrupted": {NAME: summary}}."""
     rate = chance(has_wrong, vocab)
-    every = {name: summary(r, k, has_wrong, vocab, n_resamples, confidence, seed) for name, r in rows.items()}
+    every = {name: summary(r, k, n_resamples, confidence, seed) for name, r in rows.items()}
     clean = every.pop("clean")
     return {"compared": compared(has_wrong), "chance": rate, "near_chance": near_chance(clean, rate),
             "clean": clean, "corrupted": every}

@@ -90,9 +90,7 @@ class Runs:
     #: (dataset, clean log-probabilities, metric name or None for these runs') -> (metric, metric_at, metric_rows) of
     #: that dataset's prompts (`prompts`, `with_metric`)
     scorers: Callable[..., tuple[Callable[..., Any], ...]] | None = None
-    #: the base runs' accuracy and answer rank per prompt [n, 2] (model.behaviour.per_prompt): "clean" and
-    #: each corruption's name
-    behaviour: dict[str, np.ndarray] = field(default_factory=dict)
+    behaviour: dict[str, np.ndarray] = field(default_factory=dict)  # "clean"/corruption -> behaviour.per_prompt
 
     def __post_init__(self) -> None:
         if self.edge_source.make is None:  # views (`prompts`, `with_corruption`) share their runs' source

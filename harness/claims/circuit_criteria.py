@@ -82,10 +82,11 @@ class Scores:
         distinct circuit computed once per run)."""
         self.seen.update(variants)
         todo = list(variants)
+        if not todo:  # nothing to run: no progress line
+            return []
         groups = [todo[i:i + GROUP] for i in range(0, len(todo), GROUP)]
-        if len(groups) == 1:
-            return self.plan.variants(todo, self.kind)
-        return [m for g in progress(groups, f"{self.label}: {len(todo)} circuits in groups of {GROUP}")
+        # a line for one group too: on a real model one group of circuits takes tens of seconds
+        return [m for g in progress(groups, f"{self.label}: {len(todo)} circuit(s) in groups of {GROUP}")
                 for m in self.plan.variants(g, self.kind)]
 
 

@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"\n{ev.hypothesis['name']} ({f})\n")
         behaves = ev.baseline.get("behaviour")
         if behaves:  # what the model does before any claim, on the first line
-            print(f"behaviour on the {behaves['clean']['prompts']} clean prompts: {behaviour.words(behaves)}\n")
+            print(f"{behaviour.headline(behaves)}\n")
         print(claim_table(ev))
         print(f"\n{c['PASS']} passed, {c['FAIL']} failed, {c['INCONCLUSIVE']} inconclusive", flush=True)
         for line in sanity_lines(ev):  # recorded, not fatal: the report is written and says the same

@@ -146,7 +146,7 @@ def _measure_all(model: LoadedModel, ds: Dataset, claims: Sequence[ClaimSpec], *
                                             "gap": _mean_ci(runs.m_clean - m_c, st, seed)}
                                      for name, (_, m_c) in corruptions.items()}
     behaves = baseline["behaviour"] = behaviour_of(runs, model.d_vocab_out, st, seed)
-    stage(f"behaviour on the clean prompts: {behaviour.words(behaves)}")
+    stage(behaviour.headline(behaves))
     stage("sanity checks: identity interventions")
     identity = sanity.identity_checks(runs, interventions(claims, n_layers, n_heads))
     spent(ledger, "sanity checks done", runs)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from jaxtyping import Float, Int
     from torch import Tensor
 
-__all__ = ["per_prompt", "summary", "document", "near_chance", "NEAR_CHANCE", "words"]
+__all__ = ["per_prompt", "summary", "document", "near_chance", "NEAR_CHANCE", "words", "headline"]
 
 NEAR_CHANCE = 0.1  # an accuracy whose interval reaches chance + this is near chance
 
@@ -107,6 +107,12 @@ def words(doc: dict[str, Any], run: str = "clean", full: bool = True) -> str:
     odds = f", chance {doc['chance']:.3g}" if full else ""
     return (f"accuracy{what} {_num(a['mean'])} {_ci(a['ci'])}{odds}; the answer's median rank "
             f"{_num(r['median'])} {_ci(r['ci'])}")
+
+
+def headline(doc: dict[str, Any], prompts: str = "clean") -> str:
+    """'behaviour on the 200 clean prompts: accuracy ...' (words of the clean run), the line every command
+    opens with; `prompts` names the prompts (discover's "discovery" and "confirmation")."""
+    return f"behaviour on the {doc['clean']['prompts']} {prompts} prompts: {words(doc)}"
 
 
 def _num(x: float | None) -> str:

@@ -330,8 +330,7 @@ def summary(doc: dict[str, Any]) -> str:
 
     start = starter_words(doc)
     lines = [f"{s['method']} on {sp['discovery']} discovery prompts; confirmed on {sp['confirmation']} others",
-             *(f"behaviour on the {part} prompts: {behaviour.words(b)}"
-               for part, b in (doc.get("behaviour") or {}).items()),
+             *(behaviour.headline(b, part) for part, b in (doc.get("behaviour") or {}).items()),
              f"graph: {doc['graph']['edges']} edges",
              tabulate([[f"{100 * p['fraction']:g}%", p["k"], cell(p), *(cell(by_k[key].get(p["k"])) for key in others)]
                        for p in doc["curve"]],

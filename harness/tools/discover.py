@@ -158,7 +158,7 @@ def run_discovery(got: Inputs, cfg: DiscoverSettings, source: str) -> dict[str, 
     stage(f"discovery: {len(disc_idx)} prompts ({start_words(m, ds)}), {cfg.method}")
     disc = base_runs(bridge, ds.select(disc_idx), hooks, metric)
     behaves = {"discovery": measure.behaviour_of(disc, m.d_vocab_out, st, cfg.seed)}
-    stage(f"behaviour on the discovery prompts: {behaviour.words(behaves['discovery'])}")
+    stage(behaviour.headline(behaves["discovery"], "discovery"))
     g = disc.graph_model().graph
     known_mask = None if got.known is None else known_edges(got.known, g)
     resamples = stability.weights(len(disc_idx), derive_seed(cfg.seed, Stream.DISCOVER_STABILITY))

@@ -159,7 +159,7 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     behaves = behaviour.document(runs.behaviour if runs is not None else {"clean": torch.cat(rows).numpy()},
                                  int(ds.positions.shape[1]), ds.wrong is not None, m.d_vocab_out, RESAMPLES,
                                  CONFIDENCE, seed)
-    stage(f"behaviour on the clean prompts: {behaviour.words(behaves)}")
+    stage(behaviour.headline(behaves))
     q = queries(ds, "scored").to(of(m.bridge))
     slots = list(ds.spans) if ds.spans else []  # in reading order
     per_role: dict[str, list[np.ndarray]] = {r: [] for r in roles.ROLES}
@@ -286,7 +286,7 @@ def behaviour_lines(t: HeadTable) -> list[str]:
     b = t.behaviour
     if b is None:
         return []
-    out = [f"behaviour on the {b['clean']['prompts']} clean prompts: {behaviour.words(b)}"]
+    out = [behaviour.headline(b)]
     out += [f"  on the prompts of corruption {name}: {behaviour.words(b, name, full=False)}" for name in b["corrupted"]]
     if t.gap is not None:
         low, high = t.gap["ci"]

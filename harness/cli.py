@@ -1,6 +1,6 @@
 """Command line: `harness validate`, `harness run`, `harness sweep`, `harness report`,
-`harness weights`, `harness explain`, `harness roles`, `harness scan`, `harness discover`,
-`harness selftest`.
+`harness weights`, `harness explain`, `harness roles`, `harness patch`, `harness scan`,
+`harness discover`, `harness selftest`.
 
 Exit codes (errors.ExitCode): 0 every claim passed (or every file valid), 1 a
 claim failed or was inconclusive, 2 bad input (the message says file:line,
@@ -17,7 +17,7 @@ input (every line of it), `sanity check failed: ...`, `warning: ...`.
 Every command calls the library; heavy imports (torch,
 TransformerLens, matplotlib) happen inside the library functions that need them, so
 `harness --help` and `harness validate` stay fast.  Those that
-load or build one (run, sweep, weights, explain, scan, discover, roles, selftest) take `--device`
+load or build one (run, sweep, weights, explain, scan, discover, roles, patch, selftest) take `--device`
 (model.devices.resolve_device), checked before any model loads.
 """
 
@@ -54,7 +54,7 @@ from .sweep import executors
 from .sweep import report as sweep_report
 from .sweep.document import exit_code
 from .sweep.run import MANIFEST, partial_report, read_manifest, sweep, write_file
-from .tools import roles_table, weights_table
+from .tools import patch_sweep, roles_table, weights_table
 from .tools.discover import discover
 from .tools.explain_route import explain_route
 from .tools.scan import is_scan, scan
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "validate": cmd_validate, "run": cmd_run, "roles": cmd_roles, "weights": cmd_weights,
         "report": cmd_report, "selftest": cmd_selftest, "scan": cmd_scan, "sweep": cmd_sweep,
-        "explain": cmd_explain, "discover": cmd_discover}
+        "explain": cmd_explain, "discover": cmd_discover, "patch": cmd_patch}
     try:
         with armed(), clock():
             if getattr(args, "threads", None) is not None:  # the same as HARNESS_THREADS (workers inherit it)
@@ -317,6 +317,23 @@ def cmd_roles(args: argparse.Namespace) -> int:
     if args.out is not None:
         roles_table.write(table, args.out, args.sort)
     print(text + (f"\n\nwrote {args.out}/ (heads.csv, heads.json, heads.png)" if args.out is not None else ""))
+    return ExitCode.OK
+
+
+def cmd_patch(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    given = from_data_file(args.data, args.split) if args.data is not None else None  # checked before loading
+    if args.out is not None:
+        check_new(args.out)  # the folder can be made: checked before any work
+    m = load_model(args.model, device=device)
+    t = patch_sweep.patch_map(m, n_prompts=args.n_prompts, segment_length=args.segment_length, seed=args.seed,
+                              split=args.split or "explore", distinct=args.distinct, given=given,
+                              metric=args.metric, corruption=args.corruption, direction=args.direction,
+                              site="heads" if args.heads else "resid", layers=args.layers)
+    if args.out is not None:
+        patch_sweep.write(t, args.out)
+    print(patch_sweep.render(t, args.top)
+          + (f"\n\nwrote {args.out}/ (patching.json, patching.csv, patching.png)" if args.out is not None else ""))
     return ExitCode.OK
 
 

@@ -14,7 +14,7 @@ from . import __version__
 from .data.settings import MAX_PROMPTS
 from .mech.weights.table import MAX_DRAWS
 from .model import metrics
-from .spec.vocabulary import WEIGHT_PROCESSING
+from .spec.vocabulary import WEIGHT_PROCESSING, Direction
 from .sweep.executors import EXECUTORS
 from .tools.discover_inputs import METHODS as DISCOVER_METHODS
 from .tools.discover_inputs import RANKS
@@ -247,6 +247,31 @@ def parser() -> argparse.ArgumentParser:
     ro.add_argument("--top", type=int, metavar="N", help="show the first N rows")
     ro.add_argument("--out", type=Path, help="new folder for heads.csv, heads.json and heads.png")
     _add_device(ro)
+
+    pa = sub.add_parser("patch", help="where the task's information sits: the residual stream patched at every "
+                        "layer x position, with intervals")
+    pa.add_argument("model", help="model directory, or hf:NAME")
+    pa.add_argument("--n-prompts", type=PROMPTS, default=50)
+    pa.add_argument("--segment-length", type=SEGMENT, default=20)
+    pa.add_argument("--seed", type=SEED, default=0)
+    pa.add_argument("--split", choices=("explore", "test"), default=None,
+                    help="prompt split of the generator or a template (default explore, or the data file's own "
+                         "split when it sets one)")
+    pa.add_argument("--data", type=Path, metavar="FILE", help=DATA_HELP)
+    pa.add_argument("--distinct", action="store_true", help=DISTINCT_HELP)
+    pa.add_argument("--metric", choices=metrics.names(),
+                    help="default logit_diff when the data have wrong tokens, else logprob")
+    pa.add_argument("--corruption", metavar="NAME", help="patch between the clean run and this corruption's "
+                    "(default: the data's first)")
+    pa.add_argument("--direction", choices=[str(d) for d in Direction], default=str(Direction.DENOISING),
+                    help="denoising (default): the clean residual into the corrupted run, the fraction of the "
+                         "gap restored; noising: the corrupted residual into the clean run, the fraction destroyed")
+    pa.add_argument("--heads", action="store_true", help="each head's output at each position instead of the "
+                    "residual (rows L{l}H{h}): the next look once the residual map shows which layers matter")
+    pa.add_argument("--layers", type=_layer_range, metavar="A-B", help="blocks A to B only (default: every block)")
+    pa.add_argument("--top", type=_int_in(1), default=10, help="strongest cells listed below the map")
+    pa.add_argument("--out", type=Path, help="new folder for patching.json, patching.csv and patching.png")
+    _add_device(pa)
     return p
 
 

@@ -67,6 +67,25 @@ def ratio_of_means(num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarr
     return out
 
 
+def ratio_of_sums_ci(effect: np.ndarray, gap: np.ndarray, n_resamples: int, confidence: float,
+                     seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column c of `effect` [n, C]: R_c = sum_n effect[n, c] / sum_n gap[n], with a percentile
+    bootstrap interval of the prompts, every column on the same resamples (weights w [B, n] drawn
+    once from `seed`: R*_bc = sum_n w_bn effect[n, c] / sum_n w_bn gap[n]); (R, low, high), each [C],
+    NaN where the gap is not finite or its sum is not positive."""
+    effect = np.asarray(effect, dtype=np.float64)
+    gap = np.asarray(gap, dtype=np.float64)
+    C = effect.shape[1]
+    if not np.isfinite(gap).all() or gap.sum() <= 0:
+        nan = np.full(C, np.nan)
+        return nan, nan.copy(), nan.copy()
+    n = len(gap)
+    w = np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n), size=n_resamples).astype(np.float64)
+    ratio = (w @ effect) / (w @ gap)[:, None]  # [B, C]
+    alpha = (1 - confidence) / 2
+    return (effect.sum(0) / gap.sum(), np.quantile(ratio, alpha, axis=0), np.quantile(ratio, 1 - alpha, axis=0))
+
+
 def sign_flip_pvalue(d: np.ndarray, n_perm: int, seed: int) -> float:
     """Two-sided sign-flip permutation p-value for mean(d) == 0."""
     d = np.asarray(d, dtype=np.float64)

@@ -236,15 +236,8 @@ def _logit_parts(runs: Any, edges: list[names.Edge]) -> np.ndarray | None:
 
 def _ratio(name: str, effect: np.ndarray, gap: np.ndarray, seed: int) -> Column:
     """sum_n e_n / sum_n gap_n per head, with a percentile bootstrap of the prompts (the same resamples
-    for every head and column: `seed`); NaN where the gap is not positive."""
-    if not np.isfinite(gap).all() or gap.sum() <= 0:
-        nan = np.full(effect.shape[1], math.nan)
-        return Column(name, nan, nan, nan)
-    w = np.random.default_rng(seed).multinomial(len(gap), np.full(len(gap), 1 / len(gap)), size=RESAMPLES)
-    ratio = (w @ effect) / (w @ gap)[:, None]  # [B, H]
-    alpha = (1 - CONFIDENCE) / 2
-    return Column(name, effect.sum(0) / gap.sum(), np.quantile(ratio, alpha, axis=0),
-                  np.quantile(ratio, 1 - alpha, axis=0))
+    for every head and column: `seed`; stats.ratio_of_sums_ci); NaN where the gap is not positive."""
+    return Column(name, *stats.ratio_of_sums_ci(effect, gap, RESAMPLES, CONFIDENCE, seed))
 
 
 def ordered(t: HeadTable, sort: str | None, top: int | None) -> list[int]:

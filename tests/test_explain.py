@@ -437,3 +437,18 @@ def test_explanations_and_scores_outlive_letting_go_of_the_weights(monkeypatch):
     monkeypatch.setattr(Composition, "sender_core", again)
     assert ctx.explained(edge) == first
     assert ctx.composition().score(edge.sender, edge.receiver) == score
+
+
+def test_a_deep_route_says_once_what_its_readouts_leave_out(demo_evidence):
+    """A route whose sender sits more than one layer after the embeddings, and whose receiver more than
+    one before the logits: one line says which token readouts are left out, and no direction repeats it."""
+    from harness.evidence import explain_text
+
+    comp = next(c for c in demo_evidence.claims if c.id == "K-comp-L0H7-L1H5")
+    deep = comp.details.explained.model_copy(update={"n_layers": 9})
+    text = explain_text.lines(deep, "L3H0 -> L5H1.k")
+    said = [line for line in text if "left out" in line]
+    assert len(said) == 1 and said == [text[1]] and "sits 3 layers after them" in said[0]
+    assert len(text) == 2 + min(3, len(deep.directions))
+    shallow = explain_text.lines(comp.details.explained, "L0H7 -> L1H5.k")
+    assert not any("left out" in line for line in shallow) and "reads tokens" in shallow[1]

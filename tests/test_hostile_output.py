@@ -10,6 +10,7 @@ message, that no traceback was printed and that nothing was left behind.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import json
@@ -727,6 +728,35 @@ def _apply(doc: dict, pointer: str, value: object) -> dict:
     return doc
 
 
+@contextlib.contextmanager
+def _applied(doc: dict, pointer: str, value: object):
+    """`doc` with one mutation made in place for the block, then undone (the key restored where it was)."""
+    *parents, last = pointer.split("/")[1:]
+    node = doc
+    for p in parents:
+        node = node[int(p)] if isinstance(node, list) else node[p]
+    key = int(last) if isinstance(node, list) else last
+    old = node[key]
+    if isinstance(node, dict):
+        order = list(node)
+    if value is DELETE:
+        del node[key]
+    else:
+        node[key] = value
+    try:
+        yield doc
+    finally:
+        if isinstance(node, list):
+            if value is DELETE:
+                node.insert(key, old)
+            else:
+                node[key] = old
+        else:
+            node[key] = old
+            for k in order:  # the original key order (a deleted key came back last)
+                node[k] = node.pop(k)
+
+
 def _renders_whenever_valid(doc: dict, problems, render_text, render_all, min_accepted: int) -> None:
     """Every single mutation of `doc` (text output; every 15th accepted one with figures) and
     combinations of up to three drawn by hypothesis (figures too): when `problems` finds
@@ -736,11 +766,13 @@ def _renders_whenever_valid(doc: dict, problems, render_text, render_all, min_ac
 
     mutations = _mutations(doc)
     accepted = []
+    work = copy.deepcopy(doc)
     for pointer, value in mutations:
-        d = _apply(doc, pointer, value)
-        if problems(d) == []:
-            accepted.append(pointer)
-            (render_all if len(accepted) % 15 == 0 else render_text)(d)  # must not raise
+        with _applied(work, pointer, value) as d:  # in place and undone: most mutations are refused, so no copy
+            if problems(d) == []:
+                accepted.append(pointer)
+                (render_all if len(accepted) % 15 == 0 else render_text)(copy.deepcopy(d))  # must not raise
+    assert work == doc  # every mutation undone: each was tried on the document alone
     assert len(accepted) >= min_accepted  # the test did exercise the renderer
 
     @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

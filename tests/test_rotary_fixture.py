@@ -34,6 +34,11 @@ def test_committed_rotary_report_is_current(tmp_path):
     assert (arch["name"], arch["positions"], arch["n_key_value_heads"], arch["norm"], arch["gated_mlp"]) == \
         ("LlamaForCausalLM", "rotary", 2, "RMS", True)
     assert all(c.passed for c in ev.sanity_checks if "identity" in c.name)
+    weights = {row.mechanism: [s.claim for s in row.rungs.get("weights", [])] for row in ev.ladder}
+    # a route with a composition claim has that claim as its weights step, once; a route only an edge claim
+    # names has the weights-vs-use row's composition test
+    assert weights["L0H2 -> L1H1.k"] == ["K-comp-L0H2-L1H1"] and weights["L0H3 -> L1H1.q"] == ["Q-comp-L0H3-L1H1"]
+    assert "(weights vs use)" in sum(weights.values(), [])
     folder = harness.write_report(ev, out_dir=tmp_path / "rotary")
     assert_committed(folder, REPORT)
 

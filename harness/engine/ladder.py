@@ -52,9 +52,12 @@ def entries(claims: Sequence[ClaimSpec], results: Sequence[ClaimResult], rows: S
     """(claim id, entry) for every step the claims and the weights-vs-use table give."""
     out = [(r.id, e) for c, r in zip(claims, results, strict=True) for e in kind_of(c).ladder(c, r)]
     expected = {c.id: getattr(c, "expect", None) for c in claims}
+    weighed = {e.mechanism for _, e in out if e.rung is Rung.WEIGHTS}  # routes a composition claim names
     for row in rows:  # the composition test of an edge that only edge claims name
         if row.composes is None or row.composition_p_adjusted is None:
             continue  # an MLP end: no composition score
+        if row.edge in weighed:
+            continue  # its composition claim is the step: the same test is not shown twice
         if all(expected.get(t.claim) == "unused" for t in row.tests):
             continue  # the file states the route is not used: composition neither supports nor contradicts that
         out.append((WEIGHTS_VS_USE, LadderEntry(row.edge, "edge", Rung.WEIGHTS, SUPPORTS if row.composes else AGAINST,

@@ -69,7 +69,8 @@ def direction(d: ExplainedDirection, sender: str, receiver: str, esc: Escape = _
     """One direction: what the sender reads and writes, and what the receiver's other side
     reads (.q/.k) or promotes (.v), in tokens.  Token readouts read the direct path (the
     embeddings, the unembedding): those that would skip more than DIRECT_DEPTH layers are left
-    out, saying so, since they say nothing about what a deep route carries."""
+    out (`left_out` says so once for the route), since they say nothing about what a deep route
+    carries."""
     head = receiver.split(".")[0]
     side = {"k": "queries", "q": "keys"}.get(receiver.rsplit(".", 1)[-1], "")
     before, after = readout_depths(sender, receiver, n_layers)
@@ -81,19 +82,30 @@ def direction(d: ExplainedDirection, sender: str, receiver: str, esc: Escape = _
         if d.receiver_reads is not None:
             match = "" if d.token_match is None else f", token match {fmt(d.token_match, 2)}"
             text += f"; {head}'s {side} read tokens {tokens(d.receiver_reads, esc)}{match}"
-    else:
-        text += (f": token readouts of the embeddings left out ({sender} sits {before} layers after them, and the "
-                 "readouts would skip what those layers do)")
-    if d.promotes is not None:
-        text += (f"; {head} promotes tokens {tokens(d.promotes, esc)}" if after is None or after <= DIRECT_DEPTH
-                 else f"; what {head} promotes is left out ({after} layers lie between it and the logits)")
+    if d.promotes is not None and (after is None or after <= DIRECT_DEPTH):
+        text += f"; {head} promotes tokens {tokens(d.promotes, esc)}"
     if d.multiplicity > 1:
         text += (f" (one of {d.multiplicity} equal singular values: any rotation among them is as valid, "
                  "these readouts show one)")
     return text
 
 
+def left_out(ex: Explained, sender: str, receiver: str) -> str | None:
+    """What the route's token readouts leave out, said once for all its directions (None: nothing)."""
+    head = receiver.split(".")[0]
+    before, after = readout_depths(sender, receiver, ex.n_layers)
+    parts = []
+    if before > DIRECT_DEPTH:
+        parts.append(f"the token readouts of the embeddings are left out ({sender} sits {before} layers after them, "
+                     "and the readouts would skip what those layers do)")
+    if after is not None and after > DIRECT_DEPTH and any(d.promotes is not None for d in ex.directions):
+        parts.append(f"what {head} promotes is left out ({after} layers lie between it and the logits)")
+    return "; ".join(parts) if parts else None
+
+
 def lines(ex: Explained, edge: str, esc: Escape = _same, n: int = 3) -> list[str]:
-    """The summary, then one line per shown direction."""
+    """The summary, what the readouts leave out (once), then one line per shown direction."""
     sender, receiver = (part.strip() for part in edge.split("->"))
-    return [summary(ex, n)] + [direction(d, sender, receiver, esc, ex.n_layers) for d in ex.directions[:n]]
+    note = left_out(ex, sender, receiver)
+    return ([summary(ex, n)] + ([note[0].upper() + note[1:] + "."] if note else [])
+            + [direction(d, sender, receiver, esc, ex.n_layers) for d in ex.directions[:n]])

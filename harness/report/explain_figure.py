@@ -60,9 +60,7 @@ def _direction_lines(d: ExplainedDirection, sender: str, receiver: str, n_layers
     before, after = readout_depths(sender, receiver, n_layers)
     pos = "" if d.positional_share is None or before > DIRECT_DEPTH else f", pos. {fmt(d.positional_share, 2)}"
     out = [f"{d.index}: share {fmt(d.share)}, null {fmt(d.null_share_mean)} {fmt_ci(d.null_share_ci)}{pos}{same}"]
-    if before > DIRECT_DEPTH:
-        out.append(f"   (readouts left out: {before} layers after the embeddings)")
-    else:
+    if before <= DIRECT_DEPTH:  # deeper: said once for the route (draw_explain)
         out.append("   reads " + ", ".join(token(t) for t in d.sender_reads))
         if d.receiver_reads is not None:
             match = "" if d.token_match is None else f" (match {fmt(d.token_match, 2)})"
@@ -107,7 +105,10 @@ def draw_explain(items: list[tuple[str, Explained]]) -> Any | None:
         angles.xaxis.set_major_locator(MaxNLocator(integer=True))
         words.axis("off")
         sender, receiver = (part.strip() for part in edge.split("->"))
-        text = [line for d in ex.directions for line in _direction_lines(d, sender, receiver, ex.n_layers)]
+        before, _ = readout_depths(sender, receiver, ex.n_layers)
+        text = ([f"(readouts left out: {before} layers after the embeddings)"] if before > DIRECT_DEPTH
+                and ex.directions else [])
+        text += [line for d in ex.directions for line in _direction_lines(d, sender, receiver, ex.n_layers)]
         text = text or ["no direction: the product is zero"]
         head = f"top directions of {ex.rank}: share of C², tokens read"
         step = min(0.1, 0.9 / max(len(text), 1))

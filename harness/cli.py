@@ -301,11 +301,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _kept(out: Path | None, left_out: bool, name: str) -> Path | None:
+    """Where a table's files go: --out, else (when the printed table leaves rows out, which would be
+    lost) a new folder under reports/, else nowhere."""
+    return out if out is not None else default_folder(name, Path("reports")) if left_out else None
+
+
 def cmd_roles(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     given = from_data_file(args.data, args.split) if args.data is not None else None  # checked before loading
     if args.top is not None and args.top < 1:
         raise UserError(f"--top: {args.top} must be at least 1")
+    if args.out is not None or args.top is not None:  # the folder can be written: checked before any work
+        writer.preflight(args.out, Path("reports"))
     m = load_model(args.model, device=device)
     table = roles_table.head_table(m, n_prompts=args.n_prompts, segment_length=args.segment_length, seed=args.seed,
                                    split=args.split or "explore", distinct=args.distinct, given=given,
@@ -314,26 +322,32 @@ def cmd_roles(args: argparse.Namespace) -> int:
         text = roles_table.render(table, args.sort, args.top)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if args.out is not None:
-        roles_table.write(table, args.out, args.sort)
-    print(text + (f"\n\nwrote {args.out}/ (heads.csv, heads.json, heads.png)" if args.out is not None else ""))
+    left = len(table.heads) - len(roles_table.ordered(table, args.sort, args.top))
+    out = _kept(args.out, left > 0, "roles")
+    if out is not None:
+        out = roles_table.write(table, out, args.sort, unique=args.out is None)
+    kept = f"{left} rows left out by --top: every row is in " if left and args.out is None else "wrote "
+    print(text + (f"\n\n{kept}{out}/ (heads.csv, heads.json, heads.png)" if out is not None else ""))
     return ExitCode.OK
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     given = from_data_file(args.data, args.split) if args.data is not None else None  # checked before loading
-    if args.out is not None:
-        check_new(args.out)  # the folder can be made: checked before any work
+    if args.out is not None or args.heads:  # the folder can be written: checked before any work
+        writer.preflight(args.out, Path("reports"))
     m = load_model(args.model, device=device)
     t = patch_sweep.patch_map(m, n_prompts=args.n_prompts, segment_length=args.segment_length, seed=args.seed,
                               split=args.split or "explore", distinct=args.distinct, given=given,
                               metric=args.metric, corruption=args.corruption, direction=args.direction,
                               site="heads" if args.heads else "resid", layers=args.layers)
-    if args.out is not None:
-        patch_sweep.write(t, args.out)
+    left = t.site == "heads"  # the printed table shows the heads of the strongest cells only
+    out = _kept(args.out, left, "patch")
+    if out is not None:
+        out = patch_sweep.write(t, out, unique=args.out is None)
+    kept = "every head is in " if left and args.out is None else "wrote "
     print(patch_sweep.render(t, args.top)
-          + (f"\n\nwrote {args.out}/ (patching.json, patching.csv, patching.png)" if args.out is not None else ""))
+          + (f"\n\n{kept}{out}/ (patching.json, patching.csv, patching.png)" if out is not None else ""))
     return ExitCode.OK
 
 

@@ -203,9 +203,10 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {none}:1: missing 'corrupted'"]
 
 
-def test_heads_of_some_layers_from_the_command(tmp_path, capsys):
+def test_heads_of_some_layers_from_the_command(tmp_path, capsys, monkeypatch):
     """--heads --layers 1-2: rows L1H0..L2H3 in patching.json; the printed table lists the rows of the
-    strongest cells; blocks outside the model are one line."""
+    strongest cells, and without --out every head goes to a new folder under reports/; blocks outside
+    the model are one line."""
     d = _data(tmp_path)
     out = tmp_path / "heads"
     assert main(["patch", str(NAMES), "--data", str(d), "--heads", "--layers", "1-2", "--top", "4",
@@ -217,5 +218,11 @@ def test_heads_of_some_layers_from_the_command(tmp_path, capsys):
     assert len(best) == 4 and all(line.split()[0] in doc["rows"] for line in best)
     table = text.split("\n\n")[1].splitlines()
     assert table[0].startswith("head") and {r.split()[0] for r in table[2:]} == {line.split()[0] for line in best}
+    monkeypatch.chdir(tmp_path)
+    assert main(["patch", str(NAMES), "--data", str(d), "--heads", "--layers", "2-2"]) == 0
+    (kept,) = (tmp_path / "reports").iterdir()
+    assert capsys.readouterr().out.splitlines()[-1] == (f"every head is in reports/{kept.name}/ (patching.json, "
+                                                        "patching.csv, patching.png)")
+    assert json.loads((kept / "patching.json").read_text())["rows"] == [f"L2H{h}" for h in range(4)]
     assert main(["patch", str(NAMES), "--data", str(d), "--layers", "2-5"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["error: --layers 2-5: the model has blocks 0-2"]

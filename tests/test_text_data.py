@@ -571,7 +571,7 @@ def test_occurrence_corruptions_are_checked(word_model, change, message):
 
 # --- the head table of `harness roles` ------------------------------------------------------------------------------
 
-def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
+def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys, monkeypatch):
     """Each head's direct effect is the fraction of the gap its write carries straight to the logits:
     TransformerLens by hand (the final residual minus the head's clean-minus-corrupted write, at
     blocks.{L-1}.hook_resid_post, which only the final norm and unembedding read) is the oracle; the
@@ -658,9 +658,18 @@ def test_the_head_table_against_transformer_lens_by_hand(tmp_path, capsys):
         np.testing.assert_array_equal(c.mean, col[c.name].mean)
     assert alone.metric is None and "--no-direct" in alone.note
     assert alone.behaviour["clean"] == t.behaviour["clean"] and alone.behaviour["corrupted"] == {}  # the same run
+    monkeypatch.chdir(tmp_path)  # without --out, rows --top leaves out go to a new folder under reports/
     assert main(["roles", str(names_dir), "--data", str(d), "--no-direct", "--top", "2"]) == 0
-    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("head "))
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if line.startswith("head "))
     assert "direct" not in header and "attn S#2" in header
+    (kept,) = (tmp_path / "reports").iterdir()
+    assert kept.name.startswith("roles-") and text.splitlines()[-1] == (
+        f"{len(t.heads) - 2} rows left out by --top: every row is in reports/{kept.name}/ "
+        "(heads.csv, heads.json, heads.png)")
+    assert len(json.loads((kept / "heads.json").read_text())["heads"]) == len(t.heads)
+    assert main(["roles", str(names_dir), "--data", str(d), "--no-direct"]) == 0  # every row printed: nothing written
+    assert len(list((tmp_path / "reports").iterdir())) == 1 and "rows left out" not in capsys.readouterr().out
 
 
 PALS = [{"text": "Mary", "pal": "Ann"}, {"text": "John", "pal": "Bob"}, {"text": "Alice", "pal": "Eve"},

@@ -270,9 +270,10 @@ def _png(t: PatchMap) -> bytes:
     return png(fig)
 
 
-def write(t: PatchMap, out: Path) -> Path:
-    """The --out folder (report.folders.write_folder: whole or not at all)."""
-    return write_folder(out, files(t))
+def write(t: PatchMap, out: Path, unique: bool = False) -> Path:
+    """The --out folder (report.folders.write_folder: whole or not at all; `unique`: a default folder's
+    name, moved on to the next free one if taken)."""
+    return write_folder(out, files(t), unique=unique)
 
 
 __all__ = ["PatchMap", "document", "explained", "files", "label", "patch_map", "render", "write"]

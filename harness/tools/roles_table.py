@@ -29,7 +29,9 @@ NaN prompts left out); the direct effect, a ratio, a percentile bootstrap of the
 (1,000 resamples, the same resamples for every head).  `--sort COLUMN` orders the rows by that
 column's mean, from the largest (the direct effect by its size: heads that push the metric
 down, e.g. negative movers, rank high too); `--top N` keeps the first N; `--out DIR` writes
-heads.csv, heads.json and heads.png (the sorted column as a layer x head grid).  Cost: the
+heads.csv, heads.json and heads.png (the sorted column as a layer x head grid), every row; without
+`--out`, a table `--top` cuts is written to a new folder under reports/ all the same (harness.cli),
+so no row computed is lost.  Cost: the
 clean and corrupted runs (2 forward passes, which score both parts of logit_diff) and, for
 the direct effects, one final-norm pass per head with the unembedding of the answer's and the
 wrong token's columns only (logit_diff), or of the whole vocabulary (other metrics).
@@ -340,9 +342,10 @@ def _grid_png(t: HeadTable, sort: str | None) -> bytes:
     return png(fig)
 
 
-def write(t: HeadTable, out: Path, sort: str | None = None) -> Path:
-    """The --out folder (report.folders.write_folder: whole or not at all)."""
-    return write_folder(out, files(t, sort))
+def write(t: HeadTable, out: Path, sort: str | None = None, unique: bool = False) -> Path:
+    """The --out folder (report.folders.write_folder: whole or not at all; `unique`: a default folder's
+    name, moved on to the next free one if taken)."""
+    return write_folder(out, files(t, sort), unique=unique)
 
 
 __all__ = ["DIRECT", "HeadTable", "files", "head_table", "ordered", "render", "role_table", "write"]

@@ -45,6 +45,9 @@ class Dataset:
                  warns when claims take means and the share is material)
     spans:       the token span [start, end) of each occurrence of each slot of a template,
                  `NAME#k` (k from 1), per prompt [n, 2] (attention claims to named positions)
+    answer_sets: [n, k, S] the right answers at each scored position where the data give sets of
+                 them (padded with -1; `answers` then holds each set's first member), else None
+    wrong_sets:  [n, k, S] the wrong answers likewise (None without sets or without wrong tokens)
     """
 
     clean: Any
@@ -58,6 +61,18 @@ class Dataset:
     warnings: list[str] = field(default_factory=list)
     shared_reference: int = 0  # clean prompts that are also reference prompts (a mean over them includes them)
     spans: dict[str, Any] = field(default_factory=dict)  # named positions of template prompts: {"S#2": [n, 2]}
+    answer_sets: Any | None = None  # [n, k, S] padded with -1, where the data give sets of right answers
+    wrong_sets: Any | None = None  # [n, k, S] likewise for the wrong answers
+
+    def scored(self, sets: bool) -> tuple[Any, Any | None]:
+        """(answers, wrong) as a metric reads them: with `sets`, the sets [n, k, S] (padded with -1;
+        single tokens become sets of one), else the single tokens [n, k]."""
+        if not sets:
+            return self.answers, self.wrong
+        answers = self.answer_sets if self.answer_sets is not None else self.answers.unsqueeze(-1)
+        if self.wrong is None:
+            return answers, None
+        return answers, self.wrong_sets if self.wrong_sets is not None else self.wrong.unsqueeze(-1)
 
     @property
     def corrupted(self) -> Any:
@@ -80,7 +95,8 @@ class Dataset:
 
         return Dataset(move(self.clean), {k: move(v) for k, v in self.corruptions.items()}, move(self.positions),
                        move(self.answers), move(self.wrong), self.description, self.has_bos, move(self.reference),
-                       list(self.warnings), self.shared_reference, {k: move(v) for k, v in self.spans.items()})
+                       list(self.warnings), self.shared_reference, {k: move(v) for k, v in self.spans.items()},
+                       move(self.answer_sets), move(self.wrong_sets))
 
     def keep_corruptions(self, chosen: list[str]) -> Dataset:
         """The same prompts with only the `chosen` corruptions, in that order (the first the default)."""
@@ -93,7 +109,8 @@ class Dataset:
 
         return replace(self, clean=take(self.clean), corruptions={k: take(v) for k, v in self.corruptions.items()},
                        positions=take(self.positions), answers=take(self.answers), wrong=take(self.wrong),
-                       spans={k: take(v) for k, v in self.spans.items()})
+                       spans={k: take(v) for k, v in self.spans.items()}, answer_sets=take(self.answer_sets),
+                       wrong_sets=take(self.wrong_sets))
 
     @property
     def n(self) -> int:
@@ -112,12 +129,11 @@ def drop_duplicates(ds: Dataset, source: str, labels: list[str] | None = None) -
     names prompt i in the warning (e.g. `file:line`).  DataError (naming `source`)
     when fewer than 2 distinct prompts remain."""
     tensors = [ds.clean, *ds.corruptions.values(), ds.positions, ds.answers]
-    if ds.wrong is not None:
-        tensors.append(ds.wrong)
+    tensors += [t for t in (ds.wrong, ds.answer_sets, ds.wrong_sets) if t is not None]
     seen: dict[tuple[Any, ...], int] = {}
     keep, repeats = [], []
     for i in range(ds.n):
-        key = tuple(tuple(t[i].tolist()) for t in tensors)
+        key = tuple(tuple(t[i].flatten().tolist()) for t in tensors)
         if key in seen:
             repeats.append((i, seen[key]))
         else:

@@ -136,7 +136,8 @@ def _template(d: TemplateData, source: Where, model: LoadedModel) -> data.Datase
 def _prompts(d: PromptsData, source: Where, model: LoadedModel) -> data.Dataset:
     tok = require_tokenizer(model, source.where("data.prompts"))
     bos = _bos(d.prepend_bos, tok, source.where("data.prepend_bos"), model.d_vocab)
-    rows = [TextPrompt(source.where(f"data.prompts[{i}]"), p.text, p.corruption_texts(), p.answer, p.wrong,
+    rows = [TextPrompt(source.where(f"data.prompts[{i}]"), p.text, p.corruption_texts(), text_data.answer_of(p.answer),
+                       text_data.answer_of(p.wrong),
                        source.where(f"data.prompts[{i}].answer"), source.where(f"data.prompts[{i}].wrong"),
                        slots=None if p.spans is None else named_spans.occurrences(
                            p.text, p.spans, source.where(f"data.prompts[{i}].spans")))

@@ -21,7 +21,7 @@ from ..model.tokenizer import TextTokenizer
 from . import dataset as data
 from . import named_spans
 from .dataset import Dataset, drop_duplicates, parse_line, read_lines, read_rows
-from .text_settings import spans_problem
+from .text_settings import set_problem, spans_problem
 
 DEFAULT = data.DEFAULT
 
@@ -31,7 +31,9 @@ class TextPrompt:
     """One clean prompt with its corrupted prompts, as text.
 
     where:          names the prompt in messages (`file:line`, `h.yaml:7: data.prompts[2]`)
-    answer:         the correct next token as a string; None: the token after the marker
+    answer:         the correct next token as a string, or a set of them (a tuple: every one right);
+                    None: the token after the marker
+    wrong:          the wrong token, or a set of them; None: none
     before_marker:  the clean text before the template's `{@}` marker; None: the last
                     token is scored
     where_answer, where_wrong: name the answer and wrong strings in messages
@@ -43,8 +45,8 @@ class TextPrompt:
     where: str
     clean: str
     corruptions: dict[str, str]
-    answer: str | None
-    wrong: str | None
+    answer: str | tuple[str, ...] | None
+    wrong: str | tuple[str, ...] | None
     where_answer: str
     where_wrong: str
     before_marker: str | None = None
@@ -60,8 +62,18 @@ def _texts(p: TextPrompt) -> list[tuple[str, str, str]]:
     out += [(p.where, "the corrupted prompt" if c == DEFAULT else f"corruption {c}", t)
             for c, t in p.corruptions.items()]
     ends = ((p.where_answer, "the answer", p.answer), (p.where_wrong, "the wrong token", p.wrong))
-    out += [(w, what, t) for w, what, t in ends if t is not None]
+    out += [(w, what, t) for w, what, end in ends for t in members(end)]
     return out
+
+
+def members(end: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The strings of an answer or wrong end: none, one, or a set's."""
+    return () if end is None else (end,) if isinstance(end, str) else end
+
+
+def answer_of(value: str | list[str] | None) -> str | tuple[str, ...] | None:
+    """An answer or wrong end as data give it (a string, or a list: a set) as a TextPrompt holds it."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _show(tok: TextTokenizer, ids: list[int]) -> str:
@@ -124,9 +136,11 @@ def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: boo
     corrupted = {c: [bos + ids for ids in tok.encode([p.corruptions[c] for p in prompts])] for c in names}
     marked = [i for i, p in enumerate(prompts) if p.before_marker is not None]
     before = dict(zip(marked, tok.encode([str(prompts[i].before_marker) for i in marked]), strict=True))
-    strings = sorted({s for p in prompts for s in (p.answer, p.wrong) if s is not None})
+    strings = sorted({s for p in prompts for end in (p.answer, p.wrong) for s in members(end)})
     encoded = dict(zip(strings, tok.encode(strings), strict=True))
     positions, answers, wrong = [], [], []
+    answer_sets: list[list[int]] = []  # every prompt's right (and wrong) set, a set of one where it gives one token
+    wrong_sets: list[list[int]] = []
     for i, p in enumerate(prompts):
         ids = clean[i]
         if not ids:
@@ -156,14 +170,18 @@ def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: boo
             answer = ids[pos + 1] if p.answer is None else None
         else:
             pos, answer = len(ids) - 1, None
-        if answer is None:
-            text = str(p.answer)
-            answer = _one_token(tok, text, encoded[text], p.where_answer, p.filling)
+        right = [answer] if answer is not None else _set_tokens(tok, p.answer, encoded, p.where_answer, p.filling)
         positions.append([pos])
-        answers.append([answer])
+        answers.append(right[:1])
+        answer_sets.append(right)
         if p.wrong is not None:
-            wrong.append([_one_token(tok, p.wrong, encoded[p.wrong], p.where_wrong, p.filling)])
-    for token in [*(a for row in answers for a in row), *(w for row in wrong for w in row)]:
+            bad = _set_tokens(tok, p.wrong, encoded, p.where_wrong, p.filling)
+            both = sorted(set(right) & set(bad))
+            if both and not (isinstance(p.answer, str | None) and isinstance(p.wrong, str)):  # sets: disjoint
+                raise DataError(f"{p.where_wrong}: {tok.pieces(both)} is both a right and a wrong answer")
+            wrong.append(bad[:1])
+            wrong_sets.append(bad)
+    for token in [*(a for row in answer_sets for a in row), *(w for row in wrong_sets for w in row)]:
         if not 0 <= token < d_vocab:
             raise DataError(f"{source}: answer or wrong token {token} is outside the model's vocabulary "
                             f"0..{d_vocab - 1}")
@@ -196,6 +214,11 @@ def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: boo
 
     ds = Dataset(t(clean), {c: t(corrupted[c]) for c in names}, t(positions), t(answers), t(wrong) if wrong else None,
                  description, has_bos=bool(bos), reference=ref)
+    if any(not isinstance(p.answer, str | None) or not isinstance(p.wrong, str | None) for p in prompts):
+        ds.answer_sets, ds.wrong_sets = _padded(answer_sets), _padded(wrong_sets) if wrong else None
+        sizes = sorted({len(r) for r in answer_sets})
+        ds.description += (f"; sets of {sizes[0]}" + (f" to {sizes[-1]}" if len(sizes) > 1 else "")
+                           + " right answers" + (" against sets of wrong ones" if wrong else ""))
     if ref is not None:
         shared = {tuple(r) for r in ref.tolist()} & {tuple(c) for c in clean}
         ds.shared_reference = sum(tuple(c) in shared for c in clean)
@@ -208,6 +231,25 @@ def text_dataset(prompts: list[TextPrompt], tok: TextTokenizer, prepend_bos: boo
                                 "ones, as often")
         ds.spans = _spans(prompts, clean, tok, bos)
     return drop_duplicates(ds, source, [p.where for p in prompts])
+
+
+def _set_tokens(tok: TextTokenizer, end: str | tuple[str, ...] | None, encoded: dict[str, list[int]], where: str,
+                filling: str) -> list[int]:
+    """The token of each string of an answer or wrong end (each one token: _one_token); DataError where two
+    strings of a set are the same token."""
+    got = [_one_token(tok, text, encoded[text], where, filling) for text in members(end)]
+    if len(set(got)) != len(got):
+        twice = next(t for t in got if got.count(t) > 1)
+        raise DataError(f"{where}: two answers of the set are the same token {tok.piece(twice)!r}")
+    return got
+
+
+def _padded(rows: list[list[int]]) -> Any:
+    """[n, 1, S] token sets, padded with -1 to the largest set's size S."""
+    import torch
+
+    size = max(len(r) for r in rows)
+    return torch.tensor([[r + [-1] * (size - len(r))] for r in rows], dtype=torch.long)
 
 
 def _spans(prompts: list[TextPrompt], clean: list[list[int]], tok: TextTokenizer, bos: list[int]) -> dict[str, Any]:
@@ -266,8 +308,13 @@ def _check_text_row(obj: Any, where: str) -> dict[str, Any]:
             bad = spans_problem(value)
             if bad:
                 raise DataError(f"{where}: {bad}")
+        elif key in ("answer", "wrong") and isinstance(value, list):
+            bad = set_problem(value)
+            if bad:
+                raise DataError(f"{where}: '{key}': {bad}")
         elif not isinstance(value, str) or not value:
-            raise DataError(f"{where}: '{key}' must be a non-empty string")
+            raise DataError(f"{where}: '{key}' must be a non-empty string"
+                            + (" or a list of them (a set of answers)" if key in ("answer", "wrong") else ""))
     return dict(obj, where=where)
 
 
@@ -298,7 +345,8 @@ def load_text_jsonl(path: Path, tok: TextTokenizer, prepend_bos: bool, d_vocab: 
         return {DEFAULT: r["corrupted"]} | {k[len("corrupted_"):]: r[k] for k in extra}
 
     prompts = [TextPrompt(r["where"], r["text"], corruptions(r),
-                          r["answer"], r.get("wrong"), f"{r['where']}: answer", f"{r['where']}: wrong",
+                          answer_of(r["answer"]), answer_of(r.get("wrong")), f"{r['where']}: answer",
+                          f"{r['where']}: wrong",
                           slots=named_spans.occurrences(r["text"], r["spans"], r["where"]) if "spans" in r else None)
                for r in rows]
     ref_rows = read_rows(mean_from, _check_text_reference) if mean_from is not None else None

@@ -348,6 +348,19 @@ def spans_problem(value: Any) -> str | None:
     return None
 
 
+def set_problem(values: Any) -> str | None:
+    """What is wrong with a set of answers given as a list (None when it is a list of distinct non-empty
+    strings, at least one)."""
+    if not isinstance(values, list) or not values:
+        return "a set of answers is a non-empty list of strings"
+    if not all(isinstance(v, str) and v for v in values):
+        return "every answer in a set is a non-empty string"
+    if len(set(values)) != len(values):
+        twice = next(v for v in values if values.count(v) > 1)
+        return f"the set gives {twice!r} twice"
+    return None
+
+
 class TextPrompt(Strict, extra="allow"):
     """One prompt of `data.prompts`: the clean text, its corrupted text(s) and the answer."""
 
@@ -355,9 +368,17 @@ class TextPrompt(Strict, extra="allow"):
 
     text: str = Field(min_length=1)
     corrupted: str = Field(min_length=1)
-    answer: str = Field(min_length=1)
-    wrong: str | None = Field(None, min_length=1)
+    answer: str | list[str] = Field(min_length=1)  # a list: a set of right answers (metric prob_diff)
+    wrong: str | list[str] | None = Field(None, min_length=1)
     spans: dict[str, Any] | None = None  # named positions (data.named_spans)
+
+    @field_validator("answer", "wrong")
+    @classmethod
+    def _set(cls, v: str | list[str] | None) -> str | list[str] | None:
+        problem = None if v is None or isinstance(v, str) else set_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
 
     @field_validator("spans")
     @classmethod

@@ -34,15 +34,18 @@ def build_dataset(d: DataSpec, source: DataSource, model: LoadedModel) -> data.D
 def check_output_vocab(ds: data.Dataset, d_vocab_out: int, where: str, generated: bool) -> None:
     """Raise SpecError when an answer or wrong token id lies outside the output vocabulary
     0..d_vocab_out-1 (a model whose unembedding is narrower than its embedding)."""
-    for name, ids in (("answer", ds.answers), ("wrong", ds.wrong)):
+    for name, ids in (("answer", ds.answers), ("wrong", ds.wrong), ("answer", ds.answer_sets),
+                      ("wrong", ds.wrong_sets)):
         if ids is None:
             continue
-        outside = (ids < 0) | (ids >= d_vocab_out)
+        pad = (ids == -1) if ids.dim() == 3 else (ids != ids)  # -1 pads a set; single tokens have no padding
+        outside = ((ids < 0) & ~pad) | (ids >= d_vocab_out)
         if bool(outside.any()):
-            n, k = (int(i) for i in outside.nonzero()[0])
+            at = outside.nonzero()[0]
+            n, token = int(at[0]), int(ids[tuple(at.tolist())])
             hint = (f"; set data.vocab_max: {d_vocab_out} so that every token can be an answer" if generated
                     else "")
-            raise SpecError([f"{where}: prompt {n}: {name} token {int(ids[n, k])} is outside the model's output "
+            raise SpecError([f"{where}: prompt {n}: {name} token {token} is outside the model's output "
                              f"vocabulary 0..{d_vocab_out - 1} (d_vocab_out {d_vocab_out}){hint}"])
 
 

@@ -200,7 +200,7 @@ def behaviour_of(runs: Runs, vocab: int, st: Stats, seed: int) -> dict[str, Any]
     (model.behaviour.document), from what the base runs read of their logits."""
     ds = runs.ds
     return behaviour.document(runs.behaviour, int(ds.positions.shape[1]), ds.wrong is not None, vocab,
-                              st.bootstrap, st.confidence, seed)
+                              st.bootstrap, st.confidence, seed, sets=ds.answer_sets is not None)
 
 
 def chance_warnings(doc: dict[str, Any]) -> list[str]:

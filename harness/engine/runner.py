@@ -116,6 +116,9 @@ def _run(hypothesis: str | Path | dict[str, Any], *, seed: int | None, base_dir:
     check_corruptions(h, ds)
     if metrics.get(s.metric).needs_wrong and ds.wrong is None:
         raise SpecError([f"{h.where('metric')}: {s.metric} needs 'wrong' tokens in the data"])
+    unfit = metrics.fits_problem(s.metric, ds)
+    if unfit is not None:
+        raise SpecError([f"{h.where('metric')}: {unfit}"])
     with (threads.using(n_threads, int(loaded.bridge.cfg.d_model)) as used,
           memory.using(device=of(loaded.bridge)) as budget):
         stage(f"measuring on {used} thread(s), memory budget {memory.gb(budget)}")

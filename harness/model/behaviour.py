@@ -27,7 +27,7 @@ import numpy as np
 from .. import stats
 
 if TYPE_CHECKING:
-    from jaxtyping import Float, Int
+    from jaxtyping import Float
     from torch import Tensor
 
 __all__ = ["per_prompt", "summary", "document", "near_chance", "NEAR_CHANCE", "words", "headline"]
@@ -35,18 +35,28 @@ __all__ = ["per_prompt", "summary", "document", "near_chance", "NEAR_CHANCE", "w
 NEAR_CHANCE = 0.1  # an accuracy whose interval reaches chance + this is near chance
 
 
-def per_prompt(logits_at: Float[Tensor, "n k vocab"], answers: Int[Tensor, "n k"],
-               wrong: Int[Tensor, "n k"] | None) -> Float[Tensor, "n 2"]:
-    """[n, 2] float64: accuracy_n and rank_n (module docstring) from the logits at the scored positions."""
+def per_prompt(logits_at: Float[Tensor, "n k vocab"], answers: Any, wrong: Any | None) -> Float[Tensor, "n 2"]:
+    """[n, 2] float64: accuracy_n and rank_n (module docstring) from the logits at the scored positions;
+    `answers` and `wrong` [n, k] tokens, or sets [n, k, S] padded with -1 (the answer's rank is then its
+    best member's, and correct means the right set's probability above the wrong set's:
+    logsumexp l[A] > logsumexp l[W], which for sets of one is l[a] > l[w])."""
     import torch
 
     at = logits_at.detach()
-    answer = at.gather(-1, answers.to(at.device).unsqueeze(-1))  # [n, k, 1]
-    rank = 1 + (at > answer).sum(-1)  # [n, k]
+
+    def members(t: Any) -> tuple[Any, Any]:  # [n, k, S] logits of a set's members, -inf at the padding
+        t = t.to(at.device)
+        t = t if t.dim() == 3 else t.unsqueeze(-1)
+        got = at.gather(-1, t.clamp(min=0))
+        return torch.where(t >= 0, got, torch.full_like(got, -torch.inf)), t
+
+    right, _ = members(answers)
+    best = right.max(-1, keepdim=True).values  # [n, k, 1]
+    rank = 1 + (at > best).sum(-1)  # [n, k]
     if wrong is None:
         correct = rank == 1
     else:
-        correct = answer.squeeze(-1) > at.gather(-1, wrong.to(at.device).unsqueeze(-1)).squeeze(-1)
+        correct = torch.logsumexp(right, -1) > torch.logsumexp(members(wrong)[0], -1)
     return torch.stack([correct.double().mean(-1), rank.double().median(-1).values], -1).cpu()
 
 
@@ -70,13 +80,14 @@ def summary(rows: np.ndarray, k: int, n_resamples: int, confidence: float, seed:
 
 
 def document(rows: dict[str, np.ndarray], k: int, has_wrong: bool, vocab: int, n_resamples: int,
-             confidence: float, seed: int) -> dict[str, Any]:
+             confidence: float, seed: int, sets: bool = False) -> dict[str, Any]:
     """The behaviour of every run (rows: "clean" and each corruption's name -> per_prompt's [n, 2]):
-    {"compared", "chance", "near_chance", "clean": summary, "corrupted": {NAME: summary}}."""
+    {"compared", "chance", "near_chance", "clean": summary, "corrupted": {NAME: summary}}; `sets`: the
+    data give sets of answers (chance is then taken as 1/2, a guess between the two sets)."""
     rate = chance(has_wrong, vocab)
     every = {name: summary(r, k, n_resamples, confidence, seed) for name, r in rows.items()}
     clean = every.pop("clean")
-    return {"compared": compared(has_wrong), "chance": rate, "near_chance": near_chance(clean, rate),
+    return {"compared": compared(has_wrong, sets), "chance": rate, "near_chance": near_chance(clean, rate),
             "clean": clean, "corrupted": every}
 
 
@@ -85,8 +96,10 @@ def chance(has_wrong: bool, vocab: int) -> float:
     return 0.5 if has_wrong else 1.0 / vocab
 
 
-def compared(has_wrong: bool) -> str:
+def compared(has_wrong: bool, sets: bool = False) -> str:
     """What accuracy counts, in words."""
+    if sets:
+        return "right answers' probability above the wrong ones'" if has_wrong else "a right answer top-1"
     return "answer above wrong" if has_wrong else "answer top-1"
 
 

@@ -21,6 +21,13 @@ tokens:
                 no information: none (a single logit has no baseline)
 * `prob`:       m_n = mean_i p(a_i)                                   (probability)
                 no information: 1 / V
+* `prob_diff`:  m_n = mean_i (sum_{t in A_i} p(t) - sum_{t in W_i} p(t))     (probability; needs `wrong`)
+                with A_i, W_i the sets of right and wrong answers where the data give sets (a
+                task with more than one right answer: greater-than's every later year), else
+                the answer and the wrong token alone (p(a_i) - p(w_i)): the probability mass of
+                the right set minus the wrong set's.  The one built-in metric that reads sets
+                (`Metric.sets`); the others read one answer token and refuse data with sets.
+                no information: none shown ((|A_i| - |W_i|) / V, prompt by prompt)
 * `kl`:         m_n = -mean_i KL(p_clean,n,i || p_n,i)
                     = -mean_i sum_t p_clean(t) (log p_clean(t) - log p(t))   (nats; 0 on the clean run)
                 the divergence of the next-token distribution from the clean run's, negated so
@@ -64,7 +71,8 @@ class Metric:
     log-probabilities there [n, k, V] (float64; only when `needs_clean`); `no_information(V, clean)`
     the metric of a prediction with no information (V the output vocabulary), or None.  `columns`:
     fn reads the answer's and the wrong token's logits only, so a caller may compute just those
-    two columns of the unembedding and call fn(at [n, k, 2], 0, 1, None) (`columns_metric`)."""
+    two columns of the unembedding and call fn(at [n, k, 2], 0, 1, None) (`columns_metric`).  `sets`: fn
+    reads sets of answers, `answers` and `wrong` [n, k, S] padded with -1 (data.dataset.Dataset.scored)."""
 
     name: str
     unit: str
@@ -74,6 +82,7 @@ class Metric:
     needs_wrong: bool = False
     needs_clean: bool = False
     columns: bool = False
+    sets: bool = False
 
 
 def rows_per_chunk(k: int, vocab: int) -> int:
@@ -162,6 +171,20 @@ def _prob(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
     return torch.softmax(at, dim=-1).gather(-1, answers.unsqueeze(-1)).squeeze(-1).mean(-1)
 
 
+def _mass(p: Any, tokens: Any) -> Any:
+    """sum_{t in the set} p[..., t] for sets [n, k, S] padded with -1: [n, k]."""
+    return (p.gather(-1, tokens.clamp(min=0)) * (tokens >= 0)).sum(-1)
+
+
+def _prob_diff(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
+    import torch
+
+    if wrong is None:
+        raise DataError("metric prob_diff needs 'wrong' answers in the data")
+    p = torch.softmax(at, dim=-1)
+    return (_mass(p, answers) - _mass(p, wrong)).mean(-1)
+
+
 def _kl(at: Any, answers: Any, wrong: Any, clean: Any) -> Any:
     import torch
 
@@ -191,6 +214,8 @@ _BUILTIN = (
     Metric("answer_logit", "logits", _answer_logit, None, "none (a single logit has no baseline)", columns=True),
     Metric("wrong_logit", "logits (minus the wrong token's)", _wrong_logit, None,
            "none (a single logit has no baseline)", needs_wrong=True, columns=True),
+    Metric("prob_diff", "probability", _prob_diff, None,
+           "none shown ((|right| - |wrong|) / V for a uniform guess, prompt by prompt)", needs_wrong=True, sets=True),
 )
 _REGISTRY: Registry[Metric] = Registry("metric", {m.name: m for m in _BUILTIN}, _metric_name)
 
@@ -226,7 +251,7 @@ def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k
     m = get(metric)
     if m.needs_clean and clean is None:
         raise DataError(f"metric {metric} compares with the clean run: its log-probabilities are needed")
-    n, k = answers.shape
+    n, k = answers.shape[:2]
     vocab = logits.shape[-1]
     size = rows_per_chunk(k, vocab)
     if n > size:
@@ -240,6 +265,26 @@ def per_prompt(logits: Float[Tensor, "n pos vocab"], positions: Int[Tensor, "n k
     wrong = None if wrong is None else wrong.to(at.device)
     ref = None if clean is None else wide(clean).to(at.device)
     return cast("Tensor", m.fn(at, answers, wrong, ref))
+
+
+def default_for(ds: Any) -> str:
+    """The metric a command uses when none is named: prob_diff where the data give sets of answers,
+    logit_diff where they give wrong tokens, else logprob."""
+    if ds.answer_sets is not None and ds.wrong is not None:
+        return "prob_diff"
+    return "logit_diff" if ds.wrong is not None else "logprob"
+
+
+def fits_problem(metric: str, ds: Any) -> str | None:
+    """Why `metric` cannot score `ds` (None when it can): it needs wrong tokens the data lack, or it
+    reads one answer token where the data give sets of answers."""
+    m = get(metric)
+    if m.needs_wrong and ds.wrong is None:
+        return f"metric {metric} needs 'wrong' answer tokens in the data"
+    if ds.answer_sets is not None and not m.sets:
+        return (f"metric {metric} reads one answer token; the data give sets of answers: use a metric that reads "
+                "sets (prob_diff)")
+    return None
 
 
 def no_information(metric: str, d_vocab_out: int, clean: Any = None) -> float | None:

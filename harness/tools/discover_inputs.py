@@ -14,6 +14,7 @@ from ..claims.circuit_spec import CircuitClaim
 from ..engine.data_source import for_exploring, from_data_file
 from ..errors import UserError
 from ..hypothesis.loading import load, load_data_file
+from ..model import metrics
 from ..model.loaded import LoadedModel
 from ..model.ref import ModelRef, load_model
 from ..spec.settings import Stats
@@ -99,11 +100,11 @@ def inputs(source: str, cfg: DiscoverSettings, data_file: Path | None, device: s
         metric = metric or h.spec.metric
     else:
         m = load_model(source, device=device)
-    metric = metric or "logprob"
     chosen = (cfg.corruption,) if cfg.corruption else None
     ds, corruptions = explore_dataset(m, ScanSettings(n_prompts=cfg.n_prompts, segment_length=cfg.segment_length,
                                                       seed=cfg.seed, corruptions=chosen), given,
                                       "harness discover")
+    metric = metric or ("prob_diff" if metrics.default_for(ds) == "prob_diff" else "logprob")
     if given is None:
         mapping: dict[str, Any] = {"generator": "repeated_tokens", "n_prompts": cfg.n_prompts,
                                    "segment_length": cfg.segment_length, "split": "test",

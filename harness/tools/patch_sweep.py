@@ -46,7 +46,7 @@ from ..errors import UserError
 from ..evidence.document import to_json
 from ..mech.runs import position_patch
 from ..mech.runs.build import base_runs
-from ..model import behaviour
+from ..model import behaviour, metrics
 from ..model.devices import of
 from ..model.loaded import LoadedModel
 from ..model.tokenizer import shown_tokenizer, start_words
@@ -115,12 +115,15 @@ def patch_map(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int,
     if layers is not None and layers[1] >= m.n_layers:
         raise UserError(f"--layers {layers[0]}-{layers[1]}: the model has blocks 0-{m.n_layers - 1}")
     chosen = range(layers[0], layers[1] + 1) if layers is not None else range(m.n_layers)
-    metric = metric or ("logit_diff" if ds.wrong is not None else "logprob")
+    metric = metric or metrics.default_for(ds)
+    unfit = metrics.fits_problem(metric, ds)
+    if unfit is not None:
+        raise UserError(f"--metric {metric}: {unfit}")
     stage(f"{SITE[site]} patching: {ds.n} prompts ({start_words(m, ds)}), {len(chosen)} layers x "
           f"{ds.clean.shape[1]} positions" + (f" x {m.n_heads} heads" if site == "heads" else ""))
     runs = base_runs(m.bridge, ds, position_patch.cache_names(site, chosen), metric)
     behaves = behaviour.document(runs.behaviour, int(ds.positions.shape[1]), ds.wrong is not None, m.d_vocab_out,
-                                 RESAMPLES, CONFIDENCE, seed)
+                                 RESAMPLES, CONFIDENCE, seed, sets=ds.answer_sets is not None)
     stage(behaviour.headline(behaves))
     gap = np.asarray(runs.m_clean, dtype=np.float64) - np.asarray(runs.m_corrupt, dtype=np.float64)
     got = stats.mean_ci(gap, RESAMPLES, CONFIDENCE, seed)

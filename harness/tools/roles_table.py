@@ -136,7 +136,10 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
             raise UserError(f"--corruption {corruption}: the data have {', '.join(ds.corruptions) or 'none'}")
         ds = ds.keep_corruptions([corruption])
     heads = list(names.Head.every(m.n_layers, m.n_heads))
-    metric = metric or ("logit_diff" if ds.wrong is not None else "logprob")
+    metric = metric or metrics.default_for(ds)
+    unfit = metrics.fits_problem(metric, ds)
+    if unfit is not None:
+        raise UserError(f"--metric {metric}: {unfit}")
     direct = direct and bool(ds.corruptions)
     to_logits = [names.Edge(h, names.Logits()) for h in heads]
     edge_hooks = sets.cache_names(m.n_layers, to_logits) if direct else []  # what the head -> logits patches read
@@ -154,13 +157,13 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
 
         def take(logits_at: Any, lo: int) -> None:
             hi = lo + logits_at.shape[0]
-            rows.append(behaviour.per_prompt(logits_at, ds.answers[lo:hi],
-                                             None if ds.wrong is None else ds.wrong[lo:hi]))
+            answers, wrong = ds.scored(ds.answer_sets is not None)
+            rows.append(behaviour.per_prompt(logits_at, answers[lo:hi], None if wrong is None else wrong[lo:hi]))
 
         clean = cache_hooks(m.bridge, ds.clean, hooks, ds.positions, keep=0, each=take)
     behaves = behaviour.document(runs.behaviour if runs is not None else {"clean": torch.cat(rows).numpy()},
                                  int(ds.positions.shape[1]), ds.wrong is not None, m.d_vocab_out, RESAMPLES,
-                                 CONFIDENCE, seed)
+                                 CONFIDENCE, seed, sets=ds.answer_sets is not None)
     stage(behaviour.headline(behaves))
     q = queries(ds, "scored").to(of(m.bridge))
     slots = list(ds.spans) if ds.spans else []  # in reading order

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ... import memory
+from ...errors import DataError
 from ...model import architecture, behaviour, metrics
 from ...model.bridge import Bridge
 from ...model.devices import wide
@@ -41,6 +42,10 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
     `corrupted`: the hooks the corrupted runs cache, where the claims read fewer of them there
     than in the clean run (default: `wanted`)."""
 
+    for name in (metric, *parts):  # a metric that reads one token never scores data with sets of answers
+        unfit = metrics.fits_problem(name, ds)
+        if unfit is not None:
+            raise DataError(unfit)
     wanted = list(dict.fromkeys(wanted))
     in_corrupted = wanted if corrupted is None else list(dict.fromkeys(corrupted))
     reference_lp: list[Any] = []  # the clean run's log-probabilities at the scored positions (needs_clean metrics)
@@ -93,8 +98,9 @@ def base_runs(bridge: Bridge, ds: Any, wanted: Sequence[str], metric: str, parts
         return cache, torch.cat(got[metric]).numpy()
 
     def behaviour_rows(logits_at: Any, idx: Any) -> Any:
-        return behaviour.per_prompt(logits_at, ds.answers[idx], None if ds.wrong is None else ds.wrong[idx])
+        return behaviour.per_prompt(logits_at, sets[0][idx], None if sets[1] is None else sets[1][idx])
 
+    sets = ds.scored(ds.answer_sets is not None)  # what behaviour compares: the sets where the data give them
     behaviour_of: list[np.ndarray] = []  # each run's accuracy and answer rank per prompt, in the order they ran
     clean, m_clean = run(ds.clean, wanted)
     corruptions = {name: run(tokens, in_corrupted) for name, tokens in ds.corruptions.items()}
@@ -152,13 +158,18 @@ def scorers(ds: Any, metric: str, clean_lp: Callable[[], Any]) -> tuple[Callable
         ref = clean_lp()
         return ref if ref is None or V == 1 else ref.repeat(V, 1, 1)
 
+    answers, wrong = ds.scored(metrics.get(metric).sets)  # [n, k], or sets [n, k, S]
+
+    def tiled(t: Any, V: int) -> Any:
+        return None if t is None else t.repeat(V, *([1] * (t.dim() - 1)))
+
     def metric_of(logits: Any) -> np.ndarray:
-        return metrics.per_prompt(logits, ds.positions, ds.answers, metric, ds.wrong, clean_for(1)).cpu().numpy()
+        return metrics.per_prompt(logits, ds.positions, answers, metric, wrong, clean_for(1)).cpu().numpy()
 
     def metric_at(logits_at: Any) -> np.ndarray:  # logits at the scored positions [V n, k, vocab]
         V = logits_at.shape[0] // ds.n
-        wrong = None if ds.wrong is None else ds.wrong.repeat(V, 1)
-        return metrics.per_prompt(logits_at, None, ds.answers.repeat(V, 1), metric, wrong, clean_for(V)).cpu().numpy()
+        return metrics.per_prompt(logits_at, None, tiled(answers, V), metric, tiled(wrong, V),
+                                  clean_for(V)).cpu().numpy()
 
     def metric_rows(logits_at: Any, idx: Any) -> Any:  # rows [R, k, vocab] showing prompts idx [R]
         """The metric of each row, its float64 work in chunks of rows (metrics.CHUNK_ELEMENTS values:
@@ -168,8 +179,8 @@ def scorers(ds: Any, metric: str, clean_lp: Callable[[], Any]) -> tuple[Callable
         m = metrics.get(metric)
         ref = clean_lp()
         size = metrics.rows_per_chunk(logits_at.shape[1], logits_at.shape[2])
-        return torch.cat([m.fn(wide(logits_at[lo:lo + size]), ds.answers[idx[lo:lo + size]],
-                               None if ds.wrong is None else ds.wrong[idx[lo:lo + size]],
+        return torch.cat([m.fn(wide(logits_at[lo:lo + size]), answers[idx[lo:lo + size]],
+                               None if wrong is None else wrong[idx[lo:lo + size]],
                                None if ref is None else wide(ref[idx[lo:lo + size]]))  # the rows first
                           for lo in range(0, logits_at.shape[0], size)])
 

@@ -228,15 +228,18 @@ def test_ioi_circuit_criteria(model_dir, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- tasks with records
 
-@pytest.mark.parametrize("name,accuracy", [("smollm2-pronouns", 0.85), ("smollm2-capitals", 0.5)])
+@pytest.mark.parametrize("name,accuracy", [("smollm2-pronouns", 0.85), ("smollm2-capitals", 0.5),
+                                           ("smollm2-greater-than", 0.85)])
 def test_record_slot_tasks(model_dir, tmp_path, name, accuracy):
-    """The pronoun and capital tasks (templates whose slot values are records): the model does the
-    task (its accuracy, first in the report), and the head the head table ranks first attends to the
-    slot and carries its share to the logits, as the committed files claim (about 25 s each)."""
+    """The pronoun and capital tasks (templates whose slot values are records) and greater-than (sets of
+    answers): the model does the task (its accuracy, first in the report), and the head the file names
+    attends to the slot and does what the committed file claims (about 25 s each)."""
     import harness
 
     doc = yaml.safe_load((HYPOTHESES / f"{name}.yaml").read_text())
     doc["model"] = str(model_dir)
+    if "file" in doc["data"]:  # the prompts beside the committed file
+        doc["data"]["file"] = str(HYPOTHESES / doc["data"]["file"])
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     ev = harness.run(path, figures=False)
@@ -246,3 +249,19 @@ def test_record_slot_tasks(model_dir, tmp_path, name, accuracy):
     assert b["clean"]["accuracy"]["ci"][0] > accuracy and not b["near_chance"]
     md = (harness.write_report(ev, out_dir=tmp_path / "r") / "report.md").read_text()
     assert "**Behaviour** on the" in md.split("## Verdicts")[0]
+
+
+def test_patch_map_of_the_capitals_task(model_dir, tmp_path, capsys):
+    """`harness patch` on the capital task (about 40 s): the country's residual carries the whole gap up
+    to layer 23 and the final position's from layer 24 on, where the head table's L23H4 sits."""
+    from harness.cli import main
+
+    assert main(["patch", str(model_dir), "--data", str(HYPOTHESES / "smollm2-capitals.yaml"),
+                 "--out", str(tmp_path / "map")]) == 0
+    capsys.readouterr()
+    doc = json.loads((tmp_path / "map" / "patching.json").read_text())
+    country = next(p["index"] for p in doc["positions"] if p["slot"] == "COUNTRY#1")
+    last = len(doc["positions"]) - 1
+    effect = doc["effect"]
+    assert all(effect[layer][country] > 0.9 for layer in range(0, 23))
+    assert effect[22][last] < 0.2 and all(effect[layer][last] > 0.9 for layer in range(24, 30))

@@ -698,7 +698,32 @@ def test_record_slots_keep_their_fields_together(word_model):
     assert [ds.spans["IO#2"][i].tolist() for i in range(2)] == [[10, 11]] * 2  # the pal's token (BOS at 0)
 
 
+def test_new_field_draws_a_record_whose_field_differs(word_model):
+    """`new.FIELD`: a new value whose record field FIELD differs from the clean one's (the pronoun task's
+    name of the other gender); `new` alone may keep it; the description says which."""
+    grouped = [dict(r, group=g) for r, g in zip(PALS, ["drink", "book", "drink", "book"], strict=True)]  # known words
+    group = {r["text"]: r["group"] for r in grouped}
+    d = template(template="When {IO} and {S} went to the {PLACE} , {IO.pal} gave a {OBJECT} to",
+                 slots={"IO": grouped, "S": ["Bob", "Eve"], "PLACE": ["store"], "OBJECT": ["drink", "book"]},
+                 answer=" {IO.pal}", wrong=" {S}", corruptions={"other": {"IO": "new.group"}, "any": {"IO": "new"}},
+                 n_prompts=8)
+    ds = dataset(word_model, d)
+    same = 0
+    for i in range(ds.n):
+        io = words(ds.clean[i])[2]
+        other, anyone = words(ds.corruptions["other"][i])[2], words(ds.corruptions["any"][i])[2]
+        assert other != io and group[other] != group[io]
+        same += group[anyone] == group[io]
+    assert same > 0  # plain `new` draws from the whole list, the same group included
+    assert "corruption other: IO new with another group; corruption any: IO new" in ds.description
+
+
 @pytest.mark.parametrize("change,message", [
+    ({"corruptions": {"c": {"IO": "new.age"}}, "slots": {"IO": PALS, "S": ["Bob"], "PLACE": ["store"],
+                                                        "OBJECT": ["drink"]}},
+     "corruption 'c': IO: 'new.age': IO's values have the fields pal ('new.FIELD' draws a value whose FIELD "
+     "differs from the clean one's)"),
+    ({"corruptions": {"c": {"S": "new.pal"}}}, "corruption 'c': S: 'new.pal': S's values have no fields but text"),
     ({"slots": {"IO": [{"text": "Mary", "pal": "Ann"}, "John"], "S": ["Bob"], "PLACE": ["store"],
                 "OBJECT": ["drink"]}}, "slot 'IO' mixes strings and records"),
     ({"slots": {"IO": [{"name": "Mary"}], "S": ["Bob"], "PLACE": ["store"], "OBJECT": ["drink"]}},

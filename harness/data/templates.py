@@ -23,7 +23,18 @@ from typing import Any
 from ..errors import DataError
 from .dataset import split_seed
 from .text import TextPrompt
-from .text_settings import NEW, TemplateData, Value, parse_template, render, slot_spans, split_occurrence, text_of
+from .text_settings import (
+    NEW,
+    TemplateData,
+    Value,
+    new_field,
+    parse_template,
+    render,
+    shown,
+    slot_spans,
+    split_occurrence,
+    text_of,
+)
 
 ENUMERATE_AT_MOST = 200_000  # fillings listed in full below this many combinations; sampled above
 Filling = tuple[int, ...]  # an index into each slot's value list, in the order of `slots`
@@ -82,14 +93,18 @@ def _corrupt(d: TemplateData, name: str, clean: dict[str, Value], g: Any, where:
     taken = {text_of(v) for v in clean.values()}
     for key, to in d.corruptions[name].items():  # a slot, or one occurrence of it (S#2)
         slot, _ = split_occurrence(key)
-        if to != NEW:
+        field = new_field(to)
+        if field is None:
             out[key] = clean[to]
             continue
-        choices = [v for v in d.slots[slot] if text_of(v) not in taken]
+        own = clean[slot]
+        choices = [v for v in d.slots[slot] if text_of(v) not in taken
+                   and (not field or shown(v, field) != shown(own, field))]
         if not choices:
-            raise DataError(f"{where}: corruption {name!r}: slot {slot} has no value left for '{NEW}' in the "
-                            f"prompt with {_filling_text(clean)}: every value of its list is used by the clean "
-                            "prompt (or another new value); add values to the slot's list")
+            also = f" with a {field} other than {shown(own, field)!r}" if field else ""
+            raise DataError(f"{where}: corruption {name!r}: slot {slot} has no value left for '{to}' in the "
+                            f"prompt with {_filling_text(clean)}: every value of its list{also} is used by the "
+                            "clean prompt (or another new value); add values to the slot's list")
         out[key] = choices[int(torch.randint(len(choices), (1,), generator=g))]
         taken.add(text_of(out[key]))
     return out
@@ -131,7 +146,9 @@ def template_prompts(d: TemplateData, where: Callable[[str], str]) -> tuple[list
 def describe(d: TemplateData, n_reference: int) -> str:
     """The data's description (evidence `data.description`)."""
     def change(slot: str, to: str) -> str:
-        return f"{slot} {NEW}" if to == NEW else f"{slot} = clean {to}"
+        field = new_field(to)
+        return (f"{slot} = clean {to}" if field is None else f"{slot} {NEW}" if not field
+                else f"{slot} {NEW} with another {field}")
 
     corruptions = "; ".join(f"corruption {c}: " + ", ".join(change(s, t) for s, t in ch.items())
                             for c, ch in d.corruptions.items())

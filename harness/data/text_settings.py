@@ -25,6 +25,13 @@ SLOT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CORRUPTION_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 CORRUPTED_KEY = re.compile(r"^corrupted_[A-Za-z0-9_]+$")
 NEW = "new"  # a corruption's replacement: a value of the slot's list that the clean prompt does not use
+
+
+def new_field(to: str) -> str | None:
+    """The field a `new.FIELD` replacement must change ("" for plain `new`; None: not a new value)."""
+    if to == NEW:
+        return ""
+    return to[len(NEW) + 1:] if to.startswith(NEW + ".") else None
 MARKER = "@"  # `{@}`: the scored position is the last token before it
 _PART = re.compile(r"\{\{|\}\}|\{@\}|\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)\}|[{}]")
 TEXT = "text"  # the field of a record that `{NAME}` shows
@@ -266,9 +273,17 @@ class TemplateData(DataSettings):
                                      f"... (S#2: the second S)")
                 if slot not in slots:
                     raise ValueError(f"corruption {name!r}: {slot!r} is not a slot; slots: {', '.join(slots)}")
-                if to != NEW and (to not in slots or to == slot):
+                field = new_field(to)
+                if field:  # new.FIELD: a field of the slot's records
+                    fields = sorted(fields_of(slots[slot]) - {TEXT})
+                    if field not in fields:
+                        raise ValueError(f"corruption {name!r}: {slot}: {to!r}: {slot}'s values have "
+                                         + (f"the fields {', '.join(fields)}" if fields else "no fields but text")
+                                         + f" ('{NEW}.FIELD' draws a value whose FIELD differs from the clean one's)")
+                elif field is None and (to not in slots or to == slot):
                     raise ValueError(f"corruption {name!r}: {slot}: {to!r} must be '{NEW}' (a value of {slot}'s list "
-                                     f"that the clean prompt does not use) or another slot's name (its clean value); "
+                                     f"that the clean prompt does not use), '{NEW}.FIELD' (one whose record field "
+                                     f"FIELD differs too) or another slot's name (its clean value); "
                                      f"slots: {', '.join(slots)}")
         return v
 

@@ -779,6 +779,44 @@ def test_hand_written_prompts_name_their_positions(word_model, tmp_path):
     assert claim.value == pytest.approx(by_hand, abs=1e-4)
 
 
+def test_token_id_files_name_their_positions_by_token_offsets(word_model, tmp_path):
+    """A token-id JSONL file's `spans` ({NAME: [[start, end], ...]} token offsets) give the spans the same
+    prompts give as text, and the attention claim to a named position the same value; a span outside the
+    prompt, or other names than the first line's, is one line naming the file and line."""
+    import harness
+
+    folder, model, _ = word_model
+    texts = ["When Mary and John went to the store , John gave a drink to",
+             "When Eve and Dan went to the park , Dan gave a book to",
+             "When Alice and Bob went to the store , Bob gave a book to"]
+    rows = [{"text": t, "corrupted": t.replace(t.split()[1], "Ann", 1), "answer": f" {t.split()[1]}",
+             "spans": {"IO": t.split()[1], "S": t.split()[3]}} for t in texts]
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    filed = dataset(word_model, {"file": str(f)})
+    ids = [{"clean": filed.clean[i].tolist(), "corrupted": filed.corrupted[i].tolist(),
+            "positions": filed.positions[i].tolist(), "answers": filed.answers[i].tolist(),
+            "spans": {"IO": [[2, 3]], "S": [[4, 5], [10, 11]]}} for i in range(3)]
+    g = tmp_path / "ids.jsonl"
+    g.write_text("".join(json.dumps(r) + "\n" for r in ids))
+    tokens = dataset(word_model, {"file": str(g)})
+    assert {k: v.tolist() for k, v in tokens.spans.items()} == {k: v.tolist() for k, v in filed.spans.items()}
+    claim = [{"id": "a", "kind": "attention", "head": "L1H0", "from": "scored", "to": {"slot": "S", "occurrence": 2},
+              "at_least": 0.0}]
+    values = []
+    for data_file in (f, g):
+        h = tmp_path / f"h-{data_file.stem}.yaml"
+        h.write_text(dump(hypothesis(folder, {"file": str(data_file)}, claims=claim)))
+        values.append(harness.run(h, figures=False, model=model).claims[0].value)
+    assert values[0] == values[1]
+    for bad, message in (({"S": [[4, 99]]}, "ids.jsonl:2: spans.S: [4, 99] is not a span of the prompt"),
+                         ({"IO": [[2, 3]]}, "ids.jsonl:2: its named positions (IO#1) differ from the first line's")):
+        g.write_text("".join(json.dumps(dict(r, spans=bad) if i == 1 else r) + "\n" for i, r in enumerate(ids)))
+        with pytest.raises(DataError) as e:
+            dataset(word_model, {"file": str(g)})
+        assert message in str(e.value)
+
+
 @pytest.mark.parametrize("row,message", [
     ({"spans": {"S": "Zed"}}, "p.jsonl:1: spans.S: 'Zed' does not occur in the clean text"),
     ({"spans": {"S": [[5, 99]]}}, "p.jsonl:1: spans.S: [5, 99] is not a span of the clean text"),

@@ -18,7 +18,7 @@ from .. import locations
 from ..errors import DataError
 from ..spec.vocabulary import CORRUPTIONS
 from ..textfile import utf8
-from . import settings
+from . import named_spans, settings
 from .text_settings import CORRUPTED_KEY
 
 BOS_TOKEN = 0
@@ -323,7 +323,8 @@ def load_jsonl(path: Path, d_vocab: int, limit: int | None = None, mean_from: Pa
 
     {"clean": [ids], "corrupted": [ids], "positions": [p...],
      "answers": [ids] (optional: default clean[p + 1]), "wrong": [ids] (optional),
-     "corrupted_<name>": [ids] (optional: more corruptions, on every line or none)}
+     "corrupted_<name>": [ids] (optional: more corruptions, on every line or none),
+     "spans": {NAME: [[start, end], ...]} (optional: named token spans, data.named_spans.token_spans)}
 
     All prompts must have one length (so per-position means are defined).  The
     `corrupted` prompts are the corruption named `default`.  `mean_from`: a JSONL file
@@ -365,7 +366,8 @@ def load_jsonl(path: Path, d_vocab: int, limit: int | None = None, mean_from: Pa
     ds = Dataset(t("clean"), corruptions, t("positions"), t("answers"), t("wrong") if "wrong" in first else None,
                  f"file {path.name}: {len(rows)} prompts of length {len(first['clean'])}; corruptions "
                  f"{', '.join(corruptions)}; {means}",
-                 has_bos=all(r["clean"][0] == BOS_TOKEN for r in rows), reference=reference)
+                 has_bos=all(r["clean"][0] == BOS_TOKEN for r in rows), reference=reference,
+                 spans=named_spans.token_spans(rows))
     return drop_duplicates(ds, str(path), [r["where"] for r in rows])
 
 
@@ -404,18 +406,19 @@ def check_keys(obj: dict[str, Any], where: str, allowed: list[str], required: tu
 
 
 def _check_row(obj: Any, where: str, d_vocab: int) -> dict[str, Any]:
-    allowed = sorted({"clean", "corrupted", "positions", "answers", "wrong"})
+    allowed = sorted({"clean", "corrupted", "positions", "answers", "wrong", "spans"})
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object with keys {allowed} (and corrupted_<name>)")
     check_keys(obj, where, allowed, ("clean", "corrupted", "positions"))
     for key in obj:
-        _ids(obj, key, where)
+        if key != "spans":  # named token spans: named_spans.token_spans checks them
+            _ids(obj, key, where)
     clean, pos = obj["clean"], obj["positions"]
     for key in [k for k in obj if k.startswith("corrupted")]:
         if len(obj[key]) != len(clean):
             raise DataError(f"{where}: clean has {len(clean)} tokens but {key} has {len(obj[key])}; "
                             "a corrupted prompt must have the same length as its clean prompt")
-    for key in [k for k in obj if k != "positions"]:
+    for key in [k for k in obj if k not in ("positions", "spans")]:
         bad = [x for x in obj[key] if not 0 <= x < d_vocab]
         if bad:
             raise DataError(f"{where}: '{key}' has token ids {bad[:3]} outside the vocabulary 0..{d_vocab - 1}")

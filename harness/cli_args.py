@@ -77,6 +77,24 @@ def _add_device(p: argparse.ArgumentParser) -> None:
                         "the cores this process may use); small linear algebra always runs on one")
 
 
+def _add_data_set(p: argparse.ArgumentParser, n_prompts: int, metric_help: str, corruption_help: str) -> None:
+    """The model and the prompts of a command that reads a data set (roles, patch): the generator's
+    options, --data, --metric and --corruption."""
+    p.add_argument("model", help="model directory, or hf:NAME")
+    p.add_argument("--n-prompts", type=PROMPTS, default=n_prompts)
+    p.add_argument("--segment-length", type=SEGMENT, default=20)
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--split", choices=("explore", "test"), default=None,
+                   help="prompt split of the generator or a template (default explore, or the data file's own "
+                        "split when it sets one: keep the test split for hypotheses)")
+    p.add_argument("--data", type=Path, metavar="FILE", help=DATA_HELP)
+    p.add_argument("--distinct", action="store_true", help=DISTINCT_HELP)
+    p.add_argument("--metric", choices=metrics.names(),
+                   help=f"{metric_help} (default prob_diff where the data give sets of answers, logit_diff where "
+                        "they give wrong tokens, else logprob)")
+    p.add_argument("--corruption", metavar="NAME", help=f"{corruption_help} (default: the data's first)")
+
+
 def parser() -> argparse.ArgumentParser:
     """Every command's options (a registered metric is one of `--metric`'s choices: load plugins first)."""
     p = argparse.ArgumentParser(
@@ -228,19 +246,7 @@ def parser() -> argparse.ArgumentParser:
     _add_device(st)
 
     ro = sub.add_parser("roles", help="every head on a data set: direct effect, attention to each slot, role scores")
-    ro.add_argument("model", help="model directory, or hf:NAME")
-    ro.add_argument("--n-prompts", type=PROMPTS, default=200)
-    ro.add_argument("--segment-length", type=SEGMENT, default=20)
-    ro.add_argument("--seed", type=SEED, default=0)
-    ro.add_argument("--split", choices=("explore", "test"), default=None,
-                    help="prompt split of the generator or a template (default explore, or the data file's own "
-                         "split when it sets one: keep the test split for hypotheses)")
-    ro.add_argument("--data", type=Path, metavar="FILE", help=DATA_HELP)
-    ro.add_argument("--distinct", action="store_true", help=DISTINCT_HELP)
-    ro.add_argument("--metric", choices=metrics.names(),
-                    help="of the direct effect (default logit_diff when the data have wrong tokens, else logprob)")
-    ro.add_argument("--corruption", metavar="NAME", help="the direct effects under this corruption of the data "
-                    "(default: its first)")
+    _add_data_set(ro, 200, "of the direct effect", "the direct effects under this corruption of the data")
     ro.add_argument("--no-direct", action="store_true", help="attention and role columns only: one clean run, no "
                     "corrupted run and no patching")
     ro.add_argument("--sort", metavar="COLUMN", help="order the rows by this column, largest first (direct: by size)")
@@ -250,19 +256,7 @@ def parser() -> argparse.ArgumentParser:
 
     pa = sub.add_parser("patch", help="where the task's information sits: the residual stream patched at every "
                         "layer x position, with intervals")
-    pa.add_argument("model", help="model directory, or hf:NAME")
-    pa.add_argument("--n-prompts", type=PROMPTS, default=50)
-    pa.add_argument("--segment-length", type=SEGMENT, default=20)
-    pa.add_argument("--seed", type=SEED, default=0)
-    pa.add_argument("--split", choices=("explore", "test"), default=None,
-                    help="prompt split of the generator or a template (default explore, or the data file's own "
-                         "split when it sets one)")
-    pa.add_argument("--data", type=Path, metavar="FILE", help=DATA_HELP)
-    pa.add_argument("--distinct", action="store_true", help=DISTINCT_HELP)
-    pa.add_argument("--metric", choices=metrics.names(),
-                    help="default logit_diff when the data have wrong tokens, else logprob")
-    pa.add_argument("--corruption", metavar="NAME", help="patch between the clean run and this corruption's "
-                    "(default: the data's first)")
+    _add_data_set(pa, 50, "of the patched runs", "patch between the clean run and this corruption's")
     pa.add_argument("--direction", choices=[str(d) for d in Direction], default=str(Direction.DENOISING),
                     help="denoising (default): the clean residual into the corrupted run, the fraction of the "
                          "gap restored; noising: the corrupted residual into the clean run, the fraction destroyed")

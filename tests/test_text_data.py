@@ -743,13 +743,8 @@ def test_record_slots_are_checked_with_the_line(word_model, tmp_path, change, me
     assert message in str(e.value) and f"{h}:" in str(e.value)
 
 
-def test_hand_written_prompts_name_their_positions(word_model, tmp_path):
-    """A text prompt file's `spans` (a substring: every occurrence in reading order) and listed prompts'
-    (character offsets) give the token spans a template gives, and an attention claim to a named
-    position reads the head's attention there, as the model's own attention weights give it."""
-    import transformers
-
-    folder, model, _ = word_model
+def _spanned_rows(tmp_path):
+    """(texts, rows, file): three IOI text rows naming IO and S by substring (S occurs twice)."""
     texts = ["When Mary and John went to the store , John gave a drink to",
              "When Eve and Dan went to the park , Dan gave a book to",
              "When Alice and Bob went to the store , Bob gave a book to"]
@@ -757,6 +752,17 @@ def test_hand_written_prompts_name_their_positions(word_model, tmp_path):
              "spans": {"IO": t.split()[1], "S": t.split()[3]}} for t in texts]
     f = tmp_path / "p.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return texts, rows, f
+
+
+def test_hand_written_prompts_name_their_positions(word_model, tmp_path):
+    """A text prompt file's `spans` (a substring: every occurrence in reading order) and listed prompts'
+    (character offsets) give the token spans a template gives, and an attention claim to a named
+    position reads the head's attention there, as the model's own attention weights give it."""
+    import transformers
+
+    folder, model, _ = word_model
+    texts, rows, f = _spanned_rows(tmp_path)
     filed = dataset(word_model, {"file": str(f)})
     assert set(filed.spans) == {"IO#1", "S#1", "S#2"}  # S occurs twice in each text
     # [BOS] When IO and S went to the PLACE , S gave ...: IO at 2, S at 4 and 10
@@ -786,13 +792,7 @@ def test_token_id_files_name_their_positions_by_token_offsets(word_model, tmp_pa
     import harness
 
     folder, model, _ = word_model
-    texts = ["When Mary and John went to the store , John gave a drink to",
-             "When Eve and Dan went to the park , Dan gave a book to",
-             "When Alice and Bob went to the store , Bob gave a book to"]
-    rows = [{"text": t, "corrupted": t.replace(t.split()[1], "Ann", 1), "answer": f" {t.split()[1]}",
-             "spans": {"IO": t.split()[1], "S": t.split()[3]}} for t in texts]
-    f = tmp_path / "p.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, _, f = _spanned_rows(tmp_path)
     filed = dataset(word_model, {"file": str(f)})
     ids = [{"clean": filed.clean[i].tolist(), "corrupted": filed.corrupted[i].tolist(),
             "positions": filed.positions[i].tolist(), "answers": filed.answers[i].tolist(),

@@ -154,10 +154,10 @@ def head_table(m: LoadedModel, *, n_prompts: int, segment_length: int, seed: int
     else:  # the clean run alone
         stage(f"the clean run caches {len(hooks)} attention patterns")
         rows: list[Any] = []
+        answers, wrong = ds.scored(ds.answer_sets is not None)  # what behaviour compares
 
         def take(logits_at: Any, lo: int) -> None:
             hi = lo + logits_at.shape[0]
-            answers, wrong = ds.scored(ds.answer_sets is not None)
             rows.append(behaviour.per_prompt(logits_at, answers[lo:hi], None if wrong is None else wrong[lo:hi]))
 
         clean = cache_hooks(m.bridge, ds.clean, hooks, ds.positions, keep=0, each=take)

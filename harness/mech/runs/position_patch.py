@@ -126,7 +126,7 @@ def effects(runs: Runs, direction: str, cells: Cells, *, budget_bytes: int | Non
                     logits_at = hooks.run_from(runs.bridge, layer, x, plan, pos)
                 else:  # the model's own forward, the stacked residual put in at layer l
                     plan = hooks.Plan([(hook_resid_pre(layer), _put(x)), *plan.hooks])
-                    tokens = runs.ds.corruptions[runs.corruption] if denoise else runs.ds.clean
+                    tokens = runs.corrupted_tokens if denoise else runs.ds.clean
                     logits_at = at_positions(hooks.run_plan(runs.bridge, tokens[lo:hi].repeat(V, 1), plan), pos)
                 idx = torch.arange(lo, hi, device=logits_at.device).repeat(V)
                 with torch.no_grad():
